@@ -1,0 +1,63 @@
+"""Contract of the Cython unit ``cortex._fast.ledger``: the radix tree of block keys.
+
+One ``BlockTree`` per (engine family, model, block size) — SGLang and vLLM never share a tree.
+Single owner (the trio thread); no method blocks or yields; no locks.
+
+* A node is a block key (chained, so a key names its whole prefix path) with the set of
+  targets holding it. A *target* is one (worker, DP rank), an int in [0, 65535); at least
+  1,024 distinct targets must work.
+* Per target, a map from the engine's block hash (u64) to the node, to resolve parents of
+  later stores and the blocks named by removals. Entries carry their medium
+  (``cortex.events.model.Medium`` codes) and a reference count per (target, medium, hash):
+  vLLM may store one hash twice (two physical blocks) and then remove it twice.
+* Invariant: a target appears in a node's set iff it has at least one map entry pointing at the
+  node (for some medium). No operation on one target touches another target's entries.
+"""
+
+from collections.abc import Sequence
+
+GPU_ONLY: int  # media mask with only Medium.GPU set (the default for match)
+ALL_MEDIA: int
+
+class BlockTree:
+    block_size: int
+    # Counters (monotonic): events the tree handled but could not fully apply.
+    unknown_parent: int  # stores whose parent hash the target does not hold: skipped whole
+    unknown_removal: int  # removed hashes the target does not hold: ignored
+    duplicate_store: int  # stores of a hash the target already holds (refcount + 1)
+    hash_conflict: int  # a held hash re-stored with a different key: old entry replaced
+
+    def __init__(self, block_size: int) -> None: ...
+    def store(
+        self,
+        target: int,
+        parent_hash: int | None,
+        block_hashes: Sequence[int],
+        token_ids: Sequence[int],
+        seed: int,
+        medium: int = 0,
+        reproducible: bool = True,
+        now: int = 0,
+    ) -> int:
+        """Apply one BlockStored. Returns the number of blocks stored (duplicates included),
+        or -1 when the parent is unknown to this target (nothing stored, counted)."""
+    def remove(self, target: int, block_hashes: Sequence[int], medium: int = 0) -> int:
+        """Apply one BlockRemoved. Returns how many hashes were unknown (counted, ignored)."""
+    def clear_target(self, target: int) -> int:
+        """Drop every entry of the target (AllBlocksCleared, restart, death). Returns entries
+        dropped."""
+    def match(self, keys: Sequence[int], media: int = ...) -> dict[int, int]:
+        """For each target holding at least the first block: how many leading blocks of
+        ``keys`` it holds (in the media of the mask). O(depth x targets still matching)."""
+    def target_keys(self, target: int, media: int = ...) -> set[int]:
+        """Every key the target holds (tests and snapshots; not for the hot path)."""
+    def target_entries(self, target: int) -> int: ...
+    def targets(self) -> list[int]: ...
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def entries(self) -> int:
+        """(block, target, medium) entries held."""
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes the tree has allocated (nodes, worker sets, hash maps)."""
