@@ -1,0 +1,153 @@
+"""Ingestion throughput: ZeroMQ frames → decoded batch → applied ledger, on one core.
+
+Workload (the issue's): vLLM map encoding (profile ``vllm-0.33``), 16-token blocks, one
+BlockStored of 32 blocks per batch; a quarter of the batches start a new chain at the root, the
+rest continue the chain of an earlier batch of the same target (parent = its last hash); token
+ids uniform in [0, 128000); batches spread over 8 targets. Optionally a share of batches are
+evictions (BlockRemoved of earlier stored hashes, vLLM style: one event per block).
+
+Reported separately: frame parsing + payload decoding, ledger apply of pre-decoded batches, and
+the whole path. The frames are built up front with the simulator's wire encoder, so only
+Cortex's work is timed. Run: ``.venv/bin/python perf/bench_ingest.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import machine_info  # noqa: E402
+
+from cortex.events.decoder import decode_payload, parse_live_frames  # noqa: E402
+from cortex.events.model import BlockRemoved, BlockStored, EngineFamily  # noqa: E402
+from cortex.ledger.book import LedgerBook  # noqa: E402
+from cortex.sim.wire import encode_batch, live_frames, profile_named  # noqa: E402
+
+BLOCK = 16
+BLOCKS_PER_BATCH = 32
+TARGETS = 8
+
+
+def build_frames(
+    n_batches: int, evict_share: float, seed: int
+) -> tuple[list[tuple[int, list[bytes]]], int]:
+    """(target, frames) per batch, and the number of blocks stored in total."""
+    rng = random.Random(seed)
+    profile = profile_named("vllm-0.33")
+    tails: list[list[int]] = [[] for _ in range(TARGETS)]  # last hash of each chain per target
+    held: list[list[int]] = [[] for _ in range(TARGETS)]
+    seqs = [0] * TARGETS
+    next_hash = 1
+    out = []
+    stored = 0
+    for i in range(n_batches):
+        target = i % TARGETS
+        if held[target] and rng.random() < evict_share:
+            victims = [held[target].pop(rng.randrange(len(held[target]))) for _ in range(8)
+                       if held[target]]
+            events = [BlockRemoved(block_hashes=[h], medium="GPU", group_idx=0) for h in victims]
+        else:
+            parent = None
+            if tails[target] and rng.random() >= 0.25:
+                parent = rng.choice(tails[target])
+            hashes = list(range(next_hash, next_hash + BLOCKS_PER_BATCH))
+            next_hash += BLOCKS_PER_BATCH
+            tokens = [rng.randrange(128000) for _ in range(BLOCK * BLOCKS_PER_BATCH)]
+            events = [
+                BlockStored(
+                    block_hashes=hashes, parent_hash=parent, token_ids=tokens, block_size=BLOCK,
+                    medium="GPU", group_idx=0, kv_cache_spec_kind="full_attention",
+                )
+            ]
+            tails[target].append(hashes[-1])
+            held[target].extend(hashes)
+            stored += BLOCKS_PER_BATCH
+        payload = encode_batch(profile, 1767225600.0 + i, events, 0)
+        out.append((target, live_frames(b"kv", seqs[target], payload)))
+        seqs[target] += 1
+    return out, stored
+
+
+def new_book() -> tuple[LedgerBook, list[int]]:
+    book = LedgerBook()
+    ids = [book.register(f"w{t}", 0, EngineFamily.VLLM, "bench-model") for t in range(TARGETS)]
+    return book, ids
+
+
+def timed(fn) -> float:
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+def run(n_batches: int, evict_share: float, repeats: int) -> dict:
+    frames, stored = build_frames(n_batches, evict_share, seed=7)
+    family = EngineFamily.VLLM
+    decoded = [(t, decode_payload(parse_live_frames(f).payload, family)) for t, f in frames]
+
+    def decode_all():
+        for _, f in frames:
+            decode_payload(parse_live_frames(f).payload, family)
+
+    def apply_all():
+        book, ids = new_book()
+        for t, batch in decoded:
+            book.apply(ids[t], batch)
+
+    def end_to_end():
+        book, ids = new_book()
+        for t, f in frames:
+            msg = parse_live_frames(f)
+            book.apply(ids[t], decode_payload(msg.payload, family))
+        end_to_end.book = book
+
+    best = {}
+    for name, fn in (("decode", decode_all), ("apply", apply_all), ("end_to_end", end_to_end)):
+        best[name] = min(timed(fn) for _ in range(repeats))
+    book = end_to_end.book
+    return {
+        "batches": n_batches,
+        "blocks_stored": stored,
+        "evict_share": evict_share,
+        "ledger_entries_after": book.entries,
+        "decode_blocks_per_s": round(stored / best["decode"]),
+        "apply_blocks_per_s": round(stored / best["apply"]),
+        "end_to_end_blocks_per_s": round(stored / best["end_to_end"]),
+        "end_to_end_us_per_batch": round(best["end_to_end"] / n_batches * 1e6, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    parser.add_argument("--batches", type=int, default=40_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    n = 1_000 if args.quick else args.batches
+    results = {
+        "benchmark": "ingest",
+        "machine": machine_info(),
+        "python": platform.python_version(),
+        "workload": f"vllm-0.33 map, {BLOCK}-token blocks, {BLOCKS_PER_BATCH} blocks/batch, "
+        f"{TARGETS} targets",
+        "stores_only": run(n, 0.0, 1 if args.quick else args.repeats),
+        "with_evictions_20pct": run(n, 0.2, 1 if args.quick else args.repeats),
+    }
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
