@@ -28,6 +28,9 @@ Rules (``has_replay`` = the target has a replay endpoint):
   Without replay → PARTIAL, drop the entries, continue with the batch that showed the gap.
 * RESTART (sequence went backwards): drop the entries; the new incarnation's seq 0 → READY
   (its cache started empty); a first seq > 0 → as at start (replay from 0, else PARTIAL).
+  Limit: a restart is visible only when the sequence goes backwards. If the new process's
+  first batch we receive has seq >= next (its earlier ones lost), no sequencer can tell;
+  health probes (a restarted engine was unhealthy) must catch that case.
 * DUPLICATE → dropped and counted (as ``replay_overlap`` when a replay already applied it).
 * A batch that could not be decoded lost its events → PARTIAL, drop the entries (like an
   unrepaired gap), continue after it.
