@@ -1,0 +1,70 @@
+# cython: language_level=3
+"""Cortex's own chained block keys (Python API over the C-level functions of ``blockkeys.pxd``).
+
+Definition and contract: ``blockkeys.pyi``. The request path calls ``block_keys`` once per
+prompt; the ledger computes the same keys in C from the events' token ids.
+"""
+
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+
+from cortex._fast.blockkeys cimport (
+    XXH3_64bits_withSeed,
+    copy_tokens,
+    key_scratch_bytes,
+    opaque_block_key,
+    token_block_key,
+)
+
+_NAMESPACE_TAG = b"cortex-ns-v1"
+
+
+cdef bytes _part(object text):
+    if text is None:
+        return b"\x00"
+    cdef bytes encoded = (<str?>text).encode("utf-8")
+    return b"\x01" + len(encoded).to_bytes(4, "little") + encoded
+
+
+def namespace_seed(model, lora_name=None, cache_salt=None):
+    """Seed of every key of one namespace: (model, LoRA name, cache salt)."""
+    cdef bytes data = _NAMESPACE_TAG + _part(model) + _part(lora_name) + _part(cache_salt)
+    cdef const unsigned char* raw = data
+    return XXH3_64bits_withSeed(raw, len(data), 0)
+
+
+def block_keys(token_ids, Py_ssize_t block_size, uint64_t seed, parent_key=None):
+    """Chained keys of the full blocks of ``token_ids`` (a trailing partial block is ignored)."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    cdef Py_ssize_t n_blocks = len(token_ids) // block_size
+    cdef Py_ssize_t n_tokens = n_blocks * block_size
+    cdef bint has_parent = parent_key is not None
+    cdef uint64_t key = <uint64_t>parent_key if has_parent else 0
+    cdef list keys = []
+    if n_blocks == 0:
+        return keys
+    cdef uint32_t* tokens = <uint32_t*>PyMem_Malloc(4 * <size_t>n_tokens)
+    cdef uint8_t* scratch = <uint8_t*>PyMem_Malloc(key_scratch_bytes(block_size))
+    cdef Py_ssize_t i
+    try:
+        if tokens == NULL or scratch == NULL:
+            raise MemoryError()
+        copy_tokens(token_ids, tokens, n_tokens)
+        for i in range(n_blocks):
+            key = token_block_key(has_parent, key, tokens + i * block_size, block_size, seed,
+                                  scratch)
+            has_parent = True
+            keys.append(key)
+    finally:
+        PyMem_Free(tokens)
+        PyMem_Free(scratch)
+    return keys
+
+
+def opaque_key(parent_key, uint64_t engine_hash, uint64_t seed):
+    """Key of a block whose inputs Cortex cannot reproduce (multimodal, prompt embeddings)."""
+    cdef uint8_t scratch[32]
+    cdef bint has_parent = parent_key is not None
+    cdef uint64_t parent = <uint64_t>parent_key if has_parent else 0
+    return opaque_block_key(has_parent, parent, engine_hash, seed, scratch)

@@ -1,0 +1,378 @@
+# cython: language_level=3
+"""The C structures under ``ledger.BlockTree``: nodes, their holder sets, and two maps.
+
+Memory layout (no Python object per entry; everything lives in malloc'd arrays):
+
+* ``Node`` (40 bytes, in one pool indexed by u32): the block key, the parent's index, how many
+  live children it has, a last-touched stamp and its holder set.
+* Holder set: the (target, per-medium count) pairs of a node, **sorted by target**. Up to two
+  live inside the node; more move to a heap array (capacity doubles, halves when a quarter full,
+  moves back inside at two). ``count[m]`` = how many of the target's engine hashes in medium
+  ``m`` point at the node (almost always 0 or 1; saturates at 255, see ``holder_sub`` in
+  ``ledger.pyx``). A holder exists iff some count is non-zero.
+* ``KeyMap``: block key -> node, open addressing with linear probing over u64 slots
+  ``(key >> 32) << 32 | (node + 1)`` (0 = empty). The home slot comes from the key's high half,
+  which the slot keeps, so growing and deleting never touch the nodes; a probe compares the
+  stored half first and the node's full key only on a match.
+* ``TargetMap``: one target's engine hash -> (node, refcount per medium), open addressing with
+  linear probing over 16-byte entries, Fibonacci-hashed home (engine hashes in tests are small
+  ints). ``refs`` packs four u8 refcounts (byte m = medium m); ``refs == 0`` marks an empty slot.
+
+Both maps delete by backward shift (no tombstones), grow at 3/4 load and shrink below 1/8, so
+every lookup stays O(1) expected and a full scan of a map is O(its live entries).
+"""
+
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy, memmove, memset
+
+cdef enum:
+    N_MEDIA = 4
+    INLINE_HOLDERS = 2
+    MAX_HOLDERS = 65535
+    MIN_TABLE = 8
+
+cdef extern from *:
+    """
+    #define CORTEX_NO_NODE ((uint32_t)0xFFFFFFFFu)
+    #if defined(__GNUC__) || defined(__clang__)
+    #define cortex_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
+    #else
+    #define cortex_prefetch(p) ((void)(p))
+    #endif
+    """
+    const uint32_t NO_NODE "CORTEX_NO_NODE"
+    void cortex_prefetch(const void* p) noexcept nogil
+
+
+ctypedef struct Holder:
+    uint16_t target
+    uint8_t count[4]  # per medium: the target's hashes in that medium pointing at the node
+
+ctypedef union HolderSlots:
+    Holder small[2]  # INLINE_HOLDERS
+    Holder* heap
+
+ctypedef struct Node:
+    uint64_t key
+    uint32_t parent  # NO_NODE at the root; next free node while on the free list
+    uint32_t children  # live nodes whose parent is this one
+    uint32_t stamp  # ``now`` of the last store that touched the node, modulo 2**32
+    uint16_t n_holders
+    uint16_t heap_cap  # 0: the holders live in ``holders.small``
+    HolderSlots holders
+
+ctypedef struct KeyMap:
+    uint64_t* slots
+    size_t cap  # power of two
+    size_t count
+
+ctypedef struct Entry:
+    uint64_t hash
+    uint32_t node
+    uint32_t refs  # byte m: refcount of (target, medium m, hash); 0 = empty slot
+
+ctypedef struct TargetMap:
+    Entry* slots  # NULL until the target stores something
+    uint32_t cap  # 0 or a power of two
+    uint32_t shift  # 64 - log2(cap)
+    uint32_t used  # occupied slots (engine hashes held)
+    uint64_t entries  # (hash, medium) pairs held
+
+
+# ----------------------------------------------------------------------------- media bytes
+
+cdef inline uint32_t media_bytes(uint32_t media_mask) noexcept nogil:
+    """Medium bit mask -> byte mask over packed per-medium counters."""
+    cdef uint32_t out = 0
+    cdef int m
+    for m in range(N_MEDIA):
+        if media_mask & (1u << m):
+            out |= 0xFFu << (8 * m)
+    return out
+
+
+cdef inline int media_count(uint32_t packed) noexcept nogil:
+    """How many media have a non-zero counter in ``packed``."""
+    cdef int m, n = 0
+    for m in range(N_MEDIA):
+        if (packed >> (8 * m)) & 0xFF:
+            n += 1
+    return n
+
+
+cdef inline uint32_t holder_media(const Holder* h) noexcept nogil:
+    cdef uint32_t packed
+    memcpy(&packed, h.count, 4)
+    return packed
+
+
+# ----------------------------------------------------------------------------- holder sets
+
+cdef inline Holder* holders_of(Node* nd) noexcept nogil:
+    return nd.holders.heap if nd.heap_cap else nd.holders.small
+
+
+cdef inline Py_ssize_t holder_search(Node* nd, uint16_t target) noexcept nogil:
+    """Index of ``target`` in the node's sorted holders, or ``-(insertion point) - 1``."""
+    cdef Holder* hs = holders_of(nd)
+    cdef Py_ssize_t lo = 0, hi = nd.n_holders, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if hs[mid].target < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < nd.n_holders and hs[lo].target == target:
+        return lo
+    return -lo - 1
+
+
+cdef inline int holder_insert(Node* nd, Py_ssize_t pos, uint16_t target,
+                              size_t* heap_bytes) except -1:
+    """Insert a holder with zero counts at ``pos`` (from ``holder_search``)."""
+    cdef size_t cap = nd.heap_cap if nd.heap_cap else INLINE_HOLDERS
+    cdef size_t new_cap
+    cdef Holder* grown
+    cdef Holder* hs
+    if nd.n_holders >= cap:
+        new_cap = cap * 2 if cap * 2 < MAX_HOLDERS else MAX_HOLDERS
+        grown = <Holder*>malloc(new_cap * sizeof(Holder))
+        if grown == NULL:
+            raise MemoryError()
+        memcpy(grown, holders_of(nd), nd.n_holders * sizeof(Holder))
+        if nd.heap_cap:
+            free(nd.holders.heap)
+            heap_bytes[0] -= nd.heap_cap * sizeof(Holder)
+        nd.holders.heap = grown
+        nd.heap_cap = <uint16_t>new_cap
+        heap_bytes[0] += new_cap * sizeof(Holder)
+    hs = holders_of(nd)
+    memmove(hs + pos + 1, hs + pos, (nd.n_holders - pos) * sizeof(Holder))
+    hs[pos].target = target
+    memset(hs[pos].count, 0, 4)
+    nd.n_holders += 1
+    return 0
+
+
+cdef inline void holder_delete(Node* nd, Py_ssize_t pos, size_t* heap_bytes) noexcept nogil:
+    """Delete the holder at ``pos``; shrink or move the set back inside the node."""
+    cdef Holder* hs = holders_of(nd)
+    cdef Holder* heap
+    cdef Holder* smaller
+    cdef size_t half
+    memmove(hs + pos, hs + pos + 1, (nd.n_holders - pos - 1) * sizeof(Holder))
+    nd.n_holders -= 1
+    if not nd.heap_cap:
+        return
+    if nd.n_holders <= INLINE_HOLDERS:
+        heap = nd.holders.heap
+        heap_bytes[0] -= nd.heap_cap * sizeof(Holder)
+        nd.heap_cap = 0
+        memcpy(nd.holders.small, heap, nd.n_holders * sizeof(Holder))
+        free(heap)
+    elif nd.n_holders * 4 < nd.heap_cap:
+        half = nd.heap_cap // 2
+        smaller = <Holder*>malloc(half * sizeof(Holder))
+        if smaller != NULL:  # keeping the larger array is always correct
+            memcpy(smaller, nd.holders.heap, nd.n_holders * sizeof(Holder))
+            free(nd.holders.heap)
+            heap_bytes[0] -= (nd.heap_cap - half) * sizeof(Holder)
+            nd.holders.heap = smaller
+            nd.heap_cap = <uint16_t>half
+
+
+# ----------------------------------------------------------------------------- key map
+
+cdef inline size_t key_home(uint64_t key, size_t cap) noexcept nogil:
+    return <size_t>(key >> 32) & (cap - 1)
+
+
+cdef inline uint64_t key_slot(uint64_t key, uint32_t node) noexcept nogil:
+    return (key & 0xFFFFFFFF00000000ULL) | (<uint64_t>node + 1)
+
+
+cdef inline uint32_t keymap_find(const KeyMap* km, const Node* nodes, uint64_t key) noexcept nogil:
+    """Node of ``key`` or NO_NODE."""
+    cdef size_t mask = km.cap - 1
+    cdef size_t i = key_home(key, km.cap)
+    cdef uint64_t high = key & 0xFFFFFFFF00000000ULL
+    cdef uint64_t slot
+    cdef uint32_t node
+    while True:
+        slot = km.slots[i]
+        if slot == 0:
+            return NO_NODE
+        if (slot & 0xFFFFFFFF00000000ULL) == high:
+            node = <uint32_t>(slot & 0xFFFFFFFFu) - 1
+            if nodes[node].key == key:
+                return node
+        i = (i + 1) & mask
+
+
+cdef inline uint32_t keymap_candidate(const KeyMap* km, uint64_t key) noexcept nogil:
+    """First node whose key shares ``key``'s high half (the caller checks the full key), or
+    NO_NODE; touches only the slots, so it can run while the node is still being prefetched."""
+    cdef size_t mask = km.cap - 1
+    cdef size_t i = key_home(key, km.cap)
+    cdef uint64_t high = key & 0xFFFFFFFF00000000ULL
+    cdef uint64_t slot
+    while True:
+        slot = km.slots[i]
+        if slot == 0:
+            return NO_NODE
+        if (slot & 0xFFFFFFFF00000000ULL) == high:
+            return <uint32_t>(slot & 0xFFFFFFFFu) - 1
+        i = (i + 1) & mask
+
+
+cdef inline int keymap_rehash(KeyMap* km, size_t new_cap) noexcept nogil:
+    """Move every slot into a fresh table of ``new_cap`` slots; -1 (table unchanged) when out of
+    memory."""
+    cdef uint64_t* fresh = <uint64_t*>calloc(new_cap, sizeof(uint64_t))
+    cdef size_t i, j, mask = new_cap - 1
+    cdef uint64_t slot
+    if fresh == NULL:
+        return -1
+    for i in range(km.cap):
+        slot = km.slots[i]
+        if slot:
+            j = key_home(slot, new_cap)
+            while fresh[j]:
+                j = (j + 1) & mask
+            fresh[j] = slot
+    free(km.slots)
+    km.slots = fresh
+    km.cap = new_cap
+    return 0
+
+
+cdef inline int keymap_insert(KeyMap* km, uint64_t key, uint32_t node) except -1:
+    """Insert a key known to be absent."""
+    cdef size_t i, mask
+    if (km.count + 1) * 4 > km.cap * 3 and keymap_rehash(km, km.cap * 2) < 0:
+        raise MemoryError()
+    mask = km.cap - 1
+    i = key_home(key, km.cap)
+    while km.slots[i]:
+        i = (i + 1) & mask
+    km.slots[i] = key_slot(key, node)
+    km.count += 1
+    return 0
+
+
+cdef inline void keymap_delete(KeyMap* km, uint64_t key, uint32_t node) noexcept nogil:
+    """Delete the slot of (key, node), which must be present; backward-shift the run after it."""
+    cdef size_t mask = km.cap - 1
+    cdef size_t i = key_home(key, km.cap)
+    cdef size_t j, home
+    cdef uint64_t wanted = key_slot(key, node)
+    cdef uint64_t slot
+    while km.slots[i] != wanted:
+        if km.slots[i] == 0:
+            return
+        i = (i + 1) & mask
+    j = i
+    while True:
+        j = (j + 1) & mask
+        slot = km.slots[j]
+        if slot == 0:
+            break
+        home = key_home(slot, km.cap)
+        # The entry at j may move to the hole at i unless its home lies cyclically in (i, j].
+        if (i <= j and (home <= i or home > j)) or (i > j and home <= i and home > j):
+            km.slots[i] = slot
+            i = j
+    km.slots[i] = 0
+    km.count -= 1
+    if km.cap > MIN_TABLE and km.count * 8 < km.cap:
+        keymap_rehash(km, km.cap // 2)  # on failure the larger table stays: still correct
+
+
+# ----------------------------------------------------------------------------- target map
+
+cdef inline size_t hash_home(uint64_t engine_hash, uint32_t shift) noexcept nogil:
+    return <size_t>((engine_hash * 11400714819323198485ULL) >> shift)
+
+
+cdef inline Entry* targetmap_find(const TargetMap* tm, uint64_t engine_hash) noexcept nogil:
+    cdef size_t mask, i
+    if tm.cap == 0:
+        return NULL
+    mask = tm.cap - 1
+    i = hash_home(engine_hash, tm.shift)
+    while True:
+        if tm.slots[i].refs == 0:
+            return NULL
+        if tm.slots[i].hash == engine_hash:
+            return &tm.slots[i]
+        i = (i + 1) & mask
+
+
+cdef inline uint32_t log2_of(size_t power) noexcept nogil:
+    cdef uint32_t bits = 0
+    while (<size_t>1 << bits) < power:
+        bits += 1
+    return bits
+
+
+cdef inline int targetmap_rehash(TargetMap* tm, uint32_t new_cap) noexcept nogil:
+    """Move every entry into a fresh table of ``new_cap`` slots; -1 (table unchanged) when out
+    of memory."""
+    cdef Entry* fresh = <Entry*>calloc(new_cap, sizeof(Entry))
+    cdef uint32_t shift = 64 - log2_of(new_cap)
+    cdef size_t i, j, mask = new_cap - 1
+    if fresh == NULL:
+        return -1
+    for i in range(tm.cap):
+        if tm.slots[i].refs:
+            j = hash_home(tm.slots[i].hash, shift)
+            while fresh[j].refs:
+                j = (j + 1) & mask
+            fresh[j] = tm.slots[i]
+    free(tm.slots)
+    tm.slots = fresh
+    tm.cap = new_cap
+    tm.shift = shift
+    return 0
+
+
+cdef inline int targetmap_insert(TargetMap* tm, uint64_t engine_hash, uint32_t node,
+                                 uint32_t refs) except -1:
+    """Insert a hash known to be absent (``refs`` non-zero)."""
+    cdef size_t i, mask
+    cdef uint32_t want = 0
+    if tm.cap == 0:
+        want = MIN_TABLE
+    elif (tm.used + 1) * 4 > tm.cap * 3:
+        want = tm.cap * 2
+    if want and targetmap_rehash(tm, want) < 0:
+        raise MemoryError()
+    mask = tm.cap - 1
+    i = hash_home(engine_hash, tm.shift)
+    while tm.slots[i].refs:
+        i = (i + 1) & mask
+    tm.slots[i].hash = engine_hash
+    tm.slots[i].node = node
+    tm.slots[i].refs = refs
+    tm.used += 1
+    return 0
+
+
+cdef inline void targetmap_delete(TargetMap* tm, Entry* entry) noexcept nogil:
+    """Delete ``entry`` (a slot of ``tm``); backward-shift the run after it."""
+    cdef size_t mask = tm.cap - 1
+    cdef size_t i = <size_t>(entry - tm.slots)
+    cdef size_t j = i, home
+    while True:
+        j = (j + 1) & mask
+        if tm.slots[j].refs == 0:
+            break
+        home = hash_home(tm.slots[j].hash, tm.shift)
+        if (i <= j and (home <= i or home > j)) or (i > j and home <= i and home > j):
+            tm.slots[i] = tm.slots[j]
+            i = j
+    tm.slots[i].refs = 0
+    tm.used -= 1
+    if tm.cap > MIN_TABLE and tm.used * 8 < tm.cap:
+        targetmap_rehash(tm, tm.cap // 2)  # on failure the larger table stays: still correct
