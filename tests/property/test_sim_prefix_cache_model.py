@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EngineFamily, Event
-from cortex.sim.engine_hashes import make_chain_hasher
+from cortex.sim.engine_hashes import VllmChainHasher, make_chain_hasher
 from cortex.sim.prefix_cache import SglangPrefixCache, TruthEntry, VllmPrefixCache
 
 Key = tuple[tuple[str | None, str | None], int]
@@ -115,7 +115,8 @@ def _run(cache: VllmPrefixCache | SglangPrefixCache, ops: list[object], vllm: bo
 @given(ops=operations, size=st.integers(1, 3), capacity=st.integers(0, 8))
 def test_vllm_events_reproduce_truth(ops: list[object], size: int, capacity: int) -> None:
     hasher = make_chain_hasher(EngineFamily.VLLM, (0, 33))
-    cache = VllmPrefixCache(hasher, block_size=size, capacity_blocks=capacity)  # type: ignore[arg-type]
+    assert isinstance(hasher, VllmChainHasher)
+    cache = VllmPrefixCache(hasher, block_size=size, capacity_blocks=capacity)
     _run(cache, ops, vllm=True)
 
 
