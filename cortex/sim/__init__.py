@@ -1,0 +1,11 @@
+"""Simulated engines (GPU-free) for tests, the demo and benchmarks; never imported by the gateway.
+
+Event side, pure cores first:
+
+* ``engine_hashes`` — the engines' own block hashes (vLLM pickle/CBOR chains, SGLang pages).
+* ``prefix_cache`` — paged prefix caches (vLLM block pool, SGLang radix) emitting KV events.
+* ``wire`` — per-version payload and frame encoding (byte-identical to the real engines).
+* ``faults`` — delivery fault decisions (drop, duplicate, reorder, stall).
+* ``publisher`` — trio + pyzmq publisher per DP rank (PUB + replay ROUTER), port probing.
+* ``kv_engine`` — ``SimKVEngine``: caches + publishers for every DP rank.
+"""

@@ -38,6 +38,7 @@ from cortex.sim.faults import FaultInjector
 from cortex.sim.prefix_cache import (
     AdmitResult,
     PrefixCache,
+    FreeOrder,
     SglangPrefixCache,
     TruthEntry,
     VllmPrefixCache,
@@ -104,6 +105,7 @@ class SimKVEngine:
         topic: str = "",
         endpoints: SimEndpointConfig = SimEndpointConfig(),
         hashing: SimHashConfig = SimHashConfig(),
+        vllm_free_order: FreeOrder = "tail_first",
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
         context: zmq.Context | None = None,
@@ -119,6 +121,7 @@ class SimKVEngine:
         self.topic = topic
         self.endpoint_config = endpoints
         self.hashing = hashing
+        self.vllm_free_order = vllm_free_order
         self.rng = rng if rng is not None else random.Random()
         self.clock = clock
         self.restart_probability = 0.0  # per submit, per rank: restart before admitting
@@ -257,7 +260,10 @@ class SimKVEngine:
         hasher = self._new_hasher()
         if isinstance(hasher, VllmChainHasher):
             return VllmPrefixCache(
-                hasher, block_size=self.block_size, capacity_blocks=self.capacity_blocks
+                hasher,
+                block_size=self.block_size,
+                capacity_blocks=self.capacity_blocks,
+                free_order=self.vllm_free_order,
             )
         return SglangPrefixCache(
             hasher, block_size=self.block_size, capacity_blocks=self.capacity_blocks

@@ -11,8 +11,11 @@ Pure (no I/O). Two behaviours, one interface (``admit`` / ``release`` / ``clear`
 * The absent full blocks after the hit are computed and stored as ONE ``BlockStored`` per
   request; its parent is the hash of the block before them (None at the root).
 * Eviction is LRU over blocks not in use, one ``BlockRemoved`` (one hash) per evicted block.
-  A finished request frees its blocks tail first, so its deepest blocks are evicted first;
-  nothing else ties eviction to the tree: a parent may go before its child.
+  Nothing ties eviction to the tree, but vLLM frees a finished request's blocks tail first
+  (``free_order="tail_first"``, the default), and every hit refreshes the whole prefix, so
+  children still go before their parents in practice. ``free_order="head_first"`` frees the
+  parent first (plain LRU by position): parents are then evicted before their children, whose
+  cached blocks become unreachable orphans, a case consumers must survive.
 
 ``SglangPrefixCache`` (SGLang radix cache over pages):
 * One radix tree per namespace; each page is a node (splits emit nothing, so node granularity
@@ -42,11 +45,13 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from cortex.sim.engine_hashes import BlockHash, ChainHasher, VllmChainHasher
 
 Namespace = tuple[str | None, str | None]
+FreeOrder = Literal["tail_first", "head_first"]
 TruthEntry = tuple[str | None, str | None, tuple[int, ...]]
 
 MEDIUM = "GPU"
@@ -93,10 +98,18 @@ class VllmPrefixCache:
     """vLLM-like block pool (see the module docstring for the rules)."""
 
     def __init__(
-        self, hasher: VllmChainHasher, *, block_size: int, capacity_blocks: int
+        self,
+        hasher: VllmChainHasher,
+        *,
+        block_size: int,
+        capacity_blocks: int,
+        free_order: FreeOrder = "tail_first",
     ) -> None:
         _check_config(block_size, capacity_blocks)
+        if free_order not in ("tail_first", "head_first"):
+            raise ValueError(f"unknown free_order {free_order!r}")
         self.hasher = hasher
+        self.free_order = free_order
         self.block_size = block_size
         self.capacity_blocks = capacity_blocks
         self._copies: dict[tuple[Namespace, int], list[_Block]] = {}
@@ -203,7 +216,8 @@ class VllmPrefixCache:
         self._free.pop(id(block), None)
 
     def _release_blocks(self, path: Sequence[_Block]) -> None:
-        for block in reversed(path):  # tail first: the deepest block is evicted first
+        ordered = reversed(path) if self.free_order == "tail_first" else iter(path)
+        for block in ordered:  # the first freed is the first evicted
             block.refs -= 1
             if block.refs == 0 and block.cached:
                 self._free[id(block)] = block

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EngineFamily, Event
 from cortex.sim.engine_hashes import VllmChainHasher, make_chain_hasher
-from cortex.sim.prefix_cache import SglangPrefixCache, TruthEntry, VllmPrefixCache
+from cortex.sim.prefix_cache import FreeOrder, SglangPrefixCache, TruthEntry, VllmPrefixCache
 
 Key = tuple[tuple[str | None, str | None], int]
 
@@ -112,11 +112,18 @@ def _run(cache: VllmPrefixCache | SglangPrefixCache, ops: list[object], vllm: bo
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=operations, size=st.integers(1, 3), capacity=st.integers(0, 8))
-def test_vllm_events_reproduce_truth(ops: list[object], size: int, capacity: int) -> None:
+@given(
+    ops=operations,
+    size=st.integers(1, 3),
+    capacity=st.integers(0, 8),
+    order=st.sampled_from(["tail_first", "head_first"]),
+)
+def test_vllm_events_reproduce_truth(
+    ops: list[object], size: int, capacity: int, order: FreeOrder
+) -> None:
     hasher = make_chain_hasher(EngineFamily.VLLM, (0, 33))
     assert isinstance(hasher, VllmChainHasher)
-    cache = VllmPrefixCache(hasher, block_size=size, capacity_blocks=capacity)
+    cache = VllmPrefixCache(hasher, block_size=size, capacity_blocks=capacity, free_order=order)
     _run(cache, ops, vllm=True)
 
 

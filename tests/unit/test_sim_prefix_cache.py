@@ -6,13 +6,17 @@ import pytest
 
 from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EngineFamily
 from cortex.sim.engine_hashes import SglangChainHasher, VllmChainHasher, make_chain_hasher
-from cortex.sim.prefix_cache import SglangPrefixCache, VllmPrefixCache
+from cortex.sim.prefix_cache import FreeOrder, SglangPrefixCache, VllmPrefixCache
 
 
-def _vllm(capacity: int, block_size: int = 2) -> VllmPrefixCache:
+def _vllm(
+    capacity: int, block_size: int = 2, free_order: FreeOrder = "tail_first"
+) -> VllmPrefixCache:
     hasher = make_chain_hasher(EngineFamily.VLLM, (0, 33))
     assert isinstance(hasher, VllmChainHasher)
-    return VllmPrefixCache(hasher, block_size=block_size, capacity_blocks=capacity)
+    return VllmPrefixCache(
+        hasher, block_size=block_size, capacity_blocks=capacity, free_order=free_order
+    )
 
 
 def _sglang(capacity: int, block_size: int = 2) -> SglangPrefixCache:
@@ -49,6 +53,26 @@ def test_vllm_stores_once_per_request_and_evicts_lru_tail_first() -> None:
     assert fourth.events[1].block_hashes == [c2]  # type: ignore[union-attr]
     assert cache.used_blocks == 3
     assert cache.truth() == {(None, None, p) for p in ((1, 2), (7, 8), (1, 2, 9, 10))}
+
+
+def test_vllm_head_first_freeing_evicts_parents_before_children() -> None:
+    cache = _vllm(capacity=2, free_order="head_first")
+    a1, a2 = _hashes(cache, [1, 2, 3, 4])
+    cache.admit([1, 2, 3, 4])
+    evicting = cache.admit([7, 8])  # free queue A1, A2: the parent goes first
+    assert evicting.events[0] == BlockRemoved([a1], medium="GPU", group_idx=0)
+    assert (None, None, (1, 2, 3, 4)) in cache.truth()  # an orphan: cached, unreachable
+    assert (None, None, (1, 2)) not in cache.truth()
+    again = cache.admit([1, 2, 3, 4, 5])
+    assert again.cached_tokens == 0  # the prefix walk stops at the missing parent
+    assert again.events == [
+        BlockRemoved([a2], medium="GPU", group_idx=0),
+        BlockRemoved([_hashes(cache, [7, 8])[0]], medium="GPU", group_idx=0),
+        BlockStored([a1, a2], None, [1, 2, 3, 4], 2, medium="GPU", group_idx=0,
+                    kv_cache_spec_kind="full_attention"),
+    ]
+    with pytest.raises(ValueError):
+        _vllm(capacity=1, free_order="random")  # type: ignore[arg-type]
 
 
 def test_vllm_fully_cached_prompt_recomputes_and_restores_its_last_block() -> None:
