@@ -85,6 +85,7 @@ class IngestionHandle:
 
     sources: dict[int, EventSource]  # target id -> source
     counters: dict[int, IngestCounters]  # target id -> its live counters
+    syncs: dict[int, TargetSync]  # target id -> its sync machine (read-only view: state, next_seq)
 
     def total(self) -> IngestCounters:
         return IngestCounters.total(self.counters.values())
@@ -220,9 +221,12 @@ async def run_source(
     ctx: zmq.Context | None = None,
     settings: IngestSettings | None = None,
     counters: IngestCounters | None = None,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[TargetSync] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Ingest one source into ``sink`` under ``target`` until cancelled."""
+    """Ingest one source into ``sink`` under ``target`` until cancelled.
+
+    Reports the target's ``TargetSync`` once subscribed (callers read its state and
+    ``next_seq`` to see how far ingestion got; they must not drive it)."""
     ctx = ctx if ctx is not None else zmq.Context.instance()
     settings = settings if settings is not None else IngestSettings()
     counters = counters if counters is not None else IngestCounters()
@@ -233,7 +237,7 @@ async def run_source(
         sub.rcvhwm = settings.rcvhwm
         sub.setsockopt(zmq.SUBSCRIBE, source.topic)
         sub.connect(source.endpoint)
-        task_status.started()
+        task_status.started(ingest.sync)
         await ingest.execute(ingest.sync.start())
         await ingest.pump(sub)
     finally:
@@ -261,14 +265,14 @@ async def run_ingestion(
     if problems:
         raise ConfigError(problems)
     settings = settings if settings is not None else IngestSettings()
-    handle = IngestionHandle(sources={}, counters={})
+    handle = IngestionHandle(sources={}, counters={}, syncs={})
     for source in sources:
         target = book.register(source.worker, source.rank, source.family, source.model)
         handle.sources[target] = source
         handle.counters[target] = IngestCounters()
     async with trio.open_nursery() as nursery:
         for target, source in handle.sources.items():
-            await nursery.start(
+            handle.syncs[target] = await nursery.start(
                 partial(
                     run_source,
                     source,
