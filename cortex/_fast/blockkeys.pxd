@@ -76,11 +76,35 @@ cdef inline uint64_t opaque_block_key(
     return XXH3_64bits_withSeed(scratch, OPAQUE_INPUT_BYTES, seed)
 
 
+cdef extern from *:
+    """
+    /* A token id in [0, 2**32) read straight from a CPython 3.11 int (30-bit digits): 1 when
+       done, 0 when the value needs the general path (other types, negatives, >= 2**32). */
+    static CYTHON_INLINE int cortex_small_token(PyObject* value, uint32_t* out) {
+    #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+        if (PyLong_CheckExact(value)) {
+            const digit* d = ((PyLongObject*)value)->ob_digit;
+            switch (Py_SIZE(value)) {
+                case 0: *out = 0; return 1;
+                case 1: *out = (uint32_t)d[0]; return 1;
+                case 2: if (d[1] < 4) { *out = (uint32_t)d[0] | ((uint32_t)d[1] << 30); return 1; }
+            }
+        }
+    #endif
+        return 0;
+    }
+    """
+    bint cortex_small_token(object value, uint32_t* out) noexcept
+
+
 cdef inline uint32_t checked_token(object value) except? 0xFFFFFFFF:
     """One token id as u32; ValueError when it lies outside [0, 2**32)."""
+    cdef uint32_t token
+    if cortex_small_token(value, &token):
+        return token
     cdef int overflow = 0
     cdef long long v = PyLong_AsLongLongAndOverflow(value, &overflow)
-    if overflow != 0 or v < 0 or v > 0xFFFFFFFF:
+    if overflow != 0 or v < 0 or (v >> 32) != 0:
         raise ValueError(f"token id {value!r} outside [0, 2**32)")
     return <uint32_t>v
 

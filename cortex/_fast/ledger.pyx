@@ -28,10 +28,11 @@ target's entries), match O(depth x targets still matching) with the key-map and 
 the next levels prefetched while the current level is processed.
 """
 
+cimport cython
 from cpython.buffer cimport PyObject_CheckBuffer
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memcmp, memcpy, memset
 
 from cortex._fast.blockkeys cimport (
     copy_tokens,
@@ -40,7 +41,8 @@ from cortex._fast.blockkeys cimport (
     token_block_key,
 )
 from cortex._fast.ledger_tables cimport (
-    INLINE_HOLDERS,
+    FREE_MARK,
+    MAX_POOL_NODES,
     MIN_TABLE,
     NO_NODE,
     Entry,
@@ -49,13 +51,16 @@ from cortex._fast.ledger_tables cimport (
     Node,
     TargetMap,
     cortex_prefetch,
+    hash_home,
+    key_home,
+    big_calloc,
+    big_free,
+    big_grow,
     holder_delete,
     holder_insert,
     holder_media,
     holder_search,
     holders_of,
-    key_home,
-    keymap_candidate,
     keymap_delete,
     keymap_find,
     keymap_insert,
@@ -65,18 +70,56 @@ from cortex._fast.ledger_tables cimport (
     targetmap_find,
     targetmap_insert,
 )
+from cortex._fast.ledger_walk cimport Walk, walk_node, walk_start
 
 GPU_ONLY = 1 << 0  # Medium.GPU
 ALL_MEDIA = 0b1111
 
+cdef extern from *:
+    """
+    #if PY_VERSION_HEX < 0x030D0000
+    #define cortex_new_dict(n) _PyDict_NewPresized(n)
+    #else
+    #define cortex_new_dict(n) PyDict_New()
+    #endif
+    """
+    dict cortex_new_dict(Py_ssize_t n)  # a dict sized for n items (saves its resizes)
+
+cdef extern from *:
+    """
+    /* A Python int in [0, 2**64) as uint64_t: -1 with an exception set otherwise. CPython 3.11
+       ints below 2**64 have at most three 30-bit digits; those are read directly (match converts
+       256 keys per request), everything else goes through the C API. */
+    static int cortex_as_u64(PyObject* value, uint64_t* out) {
+    #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+        if (PyLong_CheckExact(value)) {
+            const digit* d = ((PyLongObject*)value)->ob_digit;
+            switch (Py_SIZE(value)) {
+                case 0: *out = 0; return 0;
+                case 1: *out = d[0]; return 0;
+                case 2: *out = (uint64_t)d[0] | ((uint64_t)d[1] << 30); return 0;
+                case 3:
+                    if (d[2] < 16) {
+                        *out = (uint64_t)d[0] | ((uint64_t)d[1] << 30) | ((uint64_t)d[2] << 60);
+                        return 0;
+                    }
+                    break;
+            }
+        }
+    #endif
+        PyObject* index = PyNumber_Index(value);
+        if (index == NULL) return -1;
+        unsigned long long v = PyLong_AsUnsignedLongLong(index);
+        Py_DECREF(index);
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        *out = (uint64_t)v;
+        return 0;
+    }
+    """
+    int cortex_as_u64(object value, uint64_t* out) except -1
+
 cdef enum:
     MAX_TARGETS = 65535
-    FREE_MARK = 0xFFFFFFFF
-    # Match pipeline distances (levels ahead of the one being processed): prefetch the key-map
-    # slot, then read it and prefetch the node, then read the node and prefetch its holders.
-    AHEAD_SLOT = 12
-    AHEAD_NODE = 6
-    AHEAD_HOLDERS = 3
 
 
 cdef int _grow(void** buffer, size_t* capacity, size_t needed, size_t item) except -1:
@@ -96,6 +139,7 @@ cdef int _grow(void** buffer, size_t* capacity, size_t needed, size_t item) exce
     return 0
 
 
+@cython.final
 cdef class BlockTree:
     cdef readonly Py_ssize_t block_size
     cdef readonly unsigned long long unknown_parent
@@ -117,6 +161,8 @@ cdef class BlockTree:
     cdef uint32_t* tokens
     cdef size_t tokens_cap
     cdef uint8_t* key_input
+    cdef uint64_t* event_keys
+    cdef size_t event_keys_cap
     cdef uint32_t* candidates
     cdef size_t candidates_cap
     cdef uint16_t* active
@@ -128,7 +174,7 @@ cdef class BlockTree:
         self.block_size = block_size
         self.free_head = NO_NODE
         self.key_input = <uint8_t*>malloc(key_scratch_bytes(block_size))
-        self.keys.slots = <uint64_t*>calloc(MIN_TABLE, sizeof(uint64_t))
+        self.keys.slots = <uint64_t*>big_calloc(MIN_TABLE * sizeof(uint64_t))
         self.keys.cap = MIN_TABLE
         if self.key_input == NULL or self.keys.slots == NULL:
             raise MemoryError()
@@ -141,13 +187,14 @@ cdef class BlockTree:
                     free(self.pool[i].holders.heap)
         if self.maps != NULL:
             for i in range(self.n_maps):
-                free(self.maps[i].slots)
-        free(self.pool)
+                big_free(self.maps[i].slots, self.maps[i].cap * sizeof(Entry))
+        big_free(self.pool, self.pool_cap * sizeof(Node))
         free(self.maps)
-        free(self.keys.slots)
+        big_free(self.keys.slots, self.keys.cap * sizeof(uint64_t))
         free(self.words)
         free(self.tokens)
         free(self.key_input)
+        free(self.event_keys)
         free(self.candidates)
         free(self.active)
 
@@ -173,6 +220,7 @@ cdef class BlockTree:
         cdef uint32_t parent = NO_NODE, node
         cdef uint64_t parent_key = 0, key
         cdef bint has_parent = False
+        cdef uint64_t* keys
         if parent_hash is not None:
             found = targetmap_find(tm, parent_wanted)
             if found == NULL:
@@ -181,17 +229,27 @@ cdef class BlockTree:
             parent = found.node
             parent_key = self.pool[parent].key
             has_parent = True
+        # Keys first (CPU only), prefetching the key-map and target-map slots each block will
+        # probe, so the event's random loads overlap instead of stalling one after another.
+        _grow(<void**>&self.event_keys, &self.event_keys_cap, n, sizeof(uint64_t))
+        keys = self.event_keys
+        key = parent_key
         for i in range(n):
             if reproducible:
-                key = token_block_key(has_parent, parent_key, self.tokens + i * bs, bs, seed,
+                key = token_block_key(has_parent, key, self.tokens + i * bs, bs, seed,
                                       self.key_input)
             else:
-                key = opaque_block_key(has_parent, parent_key, self.words[i], seed,
-                                       self.key_input)
-            node = self._node_of(key, parent)
+                key = opaque_block_key(has_parent, key, self.words[i], seed, self.key_input)
+            has_parent = True
+            keys[i] = key
+            cortex_prefetch(&self.keys.slots[key_home(key, self.keys.cap)])
+            if tm.cap:
+                cortex_prefetch(&tm.slots[hash_home(self.words[i], tm.shift)])
+        for i in range(n):
+            node = self._node_of(keys[i], parent)
             self.pool[node].stamp = <uint32_t>now
             self._attach(tm, <uint16_t>target, self.words[i], node, medium)
-            parent, parent_key, has_parent = node, key, True
+            parent = node
         return n
 
     def remove(self, int target, block_hashes, int medium=0):
@@ -247,56 +305,56 @@ cdef class BlockTree:
                 if pos >= 0:
                     holder_delete(&self.pool[node], pos, &self.holder_bytes)
                 self._release(node)
-        free(slots)
+        big_free(slots, cap * sizeof(Entry))
         self.n_entries -= dropped
         return dropped
 
     def match(self, keys, uint32_t media=GPU_ONLY):
         """{target: leading blocks of ``keys`` it holds in ``media``} for targets holding >= 1."""
         cdef Py_ssize_t n = self._load_words(keys)
-        cdef dict result = {}
+        cdef dict result
         if n == 0 or self.n_nodes == 0:
-            return result
+            return {}
         cdef uint32_t want = media_bytes(media)
         cdef uint64_t* ks = self.words
         cdef Py_ssize_t i, a, j, kept, n_active = 0, n_holders
         cdef uint32_t node
         cdef Node* nd
         cdef Holder* hs
+        cdef Holder* prev_hs
+        cdef Py_ssize_t prev_n_holders
         cdef uint16_t t
+        cdef Walk walk
         _grow(<void**>&self.candidates, &self.candidates_cap, n, sizeof(uint32_t))
-        for i in range(min(n, AHEAD_SLOT)):
-            cortex_prefetch(&self.keys.slots[key_home(ks[i], self.keys.cap)])
-        for i in range(min(n, AHEAD_NODE)):
-            self._candidate(i, n)
-        node = self._resolve(0)
+        walk_start(&walk, self.pool, self.pool_top, &self.keys, ks, self.candidates, n)
+        node = walk_node(&walk, 0, NO_NODE)
         if node == NO_NODE:
-            return result
+            return {}
         nd = &self.pool[node]
         _grow(<void**>&self.active, &self.active_cap, nd.n_holders, sizeof(uint16_t))
         hs = holders_of(nd)
+        prev_hs, prev_n_holders = hs, nd.n_holders
         for j in range(nd.n_holders):
             if holder_media(&hs[j]) & want:
                 self.active[n_active] = hs[j].target
                 n_active += 1
+        result = cortex_new_dict(n_active)
         # Invariant of this loop: ``active`` is sorted and only shrinks — a target drops out
         # at its first miss (recorded with the number of levels it matched) and never rejoins.
         i = 1
         while i < n and n_active:
-            if i + AHEAD_SLOT < n:
-                cortex_prefetch(&self.keys.slots[key_home(ks[i + AHEAD_SLOT], self.keys.cap)])
-            if i + AHEAD_NODE < n:
-                self._candidate(i + AHEAD_NODE, n)
-            if i + AHEAD_HOLDERS < n and self.candidates[i + AHEAD_HOLDERS] != NO_NODE:
-                nd = &self.pool[self.candidates[i + AHEAD_HOLDERS]]
-                if nd.heap_cap:
-                    cortex_prefetch(nd.holders.heap)
-            node = self._resolve(i)
+            node = walk_node(&walk, i, node)
             if node == NO_NODE:
                 break
             nd = &self.pool[node]
             hs = holders_of(nd)
             n_holders = nd.n_holders
+            if n_holders == prev_n_holders and memcmp(hs, prev_hs, n_holders * sizeof(Holder)) == 0:
+                # The same holders (and media) as the level above, a superset of ``active``:
+                # nobody drops out. Typical inside a prefix shared by many targets.
+                i += 1
+                continue
+            prev_hs, prev_n_holders = hs, n_holders
             kept = 0
             if n_holders > 8 * n_active:  # few targets left in a wide node: binary search
                 for a in range(n_active):
@@ -364,6 +422,7 @@ cdef class BlockTree:
             + self.words_cap * sizeof(uint64_t)
             + self.tokens_cap * sizeof(uint32_t)
             + key_scratch_bytes(self.block_size)
+            + self.event_keys_cap * sizeof(uint64_t)
             + self.candidates_cap * sizeof(uint32_t)
             + self.active_cap * sizeof(uint16_t)
         )
@@ -385,7 +444,7 @@ cdef class BlockTree:
         _grow(<void**>&self.words, &self.words_cap, n, sizeof(uint64_t))
         if type(values) is list:
             for i in range(n):
-                self.words[i] = <uint64_t>(<list>values)[i]
+                cortex_as_u64((<list>values)[i], &self.words[i])
             return n
         if PyObject_CheckBuffer(values):
             try:
@@ -397,7 +456,7 @@ cdef class BlockTree:
                     memcpy(self.words, &view[0], n * sizeof(uint64_t))
                 return n
         for i in range(n):
-            self.words[i] = <uint64_t>values[i]
+            cortex_as_u64(values[i], &self.words[i])
         return n
 
     cdef TargetMap* _map_of(self, int target) except NULL:
@@ -430,11 +489,12 @@ cdef class BlockTree:
         else:
             if self.pool_top == self.pool_cap:
                 cap = <size_t>self.pool_cap * 2 if self.pool_cap else 64
-                if cap > NO_NODE - 1:
-                    cap = NO_NODE - 1
+                if cap > MAX_POOL_NODES:
+                    cap = MAX_POOL_NODES
                 if cap <= self.pool_top:
                     raise MemoryError("block tree node pool is full")
-                grown = <Node*>realloc(self.pool, cap * sizeof(Node))
+                grown = <Node*>big_grow(self.pool, self.pool_cap * sizeof(Node),
+                                        cap * sizeof(Node))
                 if grown == NULL:
                     raise MemoryError()
                 self.pool = grown
@@ -534,21 +594,6 @@ cdef class BlockTree:
             if parent != NO_NODE:
                 self.pool[parent].children -= 1
             node = parent
-
-    cdef inline void _candidate(self, Py_ssize_t i, Py_ssize_t n) noexcept:
-        """Match pipeline: read key ``i``'s slot, keep its candidate node, prefetch the node."""
-        cdef uint32_t c = keymap_candidate(&self.keys, self.words[i])
-        self.candidates[i] = c
-        if c != NO_NODE:
-            cortex_prefetch(&self.pool[c])
-            cortex_prefetch(<const char*>&self.pool[c] + sizeof(Node) - 1)
-
-    cdef inline uint32_t _resolve(self, Py_ssize_t i) noexcept:
-        """Node of match key ``i``: the pipeline's candidate when its full key agrees."""
-        cdef uint32_t c = self.candidates[i]
-        if c == NO_NODE or self.pool[c].key == self.words[i]:
-            return c
-        return keymap_find(&self.keys, self.pool, self.words[i])
 
 
 cdef inline int _check_target(int target) except -1:

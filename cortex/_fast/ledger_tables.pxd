@@ -20,21 +20,40 @@ Memory layout (no Python object per entry; everything lives in malloc'd arrays):
 
 Both maps delete by backward shift (no tombstones), grow at 3/4 load and shrink below 1/8, so
 every lookup stays O(1) expected and a full scan of a map is O(its live entries).
+
+Large arrays (the node pool, the maps once they pass 2 MiB) are mapped directly with
+transparent huge pages requested: ``match`` touches a few random slots and nodes per level, and
+with 4 KiB pages each of those loads would also miss the TLB.
 """
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memmove, memset
+from posix.mman cimport (
+    MADV_HUGEPAGE,
+    MAP_ANONYMOUS,
+    MAP_FAILED,
+    MAP_PRIVATE,
+    PROT_READ,
+    PROT_WRITE,
+    madvise,
+    mmap,
+    mremap,
+    munmap,
+)
 
 cdef enum:
     N_MEDIA = 4
     INLINE_HOLDERS = 2
     MAX_HOLDERS = 65535
     MIN_TABLE = 8
+    HUGE_BYTES = 1 << 21  # arrays this large are mmap'd with huge pages requested
 
 cdef extern from *:
     """
     #define CORTEX_NO_NODE ((uint32_t)0xFFFFFFFFu)
+    #define CORTEX_FREE_MARK ((uint32_t)0xFFFFFFFFu)
+    #define CORTEX_MAX_POOL_NODES ((uint32_t)0xFFFFFFF0u)
     #if defined(__GNUC__) || defined(__clang__)
     #define cortex_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
     #else
@@ -42,6 +61,9 @@ cdef extern from *:
     #endif
     """
     const uint32_t NO_NODE "CORTEX_NO_NODE"
+    const uint32_t FREE_MARK "CORTEX_FREE_MARK"  # Node.children of a node on the free list
+    const uint32_t MAX_POOL_NODES "CORTEX_MAX_POOL_NODES"  # node indices stay below
+    const int MREMAP_MAYMOVE
     void cortex_prefetch(const void* p) noexcept nogil
 
 
@@ -78,6 +100,49 @@ ctypedef struct TargetMap:
     uint32_t shift  # 64 - log2(cap)
     uint32_t used  # occupied slots (engine hashes held)
     uint64_t entries  # (hash, medium) pairs held
+
+
+# ----------------------------------------------------------------------------- big arrays
+
+cdef inline void* big_calloc(size_t nbytes) noexcept nogil:
+    """Zeroed memory; NULL when out of memory. Free with ``big_free(p, nbytes)``."""
+    cdef void* p
+    if nbytes < HUGE_BYTES:
+        return calloc(nbytes, 1)
+    p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+    if p == MAP_FAILED:
+        return NULL
+    madvise(p, nbytes, MADV_HUGEPAGE)
+    return p
+
+
+cdef inline void big_free(void* p, size_t nbytes) noexcept nogil:
+    if p == NULL:
+        return
+    if nbytes < HUGE_BYTES:
+        free(p)
+    else:
+        munmap(p, nbytes)
+
+
+cdef inline void* big_grow(void* p, size_t old_bytes, size_t new_bytes) noexcept nogil:
+    """Grow a ``big_calloc`` array, keeping its contents (the new tail is not zeroed); NULL
+    (and ``p`` untouched) when out of memory."""
+    cdef void* q
+    if new_bytes < HUGE_BYTES:
+        return realloc(p, new_bytes)
+    if old_bytes >= HUGE_BYTES:
+        q = mremap(p, old_bytes, new_bytes, MREMAP_MAYMOVE)
+        if q == MAP_FAILED:
+            return NULL
+        madvise(q, new_bytes, MADV_HUGEPAGE)
+        return q
+    q = big_calloc(new_bytes)
+    if q != NULL:
+        if old_bytes:
+            memcpy(q, p, old_bytes)
+        free(p)
+    return q
 
 
 # ----------------------------------------------------------------------------- media bytes
@@ -229,7 +294,7 @@ cdef inline uint32_t keymap_candidate(const KeyMap* km, uint64_t key) noexcept n
 cdef inline int keymap_rehash(KeyMap* km, size_t new_cap) noexcept nogil:
     """Move every slot into a fresh table of ``new_cap`` slots; -1 (table unchanged) when out of
     memory."""
-    cdef uint64_t* fresh = <uint64_t*>calloc(new_cap, sizeof(uint64_t))
+    cdef uint64_t* fresh = <uint64_t*>big_calloc(new_cap * sizeof(uint64_t))
     cdef size_t i, j, mask = new_cap - 1
     cdef uint64_t slot
     if fresh == NULL:
@@ -241,7 +306,7 @@ cdef inline int keymap_rehash(KeyMap* km, size_t new_cap) noexcept nogil:
             while fresh[j]:
                 j = (j + 1) & mask
             fresh[j] = slot
-    free(km.slots)
+    big_free(km.slots, km.cap * sizeof(uint64_t))
     km.slots = fresh
     km.cap = new_cap
     return 0
@@ -319,7 +384,7 @@ cdef inline uint32_t log2_of(size_t power) noexcept nogil:
 cdef inline int targetmap_rehash(TargetMap* tm, uint32_t new_cap) noexcept nogil:
     """Move every entry into a fresh table of ``new_cap`` slots; -1 (table unchanged) when out
     of memory."""
-    cdef Entry* fresh = <Entry*>calloc(new_cap, sizeof(Entry))
+    cdef Entry* fresh = <Entry*>big_calloc(new_cap * sizeof(Entry))
     cdef uint32_t shift = 64 - log2_of(new_cap)
     cdef size_t i, j, mask = new_cap - 1
     if fresh == NULL:
@@ -330,7 +395,7 @@ cdef inline int targetmap_rehash(TargetMap* tm, uint32_t new_cap) noexcept nogil
             while fresh[j].refs:
                 j = (j + 1) & mask
             fresh[j] = tm.slots[i]
-    free(tm.slots)
+    big_free(tm.slots, tm.cap * sizeof(Entry))
     tm.slots = fresh
     tm.cap = new_cap
     tm.shift = shift

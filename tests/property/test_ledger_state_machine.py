@@ -20,7 +20,7 @@ TARGETS = [0, 1, 2, 700, 65534]
 MEDIA = st.integers(min_value=0, max_value=3)
 SEEDS = [namespace_seed("m"), namespace_seed("m", "lora-a", "salt")]
 # Tokens from a tiny alphabet, so prompts share prefixes and blocks repeat at other positions.
-PROMPTS = st.lists(st.integers(min_value=0, max_value=2), min_size=BLOCK, max_size=6 * BLOCK)
+PROMPTS = st.lists(st.integers(min_value=0, max_value=2), min_size=BLOCK, max_size=24 * BLOCK)
 # Arbitrary engine hashes: small ints (likely to collide with the chained ones) and huge ones.
 HASHES = st.one_of(
     st.integers(min_value=0, max_value=12), st.integers(min_value=2**64 - 4, max_value=2**64 - 1)
@@ -49,8 +49,8 @@ class LedgerMachine(RuleBasedStateMachine):
         who=st.sampled_from(TARGETS),
         prompt=st.integers(min_value=0, max_value=3),
         seed_index=st.integers(min_value=0, max_value=1),
-        start=st.integers(min_value=0, max_value=5),
-        count=st.integers(min_value=0, max_value=4),
+        start=st.integers(min_value=0, max_value=23),
+        count=st.integers(min_value=0, max_value=20),
         medium=MEDIA,
         reproducible=st.booleans(),
     )

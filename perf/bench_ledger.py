@@ -1,0 +1,212 @@
+"""Benchmark of the Cython ledger tree: match latency, memory per entry, store throughput.
+
+Population (``--entries`` (block, target) entries over ``--targets`` targets, 16-token blocks):
+
+* ``--system-prompts`` system prompts of 32 blocks, every one held by every target;
+* conversations of one system prompt + a private tail (``--tail-blocks``, 224 by default: a
+  256-block prompt), each held by one target (70 %) or two (30 %), stored as engine events
+  chained through their parent hash, exactly as the ingestion path would apply them: events of
+  32 blocks (``--layout prefill``) or of one block (``--layout decode``), the events of 256
+  conversations interleaved.
+
+Queries (their keys precomputed with ``block_keys``, passed as lists of ints as the request path
+does): ``hit`` = a stored conversation (its holders match all 256 blocks, every target the
+32-block system prompt); ``partial`` = the first half of a stored conversation then new blocks;
+``miss`` = a system prompt then new blocks.
+
+Usage: ``python perf/bench_ledger.py`` (10M entries, ~1 GB RAM, about a minute) or ``--quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import sys
+import time
+from array import array
+
+from cortex._fast.blockkeys import block_keys, namespace_seed
+from cortex._fast.ledger import BlockTree
+
+BLOCK = 16
+SYSTEM_BLOCKS = 32
+EVENT_BLOCKS = 32
+INTERLEAVED = 256  # conversations whose events interleave while the population is built
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def tokens_of(rng: random.Random, n_tokens: int) -> array:
+    tokens = array("I")
+    tokens.frombytes(rng.randbytes(4 * n_tokens))
+    return tokens
+
+
+def hashes_of(rng: random.Random, n: int) -> array:
+    hashes = array("Q")
+    hashes.frombytes(rng.randbytes(8 * n))
+    return hashes
+
+
+def percentiles(samples_ns: list[int]) -> dict[str, float]:
+    ordered = sorted(samples_ns)
+    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000  # noqa: E731
+    return {"n": len(ordered), "p50_us": at(0.50), "p99_us": at(0.99),
+            "max_us": ordered[-1] / 1000}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small, fast smoke run")
+    parser.add_argument("--entries", type=int, default=10_000_000)
+    parser.add_argument("--targets", type=int, default=64)
+    parser.add_argument("--system-prompts", type=int, default=16)
+    parser.add_argument("--tail-blocks", type=int, default=224)
+    parser.add_argument("--queries", type=int, default=30_000)
+    parser.add_argument(
+        "--layout", choices=("prefill", "decode"), default="prefill",
+        help="prefill: each tail arrives as events of 32 blocks (a prompt's blocks get "
+             "consecutive nodes); decode: one block per event, 256 conversations interleaved "
+             "(consecutive blocks land far apart: the worst case for match's memory access)")
+    args = parser.parse_args()
+    if args.quick:
+        args.entries, args.queries = 200_000, 3_000
+
+    rng = random.Random(20261130)
+    seed = namespace_seed("bench-model")
+    n_targets, tail_blocks = args.targets, args.tail_blocks
+    system_tokens = [tokens_of(rng, SYSTEM_BLOCKS * BLOCK) for _ in range(args.system_prompts)]
+    system_hashes = [hashes_of(rng, SYSTEM_BLOCKS) for _ in range(args.system_prompts)]
+    system_entries = args.system_prompts * SYSTEM_BLOCKS * n_targets
+    n_conversations = max(1, int((args.entries - system_entries) / (tail_blocks * 1.3)))
+    gc.collect()
+    tree = BlockTree(BLOCK)
+    rss_before = rss_bytes()
+
+    started = time.perf_counter()
+    stored = 0
+    for target in range(n_targets):
+        for prompt in range(args.system_prompts):
+            stored += tree.store(target, None, system_hashes[prompt], system_tokens[prompt], seed)
+    conversations = []  # (conversation rng seed, system prompt, holders) of every conversation
+    for first in range(0, n_conversations, INTERLEAVED):
+        group = []
+        for conversation in range(first, min(n_conversations, first + INTERLEAVED)):
+            prompt = conversation % args.system_prompts
+            holders = rng.sample(range(n_targets), 2 if rng.random() < 0.3 else 1)
+            conversations.append((conversation, prompt, holders))
+            tail_rng = random.Random(conversation)
+            tokens = memoryview(tokens_of(tail_rng, tail_blocks * BLOCK))
+            hashes = memoryview(hashes_of(tail_rng, tail_blocks))
+            group.append((system_hashes[prompt][-1], holders, tokens, hashes))
+        event_blocks = EVENT_BLOCKS if args.layout == "prefill" else 1
+        for start in range(0, tail_blocks, event_blocks):
+            stop = min(tail_blocks, start + event_blocks)
+            for system_parent, holders, tokens, hashes in group:
+                parent = hashes[start - 1] if start else system_parent
+                for target in holders:
+                    stored += tree.store(target, parent, hashes[start:stop],
+                                         tokens[start * BLOCK:stop * BLOCK], seed)
+    build_s = time.perf_counter() - started
+    rss_after = rss_bytes()
+    entries = tree.entries
+
+    # Store throughput with Python lists (what the decoder hands to LedgerBook.apply).
+    list_tree = BlockTree(BLOCK)
+    events = []
+    for conversation in range(min(2_000, n_conversations)):
+        tail_rng = random.Random(10**9 + conversation)
+        tokens = tokens_of(tail_rng, tail_blocks * BLOCK).tolist()
+        hashes = hashes_of(tail_rng, tail_blocks).tolist()
+        parent = None
+        for start in range(0, tail_blocks, EVENT_BLOCKS):
+            stop = min(tail_blocks, start + EVENT_BLOCKS)
+            events.append((parent, hashes[start:stop], tokens[start * BLOCK:stop * BLOCK]))
+            parent = hashes[stop - 1]
+    started = time.perf_counter()
+    list_blocks = 0
+    for parent, hashes, tokens in events:
+        list_blocks += list_tree.store(conversation % n_targets, parent, hashes, tokens, seed)
+    list_s = time.perf_counter() - started
+    del list_tree, events
+
+    # Queries.
+    def conversation_keys(conversation: int, prompt: int, fresh_from: int | None) -> list[int]:
+        tail = tokens_of(random.Random(conversation), tail_blocks * BLOCK).tolist()
+        if fresh_from is not None:
+            tail[fresh_from * BLOCK:] = tokens_of(rng, (tail_blocks - fresh_from) * BLOCK)
+        return block_keys(system_tokens[prompt].tolist() + tail, BLOCK, seed)
+
+    queries: dict[str, list[list[int]]] = {"hit": [], "partial": [], "miss": []}
+    for _ in range(min(args.queries, 3_000)):
+        conversation, prompt, _holders = rng.choice(conversations)
+        queries["hit"].append(conversation_keys(conversation, prompt, None))
+        queries["partial"].append(conversation_keys(conversation, prompt, tail_blocks // 2))
+        queries["miss"].append(conversation_keys(conversation, prompt, 0))
+    check = tree.match(queries["hit"][0])
+    assert max(check.values()) == SYSTEM_BLOCKS + tail_blocks, check
+    assert len(check) == n_targets, check
+
+    timings: dict[str, list[int]] = {kind: [] for kind in queries}
+    order = [kind for kind in queries for _ in range(args.queries // 3)]
+    rng.shuffle(order)
+    clock = time.perf_counter_ns
+    for i, kind in enumerate(order):
+        keys = queries[kind][i % len(queries[kind])]
+        t0 = clock()
+        tree.match(keys)
+        timings[kind].append(clock() - t0)
+    all_ns = [ns for samples in timings.values() for ns in samples]
+
+    result = {
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "machine": {"platform": platform.platform(), "nproc": os.cpu_count(),
+                    "cpu": cpu_model(), "python": platform.python_version()},
+        "population": {
+            "targets": n_targets, "block_tokens": BLOCK, "entries": entries,
+            "nodes": tree.nodes, "system_prompts": args.system_prompts,
+            "system_blocks_held_by_every_target": SYSTEM_BLOCKS,
+            "conversations": n_conversations, "tail_blocks": tail_blocks,
+            "holders_per_conversation": "1 (70%) or 2 (30%)", "layout": args.layout,
+        },
+        "memory": {
+            "rss_growth_bytes": rss_after - rss_before,
+            "rss_bytes_per_entry": round((rss_after - rss_before) / entries, 1),
+            "memory_bytes": tree.memory_bytes,
+            "memory_bytes_per_entry": round(tree.memory_bytes / entries, 1),
+        },
+        "store": {
+            "build_s": round(build_s, 2),
+            "blocks_per_s_buffers": round(stored / build_s),
+            "blocks_per_s_lists": round(list_blocks / list_s),
+            "event_blocks": EVENT_BLOCKS,
+        },
+        "match_us": {"all": percentiles(all_ns)}
+        | {kind: percentiles(samples) for kind, samples in timings.items()},
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
