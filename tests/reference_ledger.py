@@ -50,15 +50,17 @@ def block_keys(
     keys = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         block = b"".join(struct.pack("<I", t) for t in token_ids[start : start + block_size])
-        prefix = b"" if parent_key is None else struct.pack("<Q", parent_key)
-        parent_key = xxhash.xxh3_64_intdigest(prefix + block, seed=seed)
+        if parent_key is None:  # a root block: the namespace seeds it
+            parent_key = xxhash.xxh3_64_intdigest(block, seed=seed)
+        else:  # a chained block: the parent's key carries the namespace
+            parent_key = xxhash.xxh3_64_intdigest(struct.pack("<Q", parent_key) + block, seed=0)
         keys.append(parent_key)
     return keys
 
 
 def opaque_key(parent_key: int | None, engine_hash: int, seed: int) -> int:
     data = b"cortex-opaque\x00" + struct.pack("<QQ", parent_key or 0, engine_hash)
-    return xxhash.xxh3_64_intdigest(data, seed=seed)
+    return xxhash.xxh3_64_intdigest(data, seed=seed if parent_key is None else 0)
 
 
 @dataclass

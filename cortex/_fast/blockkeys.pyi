@@ -9,7 +9,14 @@ Definition (a pure-Python reference using the ``xxhash`` package must agree bit 
     namespace_seed(model, lora, salt) = XXH3_64(b"cortex-ns-v1" + part(model) + part(lora)
                                                 + part(salt), seed=0)
     key(block 0)  = XXH3_64(u32le(t) for t in block tokens, seed=ns)
-    key(block i)  = XXH3_64(u64le(key(block i-1)) + u32le(t) for t in block tokens, seed=ns)
+    key(block i)  = XXH3_64(u64le(key(block i-1)) + u32le(t) for t in block tokens, seed=0)
+
+The namespace seeds the root block only; a chained block inherits it through its parent's key.
+(Revised from ``seed=ns`` on every block: vLLM names a request's cache salt only in the extra
+keys of its first block, so a later BlockStored of the same request — parent set, no salt —
+could not be keyed in the right namespace. With the namespace carried by the chain, the ledger
+needs the namespace only for stores without a parent.) ``block_keys(..., parent_key=k)``
+therefore ignores ``seed``.
 
 Only full blocks are keyed; a trailing partial block is ignored. Token ids must lie in
 [0, 2**32) (ValueError otherwise). Blocks Cortex cannot reproduce from tokens (multimodal,
@@ -17,7 +24,8 @@ prompt embeddings) get ``opaque_key``: its input length is 30 bytes, never a mul
 can never equal a token block's key input — such blocks never produce a false hit.
 
     opaque_key(parent, engine_hash, ns) = XXH3_64(b"cortex-opaque\\x00" + u64le(parent or 0)
-                                                  + u64le(engine_hash), seed=ns)
+                                                  + u64le(engine_hash),
+                                                  seed=ns if parent is None else 0)
 """
 
 from collections.abc import Sequence

@@ -12,12 +12,21 @@ Single owner (the trio thread); no method blocks or yields; no locks.
   vLLM may store one hash twice (two physical blocks) and then remove it twice.
 * Invariant: a target appears in a node's set iff it has at least one map entry pointing at the
   node (for some medium). No operation on one target touches another target's entries.
+* Choices the implementation makes (``ledger.pyx`` states them as rules R1–R5): a store of a
+  hash already held with the *same* key in another medium adds that medium (not a duplicate);
+  with a *different* key it replaces the whole entry (every medium) by one holding only the new
+  medium. Refcounts saturate at 255 (a block stored more often than that without removals is
+  dropped early: a miss, never a false hit). ``now`` is kept modulo 2**32. Arguments are all
+  checked before anything changes, so an invalid call (ValueError/OverflowError/TypeError)
+  leaves the tree untouched.
+* Sequences of ints may also be given as buffers: ``array('Q')`` for hashes and keys,
+  ``array('I')`` for token ids.
 """
 
 from collections.abc import Sequence
 
-GPU_ONLY: int  # media mask with only Medium.GPU set (the default for match)
-ALL_MEDIA: int
+GPU_ONLY: int  # media mask with only Medium.GPU set (the default for match): 1
+ALL_MEDIA: int  # 0b1111 (the default for target_keys)
 
 class BlockTree:
     block_size: int
@@ -40,17 +49,21 @@ class BlockTree:
         now: int = 0,
     ) -> int:
         """Apply one BlockStored. Returns the number of blocks stored (duplicates included),
-        or -1 when the parent is unknown to this target (nothing stored, counted)."""
+        or -1 when the parent is unknown to this target (nothing stored, counted).
+        ``seed`` (the namespace) keys the first block when ``parent_hash`` is None; blocks with
+        a parent chain from the parent's key, which carries its namespace (blockkeys.pyi)."""
     def remove(self, target: int, block_hashes: Sequence[int], medium: int = 0) -> int:
         """Apply one BlockRemoved. Returns how many hashes were unknown (counted, ignored)."""
     def clear_target(self, target: int) -> int:
         """Drop every entry of the target (AllBlocksCleared, restart, death). Returns entries
         dropped."""
-    def match(self, keys: Sequence[int], media: int = ...) -> dict[int, int]:
+    def match(self, keys: Sequence[int], media: int = GPU_ONLY) -> dict[int, int]:
         """For each target holding at least the first block: how many leading blocks of
         ``keys`` it holds (in the media of the mask). O(depth x targets still matching)."""
-    def target_keys(self, target: int, media: int = ...) -> set[int]:
+    def target_keys(self, target: int, media: int = ALL_MEDIA) -> set[int]:
         """Every key the target holds (tests and snapshots; not for the hot path)."""
+    def holds(self, target: int, block_hash: int, medium: int = -1) -> bool:
+        """Whether the target holds the engine hash in ``medium`` (-1: in any medium)."""
     def target_entries(self, target: int) -> int: ...
     def targets(self) -> list[int]: ...
     @property

@@ -395,6 +395,18 @@ cdef class BlockTree:
                     keys.add(self.pool[tm.slots[i].node].key)
         return keys
 
+    def holds(self, int target, uint64_t block_hash, int medium=-1):
+        """Whether the target holds ``block_hash`` in ``medium`` (-1: in any medium)."""
+        _check_target(target)
+        if medium != -1:
+            _check_medium(medium)
+        if <uint32_t>target >= self.n_maps:
+            return False
+        cdef Entry* entry = targetmap_find(&self.maps[target], block_hash)
+        if entry == NULL:
+            return False
+        return medium == -1 or ((entry.refs >> (8 * medium)) & 0xFF) != 0
+
     def target_entries(self, int target):
         _check_target(target)
         return self.maps[target].entries if <uint32_t>target < self.n_maps else 0

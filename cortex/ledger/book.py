@@ -1,0 +1,282 @@
+"""``LedgerBook``: every target's ledger entries, in one ``BlockTree`` per (engine family,
+model, block size), plus the registry of targets and their trust states.
+
+Pure: no I/O, no clock (``now`` is passed in), single owner (the trio thread). Decisions about
+states are made by the sync machine (``cortex.events.sync``); the book only stores them.
+
+Rules:
+
+* Targets: ids in [0, 65535), one per (worker, DP rank); ``register`` is idempotent for the same
+  (worker, rank, family, model); ids freed by ``unregister`` are reused, smallest first. A new
+  target starts ``SYNCING``.
+* Trees: SGLang and vLLM never share a tree; a target's stores go to the tree of its registered
+  (family, model) and the event's block size. The namespace (model, LoRA name, cache salt)
+  keys a store without a parent; a store with a parent continues the parent's namespace (vLLM
+  names the salt only in a request's first block).
+* ``apply`` applies a batch's events in order and never raises on a decoded batch: events it
+  cannot use (a bad block size, token ids that do not fill the blocks, ids out of range) are
+  skipped whole and counted in ``ApplyResult.invalid_events``. BlockStored of a non-main KV
+  group is skipped (``skipped_non_main``). BlockRemoved carries no block size: its hashes are
+  looked up in the trees the target stored into (almost always one). AllBlocksCleared empties
+  the target everywhere.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from cortex._fast.blockkeys import namespace_seed
+from cortex._fast.ledger import ALL_MEDIA, GPU_ONLY, BlockTree
+from cortex.errors import CortexError
+from cortex.events.model import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EngineFamily,
+    EventBatch,
+    Medium,
+)
+from cortex.ledger.state import TargetState
+
+MAX_TARGETS = 65535
+MAX_BLOCK_SIZE = 1 << 16  # tokens; larger values are corrupt input, not a cache geometry
+_CACHE_LIMIT = 4096  # namespace seeds / media remembered before the caches are reset
+_INPUT_ERRORS = (ValueError, OverflowError, TypeError)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetInfo:
+    worker: str
+    rank: int
+    family: EngineFamily
+    model: str
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    """What one ``apply`` did (counts)."""
+
+    stored_blocks: int = 0  # blocks of applied BlockStored events (duplicates included)
+    removed_blocks: int = 0  # removed hashes the target held
+    unknown_parent: int = 0  # BlockStored events skipped: parent hash not held
+    unknown_removal: int = 0  # removed hashes the target did not hold
+    duplicate_store: int = 0  # stored hashes already held (refcount + 1)
+    skipped_non_main: int = 0  # BlockStored events of other KV-cache groups
+    cleared: int = 0  # AllBlocksCleared events
+    hash_conflict: int = 0  # held hashes stored again with another key (entry replaced)
+    invalid_events: int = 0  # events with unusable contents, skipped whole
+
+
+class LedgerBook:
+    def __init__(self) -> None:
+        self._trees: dict[tuple[EngineFamily, str, int], BlockTree] = {}
+        self._infos: dict[int, TargetInfo] = {}
+        self._ids: dict[tuple[str, int], int] = {}
+        self._free_ids: list[int] = []  # heap
+        self._next_id = 0
+        self._states: dict[int, TargetState] = {}
+        self._reasons: dict[int, str] = {}
+        self._target_trees: dict[int, dict[int, BlockTree]] = {}  # block size -> tree
+        self._seeds: dict[tuple[str, str | None, str | None], int] = {}
+        self._media: dict[str | None, int] = {}
+
+    # ------------------------------------------------------------------ registry
+
+    def register(self, worker: str, rank: int, family: EngineFamily, model: str) -> int:
+        known = self._ids.get((worker, rank))
+        if known is not None:
+            info = self._infos[known]
+            if (info.family, info.model) != (family, model):
+                raise ValueError(
+                    f"{worker}/{rank} is registered as {info.family.value} {info.model!r}; "
+                    "unregister it first"
+                )
+            return known
+        if self._free_ids:
+            target = heapq.heappop(self._free_ids)
+        elif self._next_id < MAX_TARGETS:
+            target = self._next_id
+            self._next_id += 1
+        else:
+            raise CortexError(f"no free target id: {MAX_TARGETS} targets registered")
+        self._ids[(worker, rank)] = target
+        self._infos[target] = TargetInfo(worker, rank, family, model)
+        self._states[target] = TargetState.SYNCING
+        self._reasons[target] = "registered"
+        self._target_trees[target] = {}
+        return target
+
+    def unregister(self, target: int) -> None:
+        info = self._infos[target]
+        self.drop_target_entries(target)
+        del self._ids[(info.worker, info.rank)]
+        del self._infos[target], self._states[target], self._reasons[target]
+        del self._target_trees[target]
+        heapq.heappush(self._free_ids, target)
+
+    def info(self, target: int) -> TargetInfo:
+        return self._infos[target]
+
+    def find(self, worker: str, rank: int) -> int | None:
+        return self._ids.get((worker, rank))
+
+    # ------------------------------------------------------------------ states (stored only)
+
+    def state(self, target: int) -> TargetState:
+        return self._states[target]
+
+    def set_state(self, target: int, state: TargetState, reason: str = "") -> None:
+        if target not in self._infos:
+            raise KeyError(target)
+        self._states[target] = state
+        self._reasons[target] = reason
+
+    def reason(self, target: int) -> str:
+        return self._reasons[target]
+
+    def states(self) -> dict[int, TargetState]:
+        return dict(self._states)
+
+    # ------------------------------------------------------------------ events
+
+    def apply(self, target: int, batch: EventBatch, now: int = 0) -> ApplyResult:
+        """Apply a batch's events in order (see the rules at the top)."""
+        info = self._infos[target]
+        trees = self._target_trees[target]
+        before = {size: (t.duplicate_store, t.hash_conflict) for size, t in trees.items()}
+        result = ApplyResult()
+        for event in batch.events:
+            kind = type(event)
+            if kind is BlockStored:
+                if not event.is_main_attention:
+                    result.skipped_non_main += 1
+                    continue
+                try:
+                    tree = trees.get(event.block_size) or self._tree_for(target, event.block_size)
+                    if tree is None:
+                        result.invalid_events += 1
+                        continue
+                    stored = tree.store(
+                        target,
+                        event.parent_hash,
+                        event.block_hashes,
+                        event.token_ids,
+                        self._seed(info.model, event.lora_name, event.cache_salt),
+                        self._medium(event.medium),
+                        event.reproducible,
+                        now,
+                    )
+                except _INPUT_ERRORS:
+                    result.invalid_events += 1
+                    continue
+                if stored < 0:
+                    result.unknown_parent += 1
+                else:
+                    result.stored_blocks += stored
+            elif kind is BlockRemoved:
+                try:
+                    unknown = self._remove(target, trees, event)
+                except _INPUT_ERRORS:
+                    result.invalid_events += 1
+                    continue
+                result.unknown_removal += unknown
+                result.removed_blocks += len(event.block_hashes) - unknown
+            elif kind is AllBlocksCleared:
+                for tree in trees.values():
+                    tree.clear_target(target)
+                result.cleared += 1
+        for size, tree in trees.items():
+            duplicates, conflicts = before.get(size, (0, 0))
+            result.duplicate_store += tree.duplicate_store - duplicates
+            result.hash_conflict += tree.hash_conflict - conflicts
+        return result
+
+    def drop_target_entries(self, target: int) -> int:
+        """Drop everything the target holds (replay failure, restart, death); entries dropped."""
+        return sum(tree.clear_target(target) for tree in self._target_trees[target].values())
+
+    def _tree_for(self, target: int, block_size: int) -> BlockTree | None:
+        if not 0 < block_size <= MAX_BLOCK_SIZE:
+            return None
+        info = self._infos[target]
+        key = (info.family, info.model, block_size)
+        tree = self._trees.get(key)
+        if tree is None:
+            tree = self._trees[key] = BlockTree(block_size)
+        self._target_trees[target][block_size] = tree
+        return tree
+
+    def _seed(self, model: str, lora_name: str | None, cache_salt: str | None) -> int:
+        key = (model, lora_name, cache_salt)
+        seed = self._seeds.get(key)
+        if seed is None:
+            if len(self._seeds) >= _CACHE_LIMIT:
+                self._seeds.clear()
+            seed = self._seeds[key] = namespace_seed(model, lora_name, cache_salt)
+        return seed
+
+    def _medium(self, wire: str | None) -> int:
+        medium = self._media.get(wire)
+        if medium is None:
+            if len(self._media) >= _CACHE_LIMIT:
+                self._media.clear()
+            medium = self._media[wire] = int(Medium.from_wire(wire))
+        return medium
+
+    def _remove(self, target: int, trees: dict[int, BlockTree], event: BlockRemoved) -> int:
+        """Apply one BlockRemoved; how many of its hashes the target did not hold."""
+        medium = self._medium(event.medium)
+        if len(trees) == 1:
+            for tree in trees.values():
+                return tree.remove(target, event.block_hashes, medium)
+        holding = [tree for tree in trees.values() if tree.target_entries(target)]
+        if len(holding) <= 1:
+            if not holding:
+                return len(event.block_hashes)
+            return holding[0].remove(target, event.block_hashes, medium)
+        unknown = 0
+        for block_hash in event.block_hashes:
+            for tree in holding:
+                if tree.holds(target, block_hash, medium):
+                    tree.remove(target, [block_hash], medium)
+                    break
+            else:
+                unknown += 1
+        return unknown
+
+    # ------------------------------------------------------------------ queries
+
+    def tree(self, family: EngineFamily, model: str, block_size: int) -> BlockTree | None:
+        return self._trees.get((family, model, block_size))
+
+    def match(
+        self, family: EngineFamily, model: str, block_size: int, keys: object, media: int = GPU_ONLY
+    ) -> dict[int, int]:
+        """{target: leading blocks of ``keys`` it holds}, for targets holding at least one."""
+        tree = self._trees.get((family, model, block_size))
+        return {} if tree is None else tree.match(keys, media)
+
+    def target_keys(self, target: int, media: int = ALL_MEDIA) -> dict[int, set[int]]:
+        """Block size -> every key the target holds (tests and snapshots)."""
+        found = {}
+        for size, tree in self._target_trees[target].items():
+            keys = tree.target_keys(target, media)
+            if keys:
+                found[size] = keys
+        return found
+
+    def target_entries(self, target: int) -> int:
+        return sum(tree.target_entries(target) for tree in self._target_trees[target].values())
+
+    @property
+    def nodes(self) -> int:
+        return sum(tree.nodes for tree in self._trees.values())
+
+    @property
+    def entries(self) -> int:
+        return sum(tree.entries for tree in self._trees.values())
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(tree.memory_bytes for tree in self._trees.values())
