@@ -16,8 +16,6 @@ functions write the hashed input there (explicit little-endian bytes, so keys do
 the host's byte order).
 """
 
-from cpython.buffer cimport PyObject_CheckBuffer
-from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -79,59 +77,3 @@ cdef inline uint64_t opaque_block_key(
     put_u64le(scratch + 14, parent_key if has_parent else 0)
     put_u64le(scratch + 22, engine_hash)
     return XXH3_64bits_withSeed(scratch, OPAQUE_INPUT_BYTES, 0 if has_parent else seed)
-
-
-cdef extern from *:
-    """
-    /* A token id in [0, 2**32) read straight from a CPython 3.11 int (30-bit digits): 1 when
-       done, 0 when the value needs the general path (other types, negatives, >= 2**32). */
-    static CYTHON_INLINE int cortex_small_token(PyObject* value, uint32_t* out) {
-    #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
-        if (PyLong_CheckExact(value)) {
-            const digit* d = ((PyLongObject*)value)->ob_digit;
-            switch (Py_SIZE(value)) {
-                case 0: *out = 0; return 1;
-                case 1: *out = (uint32_t)d[0]; return 1;
-                case 2: if (d[1] < 4) { *out = (uint32_t)d[0] | ((uint32_t)d[1] << 30); return 1; }
-            }
-        }
-    #endif
-        return 0;
-    }
-    """
-    bint cortex_small_token(object value, uint32_t* out) noexcept
-
-
-cdef inline uint32_t checked_token(object value) except? 0xFFFFFFFF:
-    """One token id as u32; ValueError when it lies outside [0, 2**32)."""
-    cdef uint32_t token
-    if cortex_small_token(value, &token):
-        return token
-    cdef int overflow = 0
-    cdef long long v = PyLong_AsLongLongAndOverflow(value, &overflow)
-    if overflow != 0 or v < 0 or (v >> 32) != 0:
-        raise ValueError(f"token id {value!r} outside [0, 2**32)")
-    return <uint32_t>v
-
-
-cdef inline int copy_tokens(object token_ids, uint32_t* out, Py_ssize_t count) except -1:
-    """Copy the first ``count`` token ids (a list, any sequence, or a buffer of uint32) into
-    ``out``, checking each one. The caller checked ``len(token_ids) >= count``."""
-    cdef const uint32_t[::1] view
-    cdef Py_ssize_t i
-    if type(token_ids) is list:
-        for i in range(count):
-            out[i] = checked_token((<list>token_ids)[i])
-        return 0
-    if PyObject_CheckBuffer(token_ids):
-        try:
-            view = token_ids
-        except (ValueError, TypeError):
-            pass  # a buffer of another item type: read it as a sequence below
-        else:
-            if count:
-                memcpy(out, &view[0], 4 * <size_t>count)
-            return 0
-    for i in range(count):
-        out[i] = checked_token(token_ids[i])
-    return 0

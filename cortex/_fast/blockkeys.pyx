@@ -10,11 +10,11 @@ from libc.stdint cimport uint8_t, uint32_t, uint64_t
 
 from cortex._fast.blockkeys cimport (
     XXH3_64bits_withSeed,
-    copy_tokens,
     key_scratch_bytes,
     opaque_block_key,
     token_block_key,
 )
+from cortex._fast.pyints cimport copy_tokens
 
 _NAMESPACE_TAG = b"cortex-ns-v1"
 

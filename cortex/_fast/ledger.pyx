@@ -1,7 +1,9 @@
 # cython: language_level=3
 """``BlockTree``: which target holds which block, as a tree of Cortex block keys.
 
-Contract: ``ledger.pyi``. Structures: ``ledger_tables.pxd``. Single owner, never blocks.
+Contract: ``ledger.pyi``. Structures: ``ledger_tables.pxd`` (nodes, maps),
+``ledger_holders.pxd`` (holder sets), ``ledger_walk.pxd`` (the match walk's memory access).
+Single owner, never blocks.
 
 Rules (they hold whenever no method is running):
 
@@ -29,16 +31,21 @@ the next levels prefetched while the current level is processed.
 """
 
 cimport cython
-from cpython.buffer cimport PyObject_CheckBuffer
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcmp, memcpy, memset
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcmp, memset
 
-from cortex._fast.blockkeys cimport (
-    copy_tokens,
-    key_scratch_bytes,
-    opaque_block_key,
-    token_block_key,
+from cortex._fast.blockkeys cimport key_scratch_bytes, opaque_block_key, token_block_key
+from cortex._fast.ledger_holders cimport (
+    holder_add,
+    holder_delete,
+    holder_media,
+    holder_search,
+    holder_sub,
+    holders_of,
+    keep_holding,
+    media_bytes,
+    media_count,
 )
 from cortex._fast.ledger_tables cimport (
     FREE_MARK,
@@ -50,73 +57,24 @@ from cortex._fast.ledger_tables cimport (
     KeyMap,
     Node,
     TargetMap,
-    cortex_prefetch,
-    hash_home,
-    key_home,
     big_calloc,
     big_free,
     big_grow,
-    holder_delete,
-    holder_insert,
-    holder_media,
-    holder_search,
-    holders_of,
+    cortex_prefetch,
+    hash_home,
+    key_home,
     keymap_delete,
     keymap_find,
     keymap_insert,
-    media_bytes,
-    media_count,
     targetmap_delete,
     targetmap_find,
     targetmap_insert,
 )
 from cortex._fast.ledger_walk cimport Walk, walk_node, walk_start
+from cortex._fast.pyints cimport copy_tokens, copy_u64s, cortex_new_dict
 
 GPU_ONLY = 1 << 0  # Medium.GPU
 ALL_MEDIA = 0b1111
-
-cdef extern from *:
-    """
-    #if PY_VERSION_HEX < 0x030D0000
-    #define cortex_new_dict(n) _PyDict_NewPresized(n)
-    #else
-    #define cortex_new_dict(n) PyDict_New()
-    #endif
-    """
-    dict cortex_new_dict(Py_ssize_t n)  # a dict sized for n items (saves its resizes)
-
-cdef extern from *:
-    """
-    /* A Python int in [0, 2**64) as uint64_t: -1 with an exception set otherwise. CPython 3.11
-       ints below 2**64 have at most three 30-bit digits; those are read directly (match converts
-       256 keys per request), everything else goes through the C API. */
-    static int cortex_as_u64(PyObject* value, uint64_t* out) {
-    #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
-        if (PyLong_CheckExact(value)) {
-            const digit* d = ((PyLongObject*)value)->ob_digit;
-            switch (Py_SIZE(value)) {
-                case 0: *out = 0; return 0;
-                case 1: *out = d[0]; return 0;
-                case 2: *out = (uint64_t)d[0] | ((uint64_t)d[1] << 30); return 0;
-                case 3:
-                    if (d[2] < 16) {
-                        *out = (uint64_t)d[0] | ((uint64_t)d[1] << 30) | ((uint64_t)d[2] << 60);
-                        return 0;
-                    }
-                    break;
-            }
-        }
-    #endif
-        PyObject* index = PyNumber_Index(value);
-        if (index == NULL) return -1;
-        unsigned long long v = PyLong_AsUnsignedLongLong(index);
-        Py_DECREF(index);
-        if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
-        *out = (uint64_t)v;
-        return 0;
-    }
-    """
-    int cortex_as_u64(object value, uint64_t* out) except -1
 
 cdef enum:
     MAX_TARGETS = 65535
@@ -167,6 +125,8 @@ cdef class BlockTree:
     cdef size_t candidates_cap
     cdef uint16_t* active
     cdef size_t active_cap
+    cdef uint16_t* dropped
+    cdef size_t dropped_cap
 
     def __cinit__(self, Py_ssize_t block_size):
         if block_size <= 0:
@@ -197,6 +157,7 @@ cdef class BlockTree:
         free(self.event_keys)
         free(self.candidates)
         free(self.active)
+        free(self.dropped)
 
     # ------------------------------------------------------------------------- public API
 
@@ -332,6 +293,7 @@ cdef class BlockTree:
             return {}
         nd = &self.pool[node]
         _grow(<void**>&self.active, &self.active_cap, nd.n_holders, sizeof(uint16_t))
+        _grow(<void**>&self.dropped, &self.dropped_cap, nd.n_holders, sizeof(uint16_t))
         hs = holders_of(nd)
         prev_hs, prev_n_holders = hs, nd.n_holders
         for j in range(nd.n_holders):
@@ -355,27 +317,9 @@ cdef class BlockTree:
                 i += 1
                 continue
             prev_hs, prev_n_holders = hs, n_holders
-            kept = 0
-            if n_holders > 8 * n_active:  # few targets left in a wide node: binary search
-                for a in range(n_active):
-                    t = self.active[a]
-                    j = holder_search(nd, t)
-                    if j >= 0 and holder_media(&hs[j]) & want:
-                        self.active[kept] = t
-                        kept += 1
-                    else:
-                        result[t] = i
-            else:  # merge two sorted lists
-                j = 0
-                for a in range(n_active):
-                    t = self.active[a]
-                    while j < n_holders and hs[j].target < t:
-                        j += 1
-                    if j < n_holders and hs[j].target == t and holder_media(&hs[j]) & want:
-                        self.active[kept] = t
-                        kept += 1
-                    else:
-                        result[t] = i
+            kept = keep_holding(nd, self.active, n_active, want, self.dropped)
+            for a in range(n_active - kept):
+                result[self.dropped[a]] = i
             n_active = kept
             i += 1
         for a in range(n_active):
@@ -436,7 +380,7 @@ cdef class BlockTree:
             + key_scratch_bytes(self.block_size)
             + self.event_keys_cap * sizeof(uint64_t)
             + self.candidates_cap * sizeof(uint32_t)
-            + self.active_cap * sizeof(uint16_t)
+            + (self.active_cap + self.dropped_cap) * sizeof(uint16_t)
         )
         cdef uint32_t t
         for t in range(self.n_maps):
@@ -451,24 +395,9 @@ cdef class BlockTree:
 
     cdef Py_ssize_t _load_words(self, object values) except -1:
         """Copy a sequence of u64 (list, any sequence, or a buffer of uint64) to ``words``."""
-        cdef Py_ssize_t n = len(values), i
-        cdef const uint64_t[::1] view
+        cdef Py_ssize_t n = len(values)
         _grow(<void**>&self.words, &self.words_cap, n, sizeof(uint64_t))
-        if type(values) is list:
-            for i in range(n):
-                cortex_as_u64((<list>values)[i], &self.words[i])
-            return n
-        if PyObject_CheckBuffer(values):
-            try:
-                view = values
-            except (ValueError, TypeError):
-                pass  # another item type: read it as a sequence below
-            else:
-                if n:
-                    memcpy(self.words, &view[0], n * sizeof(uint64_t))
-                return n
-        for i in range(n):
-            cortex_as_u64(values[i], &self.words[i])
+        copy_u64s(values, self.words, n)
         return n
 
     cdef TargetMap* _map_of(self, int target) except NULL:
@@ -558,36 +487,12 @@ cdef class BlockTree:
         self._release(old_node)
         return 0
 
-    cdef int _holder_add(self, uint32_t node, uint16_t target, int medium) except -1:
-        cdef Node* nd = &self.pool[node]
-        cdef Py_ssize_t pos = holder_search(nd, target)
-        if pos < 0:
-            pos = -pos - 1
-            holder_insert(nd, pos, target, &self.holder_bytes)
-        cdef Holder* h = &holders_of(nd)[pos]
-        if h.count[medium] != 0xFF:
-            h.count[medium] += 1
-        return 0
+    cdef inline int _holder_add(self, uint32_t node, uint16_t target, int medium) except -1:
+        return holder_add(&self.pool[node], target, medium, &self.holder_bytes)
 
-    cdef void _holder_sub(self, TargetMap* tm, uint32_t node, uint16_t target,
-                          int medium) noexcept:
-        """One fewer of ``target``'s entries at ``node`` in ``medium`` (the map is updated)."""
-        cdef Node* nd = &self.pool[node]
-        cdef Py_ssize_t pos = holder_search(nd, target)
-        cdef Holder* h
-        cdef uint32_t i, exact = 0
-        if pos < 0:
-            return
-        h = &holders_of(nd)[pos]
-        if h.count[medium] == 0xFF:  # saturated: count exactly
-            for i in range(tm.cap):
-                if tm.slots[i].node == node and (tm.slots[i].refs >> (8 * medium)) & 0xFF:
-                    exact += 1
-            h.count[medium] = <uint8_t>(exact if exact < 0xFF else 0xFF)
-        elif h.count[medium]:
-            h.count[medium] -= 1
-        if holder_media(h) == 0:
-            holder_delete(nd, pos, &self.holder_bytes)
+    cdef inline void _holder_sub(self, TargetMap* tm, uint32_t node, uint16_t target,
+                                 int medium) noexcept:
+        holder_sub(&self.pool[node], node, tm, target, medium, &self.holder_bytes)
 
     cdef void _release(self, uint32_t node) noexcept:
         """Free ``node`` and then its ancestors while they have no holder and no child (R3)."""

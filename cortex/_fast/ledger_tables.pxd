@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""The C structures under ``ledger.BlockTree``: nodes, their holder sets, and two maps.
+"""The C structures under ``ledger.BlockTree``: nodes, holder sets, and two maps (holder-set
+operations: ``ledger_holders.pxd``).
 
 Memory layout (no Python object per entry; everything lives in malloc'd arrays):
 
@@ -27,8 +28,8 @@ with 4 KiB pages each of those loads would also miss the TLB.
 """
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcpy, memmove, memset
+from libc.stdlib cimport calloc, free, realloc
+from libc.string cimport memcpy
 from posix.mman cimport (
     MADV_HUGEPAGE,
     MAP_ANONYMOUS,
@@ -143,108 +144,6 @@ cdef inline void* big_grow(void* p, size_t old_bytes, size_t new_bytes) noexcept
             memcpy(q, p, old_bytes)
         free(p)
     return q
-
-
-# ----------------------------------------------------------------------------- media bytes
-
-cdef inline uint32_t media_bytes(uint32_t media_mask) noexcept nogil:
-    """Medium bit mask -> byte mask over packed per-medium counters."""
-    cdef uint32_t out = 0
-    cdef int m
-    for m in range(N_MEDIA):
-        if media_mask & (1u << m):
-            out |= 0xFFu << (8 * m)
-    return out
-
-
-cdef inline int media_count(uint32_t packed) noexcept nogil:
-    """How many media have a non-zero counter in ``packed``."""
-    cdef int m, n = 0
-    for m in range(N_MEDIA):
-        if (packed >> (8 * m)) & 0xFF:
-            n += 1
-    return n
-
-
-cdef inline uint32_t holder_media(const Holder* h) noexcept nogil:
-    cdef uint32_t packed
-    memcpy(&packed, h.count, 4)
-    return packed
-
-
-# ----------------------------------------------------------------------------- holder sets
-
-cdef inline Holder* holders_of(Node* nd) noexcept nogil:
-    return nd.holders.heap if nd.heap_cap else nd.holders.small
-
-
-cdef inline Py_ssize_t holder_search(Node* nd, uint16_t target) noexcept nogil:
-    """Index of ``target`` in the node's sorted holders, or ``-(insertion point) - 1``."""
-    cdef Holder* hs = holders_of(nd)
-    cdef Py_ssize_t lo = 0, hi = nd.n_holders, mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if hs[mid].target < target:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo < nd.n_holders and hs[lo].target == target:
-        return lo
-    return -lo - 1
-
-
-cdef inline int holder_insert(Node* nd, Py_ssize_t pos, uint16_t target,
-                              size_t* heap_bytes) except -1:
-    """Insert a holder with zero counts at ``pos`` (from ``holder_search``)."""
-    cdef size_t cap = nd.heap_cap if nd.heap_cap else INLINE_HOLDERS
-    cdef size_t new_cap
-    cdef Holder* grown
-    cdef Holder* hs
-    if nd.n_holders >= cap:
-        new_cap = cap * 2 if cap * 2 < MAX_HOLDERS else MAX_HOLDERS
-        grown = <Holder*>malloc(new_cap * sizeof(Holder))
-        if grown == NULL:
-            raise MemoryError()
-        memcpy(grown, holders_of(nd), nd.n_holders * sizeof(Holder))
-        if nd.heap_cap:
-            free(nd.holders.heap)
-            heap_bytes[0] -= nd.heap_cap * sizeof(Holder)
-        nd.holders.heap = grown
-        nd.heap_cap = <uint16_t>new_cap
-        heap_bytes[0] += new_cap * sizeof(Holder)
-    hs = holders_of(nd)
-    memmove(hs + pos + 1, hs + pos, (nd.n_holders - pos) * sizeof(Holder))
-    hs[pos].target = target
-    memset(hs[pos].count, 0, 4)
-    nd.n_holders += 1
-    return 0
-
-
-cdef inline void holder_delete(Node* nd, Py_ssize_t pos, size_t* heap_bytes) noexcept nogil:
-    """Delete the holder at ``pos``; shrink or move the set back inside the node."""
-    cdef Holder* hs = holders_of(nd)
-    cdef Holder* heap
-    cdef Holder* smaller
-    cdef size_t half
-    memmove(hs + pos, hs + pos + 1, (nd.n_holders - pos - 1) * sizeof(Holder))
-    nd.n_holders -= 1
-    if not nd.heap_cap:
-        return
-    if nd.n_holders <= INLINE_HOLDERS:
-        heap = nd.holders.heap
-        heap_bytes[0] -= nd.heap_cap * sizeof(Holder)
-        nd.heap_cap = 0
-        memcpy(nd.holders.small, heap, nd.n_holders * sizeof(Holder))
-        free(heap)
-    elif nd.n_holders * 4 < nd.heap_cap:
-        half = nd.heap_cap // 2
-        smaller = <Holder*>malloc(half * sizeof(Holder))
-        if smaller != NULL:  # keeping the larger array is always correct
-            memcpy(smaller, nd.holders.heap, nd.n_holders * sizeof(Holder))
-            free(nd.holders.heap)
-            heap_bytes[0] -= (nd.heap_cap - half) * sizeof(Holder)
-            nd.holders.heap = smaller
-            nd.heap_cap = <uint16_t>half
 
 
 # ----------------------------------------------------------------------------- key map
