@@ -1,0 +1,5 @@
+import sys
+
+from cortex.cli import main
+
+sys.exit(main())
