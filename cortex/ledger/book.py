@@ -142,55 +142,57 @@ class LedgerBook:
 
     def apply(self, target: int, batch: EventBatch, now: int = 0) -> ApplyResult:
         """Apply a batch's events in order (see the rules at the top)."""
-        info = self._infos[target]
+        model = self._infos[target].model
         trees = self._target_trees[target]
-        before = {size: (t.duplicate_store, t.hash_conflict) for size, t in trees.items()}
-        result = ApplyResult()
+        seeds, media = self._seeds, self._media
+        stored_blocks = removed_blocks = unknown_parent = unknown_removal = 0
+        duplicates = conflicts = skipped = cleared = invalid = 0
         for event in batch.events:
             kind = type(event)
             if kind is BlockStored:
                 if not event.is_main_attention:
-                    result.skipped_non_main += 1
+                    skipped += 1
                     continue
                 try:
                     tree = trees.get(event.block_size) or self._tree_for(target, event.block_size)
-                    if tree is None:
-                        result.invalid_events += 1
-                        continue
-                    stored = tree.store(
-                        target,
-                        event.parent_hash,
-                        event.block_hashes,
-                        event.token_ids,
-                        self._seed(info.model, event.lora_name, event.cache_salt),
-                        self._medium(event.medium),
-                        event.reproducible,
-                        now,
-                    )
+                    seed = seeds.get((model, event.lora_name, event.cache_salt))
+                    if seed is None:
+                        seed = self._seed(model, event.lora_name, event.cache_salt)
+                    medium = media.get(event.medium)
+                    if medium is None:
+                        medium = self._medium(event.medium)
                 except _INPUT_ERRORS:
-                    result.invalid_events += 1
+                    tree = None
+                if tree is None:
+                    invalid += 1
                     continue
+                duplicates_before, conflicts_before = tree.duplicate_store, tree.hash_conflict
+                try:
+                    stored = tree.store(target, event.parent_hash, event.block_hashes,
+                                        event.token_ids, seed, medium, event.reproducible, now)
+                except _INPUT_ERRORS:  # checked before anything changed (ledger.pyx, R5)
+                    invalid += 1
+                    continue
+                duplicates += tree.duplicate_store - duplicates_before
+                conflicts += tree.hash_conflict - conflicts_before
                 if stored < 0:
-                    result.unknown_parent += 1
+                    unknown_parent += 1
                 else:
-                    result.stored_blocks += stored
+                    stored_blocks += stored
             elif kind is BlockRemoved:
                 try:
                     unknown = self._remove(target, trees, event)
                 except _INPUT_ERRORS:
-                    result.invalid_events += 1
+                    invalid += 1
                     continue
-                result.unknown_removal += unknown
-                result.removed_blocks += len(event.block_hashes) - unknown
+                unknown_removal += unknown
+                removed_blocks += len(event.block_hashes) - unknown
             elif kind is AllBlocksCleared:
                 for tree in trees.values():
                     tree.clear_target(target)
-                result.cleared += 1
-        for size, tree in trees.items():
-            duplicates, conflicts = before.get(size, (0, 0))
-            result.duplicate_store += tree.duplicate_store - duplicates
-            result.hash_conflict += tree.hash_conflict - conflicts
-        return result
+                cleared += 1
+        return ApplyResult(stored_blocks, removed_blocks, unknown_parent, unknown_removal,
+                           duplicates, skipped, cleared, conflicts, invalid)
 
     def drop_target_entries(self, target: int) -> int:
         """Drop everything the target holds (replay failure, restart, death); entries dropped."""

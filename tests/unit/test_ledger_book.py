@@ -205,8 +205,12 @@ def test_unusable_events_are_counted_not_raised():
         stored([1], [], block_size=10**9),
         removed(2**64),
         stored([5], A[:4]),  # still applied
+        stored([5], A[:4]),  # a duplicate
+        stored([5], A[:4], lora_name=7),  # not a name
+        stored([6], A[:4], parent=2**64),
     ))
-    assert (result.invalid_events, result.stored_blocks) == (5, 1)
+    assert (result.invalid_events, result.stored_blocks) == (7, 2)
+    assert (result.duplicate_store, result.hash_conflict) == (1, 0)
     assert book.target_entries(t) == 1
 
 
