@@ -26,7 +26,9 @@ Rules (hold for every call):
   ``lookahead_token_ids``, or its vLLM ``extra_keys`` hold anything but the LoRA name (first
   element of every block's keys) and one cache salt string in block 0. A reproducible store
   has exactly ``len(block_hashes) * block_size`` tokens; a non-reproducible one is returned
-  with ``token_ids == []`` (Cortex keys such blocks opaquely and never from tokens).
+  with empty ``token_ids`` (Cortex keys such blocks opaquely and never from tokens).
+* ``token_ids`` is always an ``array('I')``: the fast path unpacks the msgpack array straight
+  into it (``cortex._fast.msgpack_u32``), so no Python int is made per token.
 * Nesting depth is bounded by msgspec's recursion guard (``RecursionError``, turned into
   ``DecodeError``); sizes are bounded by the payload (nothing is allocated from a length field).
 
@@ -39,12 +41,14 @@ result equals the generic path's (checked by tests/property/test_decoder_fuzz.py
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct
 
+from cortex._fast.msgpack_u32 import unpack_u32_array
 from cortex.errors import DecodeError
 from cortex.events.model import (
     REPLAY_END_SEQ,
@@ -182,7 +186,7 @@ def _extra_keys_verdict(
 def _stored(
     hashes: list[int],
     parent: int | None,
-    tokens: list[int],
+    tokens: array[int],
     block_size: int,
     *,
     bigram: bool,
@@ -206,7 +210,7 @@ def _stored(
                 f"BlockStored has {len(tokens)} token ids for {len(hashes)} blocks of {block_size}"
             )
     else:
-        tokens = []
+        tokens = array("I")
     # Positional: a frozen dataclass builds ~1 us faster so (field order as in model.py).
     return BlockStored(
         hashes,  # block_hashes
@@ -249,7 +253,7 @@ class _Event(Struct, tag_field="type", forbid_unknown_fields=True, gc=False):
 class _VllmStored(_Event, tag="BlockStored"):
     block_hashes: list[_Hash]
     parent_block_hash: _Hash | None
-    token_ids: list[_U32]
+    token_ids: msgspec.Raw  # unpacked by unpack_u32_array (ValueError -> generic path)
     block_size: _BlockSize
     lora_id: _NonNegative | None = None
     medium: str | None = None
@@ -279,7 +283,7 @@ class _Cleared(_Event, tag="AllBlocksCleared"):
 class _SglangStored(_Event, tag="BlockStored"):
     block_hashes: list[_Hash]
     parent_block_hash: _Hash | None
-    token_ids: list[_U32]
+    token_ids: msgspec.Raw  # unpacked by unpack_u32_array (ValueError -> generic path)
     block_size: _BlockSize
     lora_id: _NonNegative | None = None
     medium: str | None = None
@@ -295,7 +299,7 @@ class _SglangSaltMetadata(Struct, forbid_unknown_fields=True, gc=False):
 class _SglangStoredArray(_Event, array_like=True, tag="BlockStored"):
     block_hashes: list[_Hash]
     parent_block_hash: _Hash | None
-    token_ids: list[_U32]
+    token_ids: msgspec.Raw  # unpacked by unpack_u32_array (ValueError -> generic path)
     block_size: _BlockSize
     lora_id: _NonNegative | None = None
     medium: str | None = None
@@ -376,6 +380,10 @@ def _decode_typed(payload: bytes, family: EngineFamily) -> EventBatch | None:
     events: list[Event] = []
     for ev in typed.events:
         if isinstance(ev, (_VllmStored, _SglangStored, _SglangStoredArray)):
+            try:
+                tokens = unpack_u32_array(ev.token_ids)
+            except ValueError:
+                return None  # bigram pairs or bad ids: the generic path says which
             parent = ev.parent_block_hash
             if isinstance(ev, _VllmStored):
                 lora_name, extra_keys, group_idx = ev.lora_name, ev.extra_keys, ev.group_idx
@@ -390,7 +398,7 @@ def _decode_typed(payload: bytes, family: EngineFamily) -> EventBatch | None:
                 _stored(
                     _hash_list(ev.block_hashes, "BlockStored.block_hashes"),
                     None if parent is None else _hash(parent, "BlockStored.parent_block_hash"),
-                    ev.token_ids,
+                    tokens,
                     ev.block_size,
                     bigram=False,
                     lora_id=ev.lora_id,
@@ -477,10 +485,10 @@ def _opt_list(fields: dict[str, Any], name: str, what: str) -> list[Any] | None:
     return value
 
 
-def _tokens(value: list[Any]) -> tuple[list[int], bool]:
+def _tokens(value: list[Any]) -> tuple[array[int], bool]:
     """(flat token ids, is_bigram); bigram pairs are validated, then dropped."""
     try:
-        return msgspec.convert(value, _FLAT_TOKENS), False
+        return array("I", msgspec.convert(value, _FLAT_TOKENS)), False
     except msgspec.ValidationError:
         pass
     try:
@@ -489,7 +497,7 @@ def _tokens(value: list[Any]) -> tuple[list[int], bool]:
         raise DecodeError(
             "BlockStored.token_ids must be ints in [0, 2**32) or EAGLE bigram pairs of them"
         ) from None
-    return [], True
+    return array("I"), True
 
 
 def _generic_stored(fields: dict[str, Any], family: EngineFamily) -> tuple[BlockStored, int]:

@@ -10,7 +10,9 @@ Normalisation rules (hold for every value of these types):
   Engine hashes are opaque identifiers; Cortex never recomputes them.
 * ``BlockStored.token_ids`` is flat and holds exactly ``len(block_hashes) * block_size`` ints in
   ``[0, 2**32)``, unless ``reproducible`` is false (then it may be empty: Cortex cannot key
-  those blocks from tokens and keys them so they never produce a false hit).
+  those blocks from tokens and keys them so they never produce a false hit). The decoder gives
+  an ``array('I')`` (compact, read by the ledger without conversion); other producers (the
+  simulator, tests) may give any sequence of ints. Compare with ``list(...)``.
 * ``medium`` is the engine's string (``None`` means the engine did not say; engines that do not
   say store on the GPU).
 """
@@ -18,6 +20,7 @@ Normalisation rules (hold for every value of these types):
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 U64_MASK = (1 << 64) - 1
@@ -58,7 +61,7 @@ MAIN_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_
 class BlockStored:
     block_hashes: list[int]
     parent_hash: int | None
-    token_ids: list[int]
+    token_ids: Sequence[int]
     block_size: int
     medium: str | None = None
     lora_name: str | None = None

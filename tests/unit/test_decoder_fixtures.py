@@ -101,7 +101,7 @@ def check_against_upstream(event: Event, upstream: dict[str, Any]) -> None:
         assert event.block_hashes == [u64(h) for h in upstream["block_hashes"]]
         parent = upstream["parent_block_hash"]
         assert event.parent_hash == (None if parent is None else u64(parent))
-        assert event.token_ids == upstream["token_ids"]
+        assert list(event.token_ids) == upstream["token_ids"]
         assert event.block_size == upstream["block_size"]
         assert event.medium == upstream.get("medium")
         assert event.lora_id == upstream.get("lora_id")
@@ -220,7 +220,7 @@ def test_vllm_lora_and_salt_variant(folder: str) -> None:
     assert isinstance(event, BlockStored)
     assert (event.lora_name, event.lora_id, event.cache_salt) == ("my-adapter", 1, "tenant-42")
     assert event.reproducible is True
-    assert event.token_ids == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert list(event.token_ids) == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 @pytest.mark.parametrize("folder", ["vllm-0.23.0", "vllm-0.33.0"])

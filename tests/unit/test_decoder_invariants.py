@@ -6,6 +6,8 @@ below show that it really rejects each kind of violation (so a green fuzz run me
 
 from __future__ import annotations
 
+from array import array
+
 import math
 
 import pytest
@@ -47,7 +49,7 @@ def assert_model_invariants(batch: object) -> None:
             if event.parent_hash is not None:
                 _check_hash(event.parent_hash, "parent hash")
             assert _is_int(event.block_size) and event.block_size >= 1, event.block_size
-            assert type(event.token_ids) is list
+            assert type(event.token_ids) is array and event.token_ids.typecode == "I"
             for t in event.token_ids:
                 assert _is_int(t) and 0 <= t < U32, f"token {t!r}"
             expected = len(event.block_hashes) * event.block_size
@@ -75,6 +77,9 @@ def _stored(**changes: object) -> BlockStored:
         block_hashes=[1, 2], parent_hash=None, token_ids=[1, 2, 3, 4], block_size=2
     )
     fields.update(changes)
+    tokens = fields["token_ids"]
+    if isinstance(tokens, list) and all(type(t) is int and 0 <= t < U32 for t in tokens):
+        fields["token_ids"] = array("I", tokens)  # what the decoder gives
     return BlockStored(**fields)  # type: ignore[arg-type]
 
 
