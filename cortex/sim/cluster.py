@@ -164,4 +164,9 @@ async def start_cluster(
         )
     book = LedgerBook()
     handle = await nursery.start(partial(run_ingestion, sources, book, settings=settings))
+    # Traffic sent before a SUB's subscription reaches the engine is lost (slow joiner), and
+    # a short replay buffer may not bring it back: start traffic only once all are subscribed.
+    for engine in engines.values():
+        for rank in range(engine.dp_size):
+            await engine.publisher(rank).wait_subscribed()
     return SimCluster(engines, handle, book, model, block_size)

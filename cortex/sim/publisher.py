@@ -13,6 +13,9 @@ Rules (kv-events.md §2 and §6):
 * The replay task answers ``[identity, b"", start_seq]`` with every buffered batch whose
   ``seq >= start_seq``, ascending, then the end marker, in the profile's reply generation.
   Malformed requests get no answer at all (like the engines).
+* The live socket is an XPUB (a PUB to subscribers) so the simulator can tell when a
+  subscription has arrived: ``wait_subscribed()`` returns once one has. Messages published
+  before that reach nobody (ZeroMQ's slow-joiner effect), as with a real engine.
 * ``restart()`` is an engine process restart: sequence back to 0, replay buffer emptied,
   unsent batches lost. The sockets stay bound (subscribers see the sequence go backwards).
 """
@@ -82,6 +85,7 @@ class EventPublisher:
         self._resumed.set()
         self._stall_until = 0.0
         self._epoch = 0  # bumped by restart(): batches of an older epoch are never sent
+        self._subscribed = trio.Event()
 
     @property
     def pub_endpoint(self) -> str:
@@ -103,6 +107,10 @@ class EventPublisher:
         self.counters.published += 1
         self._wakeup.set()
         return seq
+
+    async def wait_subscribed(self) -> None:
+        """Return once at least one subscriber's subscription has reached this publisher."""
+        await self._subscribed.wait()
 
     def restart(self) -> None:
         self.next_seq = 0
@@ -127,6 +135,7 @@ class EventPublisher:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._send_loop)
+                nursery.start_soon(self._subscription_loop)
                 if self.router is not None:
                     nursery.start_soon(self._replay_loop, self.router)
                 task_status.started()
@@ -162,6 +171,14 @@ class EventPublisher:
             for seq, payload in outgoing:
                 await zmq_trio.send_multipart(self.pub, live_frames(self.topic, seq, payload))
                 self.counters.sent += 1
+
+    async def _subscription_loop(self) -> None:
+        # XPUB delivers one frame per (un)subscription: 0x01 or 0x00, then the topic prefix.
+        # Sending on an XPUB never waits (it drops), so this is the socket's only waiter.
+        while True:
+            frames = await zmq_trio.recv_multipart(self.pub)
+            if frames and frames[0][:1] == b"\x01":
+                self._subscribed.set()
 
     async def _replay_loop(self, router: zmq.Socket) -> None:
         while True:
@@ -253,7 +270,7 @@ def bind_rank_sockets(
     router_sndhwm: int | None = None,
     attempts: int = 20,
 ) -> tuple[list[RankSockets], int, int | None]:
-    """Bind a PUB on ``base + rank`` (and a ROUTER on ``replay_base + rank``) for every rank.
+    """Bind an XPUB on ``base + rank`` (and a ROUTER on ``replay_base + rank``) for every rank.
 
     Ports left as None are found by bind-probing a free contiguous range (the PUB range and the
     replay range side by side); a bind that then hits EADDRINUSE closes everything and retries
@@ -276,7 +293,7 @@ def bind_rank_sockets(
         bound: list[RankSockets] = []
         try:
             for rank in range(dp_size):
-                pub = _open(ctx, zmq.PUB, f"tcp://{host}:{base + rank}", hwm)
+                pub = _open(ctx, zmq.XPUB, f"tcp://{host}:{base + rank}", hwm)
                 bound.append(RankSockets(pub, None))
                 if replay_base is not None:
                     endpoint = f"tcp://{host}:{replay_base + rank}"
