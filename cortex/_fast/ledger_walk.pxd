@@ -9,7 +9,8 @@ Each lookup is a key-map probe and a node read: on a big tree, two cache misses 
   node(i-1) + 1. That guess reads a line the walk streams through anyway (prefetched
   ``2 * AHEAD_CHAIN`` nodes ahead) and counts only when the node is live and has the key.
   The guess for level ``i + AHEAD_CHAIN - 1`` is checked early: when it fails, a chain break is
-  coming, so that level's key-map slot is prefetched, and its node once the slot has arrived.
+  coming, so that level's key-map slot is prefetched, and once the slot has arrived its node
+  and the run of nodes after it (where streaming continues).
 * pipelining — after two failed guesses in a row (chains scattered over the pool, e.g. blocks
   stored one per event), slots are prefetched ``AHEAD_SLOT`` levels ahead and nodes
   ``AHEAD_NODE`` levels ahead, until two guesses in a row work again.
@@ -86,19 +87,28 @@ cdef inline void _fetch_slot(Walk* w, Py_ssize_t j) noexcept nogil:
         w.state[j] = LEVEL_SLOT_FETCHED
 
 
-cdef inline void _read_slot(Walk* w, Py_ssize_t j) noexcept nogil:
+cdef inline void _read_slot(Walk* w, Py_ssize_t j, bint new_run) noexcept nogil:
+    """Read level j's slot and prefetch its candidate node; with ``new_run`` (a chain break
+    seen while streaming) also the nodes after it, where streaming will continue."""
     cdef uint32_t c
+    cdef const char* line
+    cdef const char* end
     if w.state[j] == LEVEL_UNTOUCHED or w.state[j] == LEVEL_SLOT_FETCHED:
         c = keymap_candidate(w.keys, w.ks[j])
         if c == NO_NODE:
             w.state[j] = LEVEL_ABSENT
-        else:
-            w.state[j] = c
-            # The node (it may straddle two lines) and the head of the next one, which the
-            # streaming guess for level j + 1 reads.
-            cortex_prefetch(&w.pool[c])
-            cortex_prefetch(<const char*>&w.pool[c] + sizeof(Node) - 1)
-            cortex_prefetch(<const char*>&w.pool[c] + sizeof(Node) + 15)
+            return
+        w.state[j] = c
+        # The node (it may straddle two lines) and the head of the next one, which the
+        # streaming guess for level j + 1 reads.
+        line = <const char*>&w.pool[c]
+        end = line + sizeof(Node) + 16
+        if new_run and c + 2 * AHEAD_CHAIN < w.pool_top:
+            end = <const char*>&w.pool[c + 2 * AHEAD_CHAIN]
+        while line < end:
+            cortex_prefetch(line)
+            line += 64
+        cortex_prefetch(end - 1)
 
 
 cdef inline void _look_ahead(Walk* w, Py_ssize_t i, uint32_t prev) noexcept nogil:
@@ -115,7 +125,7 @@ cdef inline void _look_ahead(Walk* w, Py_ssize_t i, uint32_t prev) noexcept nogi
         stop = min(w.n, i + AHEAD_NODE + 1)
         j = max(w.candidate_next, i)
         while j < stop:
-            _read_slot(w, j)
+            _read_slot(w, j, False)
             j += 1
         w.candidate_next = j
         return
@@ -126,7 +136,7 @@ cdef inline void _look_ahead(Walk* w, Py_ssize_t i, uint32_t prev) noexcept nogi
         cortex_prefetch(&w.pool[prev + 2 * AHEAD_CHAIN])
     j = i + AHEAD_CHAIN // 2
     if j < w.n and w.state[j] == LEVEL_SLOT_FETCHED:
-        _read_slot(w, j)
+        _read_slot(w, j, True)
 
 
 cdef inline uint32_t walk_node(Walk* w, Py_ssize_t i, uint32_t prev) noexcept nogil:
