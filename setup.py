@@ -40,11 +40,18 @@ extensions = [
     for pyx in sorted(FAST.glob("*.pyx"))
 ]
 
+# Generated C carries the build mode (line tracing, checks): re-cythonize whenever it changes,
+# so a release build never compiles C left behind by a debug build, or the other way round.
+MODE_STAMP = FAST / ".build-mode"
+MODE = "debug" if DEBUG else "release"
+mode_changed = not MODE_STAMP.exists() or MODE_STAMP.read_text() != MODE
+MODE_STAMP.write_text(MODE)
+
 setup(
     ext_modules=cythonize(
         extensions,
         compiler_directives=directives,
         annotate=ANNOTATE,
-        force=DEBUG,
+        force=mode_changed,
     )
 )
