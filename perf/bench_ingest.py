@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import machine_info  # noqa: E402
 
-from cortex.events import zmq_trio  # noqa: E402
 from cortex.events.counters import IngestCounters  # noqa: E402
-from cortex.events.decoder import decode_payload, parse_live_frames  # noqa: E402
+from cortex.events.decoder import decode_payload  # noqa: E402
+from cortex.events.frames import parse_live_frames  # noqa: E402
 from cortex.events.source import EventSource  # noqa: E402
 from cortex.events.subscriber import run_source  # noqa: E402
 from cortex.events.model import BlockRemoved, BlockStored, EngineFamily  # noqa: E402

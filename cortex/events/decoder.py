@@ -1,15 +1,12 @@
-"""Sans-IO decoder of the engines' KV-event wire format: frames and bytes in, typed batches out.
+"""Sans-IO decoder of the engines' KV-event payloads: msgpack bytes in, typed batches out.
 
-Wire facts: ``shared/protocols/kv-events.md`` (§2 framing, §3 batch, §4 events, §6 replay).
+Wire facts: ``shared/protocols/kv-events.md`` (§3 batch, §4 events); the frames around the
+payloads are split by ``cortex.events.frames``.
 Output types and their invariants: ``cortex.events.model``. No trio, no zmq.
 
 Rules (hold for every call):
 
-* The only exception any function here raises on bad input is ``cortex.errors.DecodeError``
-  (``encode_replay_request`` raises ``ValueError`` for a caller's out-of-range argument).
-* A live message is exactly ``[topic, seq(8 bytes BE), payload]``. A replay reply, as a DEALER
-  receives it, is ``[b"", topic, seq, payload]`` (new generation) or ``[b"", seq, payload]``
-  (old); its end is recognised by the seq frame ``ff`` x 8 alone (with an empty payload frame).
+* The only exception raised on bad input is ``cortex.errors.DecodeError``.
 * A payload is the msgpack array ``[ts, events, dp_rank]``; a missing rank is None, extra
   trailing elements are counted in ``unknown_fields``. ``ts`` must be a finite number.
 * An event is an array ``[tag, f1, f2, ...]`` (positions per family, §4.2/§4.3) or a map
@@ -42,7 +39,6 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Sequence
 from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
@@ -51,7 +47,6 @@ from msgspec import Meta, Struct
 from cortex._fast.msgpack_u32 import unpack_u32_array
 from cortex.errors import DecodeError
 from cortex.events.model import (
-    REPLAY_END_SEQ,
     U64_MASK,
     AllBlocksCleared,
     BlockRemoved,
@@ -59,75 +54,9 @@ from cortex.events.model import (
     EngineFamily,
     Event,
     EventBatch,
-    LiveMessage,
-    ReplayEnd,
-    ReplayItem,
 )
 
 _MAX_U32 = 0xFFFF_FFFF
-_SEQ_LEN = 8
-
-# ---------------------------------------------------------------------------------------------
-# Frames
-
-
-def _frame_bytes(frame: object, what: str) -> bytes:
-    if type(frame) is bytes:
-        return frame
-    if isinstance(frame, (bytes, bytearray, memoryview)):
-        return bytes(frame)
-    raise DecodeError(f"{what} frame is {type(frame).__name__}, not bytes")
-
-
-def _frame_list(frames: Sequence[bytes], what: str) -> list[bytes]:
-    try:
-        items = list(frames)
-    except TypeError:
-        raise DecodeError(f"{what} is not a sequence of frames") from None
-    return [_frame_bytes(f, what) for f in items]
-
-
-def _seq(frame: bytes, what: str) -> int:
-    if len(frame) != _SEQ_LEN:
-        raise DecodeError(f"{what} sequence frame has {len(frame)} bytes, expected 8")
-    return int.from_bytes(frame, "big")
-
-
-def parse_live_frames(frames: Sequence[bytes]) -> LiveMessage:
-    """Split a live PUB message ``[topic, seq, payload]``; the payload stays undecoded."""
-    parts = _frame_list(frames, "live message")
-    if len(parts) != 3:
-        raise DecodeError(f"live message has {len(parts)} frames, expected 3")
-    topic, seq, payload = parts
-    return LiveMessage(topic=topic, seq=_seq(seq, "live message"), payload=payload)
-
-
-def parse_replay_reply(frames: Sequence[bytes]) -> ReplayItem | ReplayEnd:
-    """One replay reply as a DEALER receives it (either generation, see the module rules)."""
-    parts = _frame_list(frames, "replay reply")
-    if len(parts) == 4:
-        delimiter, topic, seq, payload = parts
-        item_topic: bytes | None = topic
-    elif len(parts) == 3:
-        delimiter, seq, payload = parts
-        item_topic = None
-    else:
-        raise DecodeError(f"replay reply has {len(parts)} frames, expected 3 or 4")
-    if delimiter:
-        raise DecodeError("replay reply does not start with the empty delimiter frame")
-    if seq == REPLAY_END_SEQ:
-        if payload:
-            raise DecodeError("replay end marker carries a non-empty payload frame")
-        return ReplayEnd()
-    return ReplayItem(seq=_seq(seq, "replay reply"), payload=payload, topic=item_topic)
-
-
-def encode_replay_request(start_seq: int) -> list[bytes]:
-    """The frames a DEALER sends to ask a replay ROUTER for every batch from ``start_seq``."""
-    if type(start_seq) is not int or not 0 <= start_seq <= U64_MASK:
-        raise ValueError(f"start_seq must be an int in [0, 2**64), got {start_seq!r}")
-    return [b"", start_seq.to_bytes(_SEQ_LEN, "big")]
-
 
 # ---------------------------------------------------------------------------------------------
 # Payload: shared semantics

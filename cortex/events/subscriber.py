@@ -33,7 +33,8 @@ import zmq
 from cortex.errors import ConfigError, DecodeError
 from cortex.events import zmq_trio
 from cortex.events.counters import IngestCounters
-from cortex.events.decoder import decode_payload, parse_live_frames
+from cortex.events.decoder import decode_payload
+from cortex.events.frames import parse_live_frames
 from cortex.events.model import EngineFamily, EventBatch
 from cortex.events.replay import fetch_replay
 from cortex.events.sequencer import payload_digest

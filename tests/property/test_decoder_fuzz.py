@@ -12,12 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cortex.errors import DecodeError
-from cortex.events.decoder import (
-    _decode_generic,
-    decode_payload,
-    parse_live_frames,
-    parse_replay_reply,
-)
+from cortex.events.decoder import _decode_generic, decode_payload
+from cortex.events.frames import parse_live_frames, parse_replay_reply
 from cortex.events.model import EngineFamily, EventBatch, LiveMessage, ReplayEnd, ReplayItem
 from tests.conftest import shared_dir
 from tests.unit.test_decoder_invariants import assert_model_invariants

@@ -13,14 +13,8 @@ from typing import Any
 
 import pytest
 
-from cortex.events.decoder import (
-    _decode_generic,
-    _decode_typed,
-    decode_payload,
-    encode_replay_request,
-    parse_live_frames,
-    parse_replay_reply,
-)
+from cortex.events.decoder import _decode_generic, _decode_typed, decode_payload
+from cortex.events.frames import encode_replay_request, parse_live_frames, parse_replay_reply
 from cortex.events.model import (
     AllBlocksCleared,
     BlockRemoved,
