@@ -201,7 +201,11 @@ class Applied:
     removed_blocks: int = 0
     unknown_parent: int = 0
     unknown_removal: int = 0
-    cleared: bool = False
+    cleared: int = 0
+    duplicate_store: int = 0
+    skipped_non_main: int = 0
+    hash_conflict: int = 0
+    invalid_events: int = 0
 
 
 @dataclass

@@ -38,6 +38,10 @@ class IngestCounters:
     removed_blocks: int = 0
     unknown_parent: int = 0
     unknown_removal: int = 0
+    duplicate_store: int = 0  # stores of a hash the target already held (refcount + 1)
+    skipped_non_main: int = 0  # stores of KV-cache groups that are not prefix blocks
+    hash_conflict: int = 0  # held hashes stored again with another key (entry replaced)
+    invalid_events: int = 0  # events the ledger could not use (e.g. absurd block size)
 
     def add(self, other: IngestCounters) -> None:
         """Add every counter of ``other`` into this one."""

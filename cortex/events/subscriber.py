@@ -64,6 +64,14 @@ class AppliedBatch(Protocol):
     def unknown_removal(self) -> int: ...
     @property
     def cleared(self) -> int: ...
+    @property
+    def duplicate_store(self) -> int: ...
+    @property
+    def skipped_non_main(self) -> int: ...
+    @property
+    def hash_conflict(self) -> int: ...
+    @property
+    def invalid_events(self) -> int: ...
 
 
 class LedgerSink(Protocol):
@@ -180,6 +188,10 @@ class _SourceIngest:
         c.removed_blocks += result.removed_blocks
         c.unknown_parent += result.unknown_parent
         c.unknown_removal += result.unknown_removal
+        c.duplicate_store += result.duplicate_store
+        c.skipped_non_main += result.skipped_non_main
+        c.hash_conflict += result.hash_conflict
+        c.invalid_events += result.invalid_events
         c.unknown_events += batch.unknown_events
         c.unknown_fields += batch.unknown_fields
         if batch.dp_rank is not None and batch.dp_rank != self.source.rank:
