@@ -9,22 +9,9 @@ import zmq
 from cortex.events import zmq_trio
 from cortex.events.replay import ReplayOutcome, fetch_replay
 from cortex.events.model import ReplayItem
-from tests.kv_test_publisher import FixtureVersion, ReplayMode, running_publisher
+from tests.kv_test_publisher import ReplayMode, running_publisher
 
-VERSIONS = ["vllm-0.33.0", "vllm-0.23.0", "sglang-0.5.23", "sglang-0.5.19"]
 TIMEOUT_S = 0.3
-
-
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
-@pytest.fixture(params=VERSIONS)
-def fx(request, kv_fixtures_dir) -> FixtureVersion:
-    return FixtureVersion.load(kv_fixtures_dir, request.param)
 
 
 async def test_replay_from_three_returns_the_buffered_payloads_and_the_end(ctx, fx):

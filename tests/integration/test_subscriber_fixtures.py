@@ -33,7 +33,6 @@ from tests.kv_test_publisher import (
     with_ts,
 )
 
-VERSIONS = ["vllm-0.33.0", "vllm-0.23.0", "sglang-0.5.23", "sglang-0.5.19"]
 READY, PARTIAL, STALE, SYNCING = (
     TargetState.READY,
     TargetState.PARTIAL,
@@ -42,18 +41,6 @@ READY, PARTIAL, STALE, SYNCING = (
 )
 TIMEOUT_S = 0.3
 SETTINGS = IngestSettings(replay_timeout_s=TIMEOUT_S)
-
-
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
-@pytest.fixture(params=VERSIONS)
-def fx(request, kv_fixtures_dir) -> FixtureVersion:
-    return FixtureVersion.load(kv_fixtures_dir, request.param)
 
 
 @pytest.fixture
