@@ -37,9 +37,9 @@ from machine import machine_info  # noqa: E402
 from cortex.events.counters import IngestCounters  # noqa: E402
 from cortex.events.decoder import decode_payload  # noqa: E402
 from cortex.events.frames import parse_live_frames  # noqa: E402
+from cortex.events.model import BlockRemoved, BlockStored, EngineFamily  # noqa: E402
 from cortex.events.source import EventSource  # noqa: E402
 from cortex.events.subscriber import run_source  # noqa: E402
-from cortex.events.model import BlockRemoved, BlockStored, EngineFamily  # noqa: E402
 from cortex.ledger.book import LedgerBook  # noqa: E402
 from cortex.sim.wire import encode_batch, live_frames, profile_named  # noqa: E402
 

@@ -37,8 +37,8 @@ from cortex.sim.engine_hashes import (
 from cortex.sim.faults import FaultInjector
 from cortex.sim.prefix_cache import (
     AdmitResult,
-    PrefixCache,
     FreeOrder,
+    PrefixCache,
     SglangPrefixCache,
     TruthEntry,
     VllmPrefixCache,

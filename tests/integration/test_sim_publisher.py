@@ -9,7 +9,6 @@ bounded wait.
 from __future__ import annotations
 
 import dataclasses
-
 import errno
 import random
 from collections.abc import AsyncIterator

@@ -6,9 +6,8 @@ below show that it really rejects each kind of violation (so a green fuzz run me
 
 from __future__ import annotations
 
-from array import array
-
 import math
+from array import array
 
 import pytest
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from cortex._fast.msgpack_u32 import unpack_u32_array
 from hypothesis import given
 from hypothesis import strategies as st
-
-from cortex._fast.msgpack_u32 import unpack_u32_array
 
 
 def reference(raw: bytes) -> list[int] | None:
