@@ -10,7 +10,8 @@ Reported separately: frame parsing + payload decoding, ledger apply of pre-decod
 the whole path. The frames are built up front with the simulator's wire encoder, so only
 Cortex's work is timed. ``over_zeromq`` then runs the real subscriber task (``run_source``:
 SUB socket, sequencer, sync, decode, ledger) on tcp loopback, fed by a publisher in another
-process (the machine's other core) that sends the same frames as fast as it can.
+process (the machine's other core) that sends the same frames as fast as it can, and
+``zeromq_transport_only`` times a bare SUB receiving those messages (the transport's floor).
 Run: ``.venv/bin/python perf/bench_ingest.py [--quick]``.
 """
 
@@ -38,7 +39,7 @@ from cortex.events.counters import IngestCounters  # noqa: E402
 from cortex.events.decoder import decode_payload  # noqa: E402
 from cortex.events.frames import parse_live_frames  # noqa: E402
 from cortex.events.model import BlockRemoved, BlockStored, EngineFamily  # noqa: E402
-from cortex.events.source import EventSource  # noqa: E402
+from cortex.events.source import EventSource, IngestSettings  # noqa: E402
 from cortex.events.subscriber import run_source  # noqa: E402
 from cortex.ledger.book import LedgerBook  # noqa: E402
 from cortex.sim.wire import encode_batch, live_frames, profile_named  # noqa: E402
@@ -142,6 +143,37 @@ def run(n_batches: int, evict_share: float, repeats: int) -> dict:
     }
 
 
+def run_subscriber_shell(n_batches: int) -> dict:
+    """The subscriber task's per-message work (framing, sequencer, sync machine, decode,
+    ledger, counters) fed the frames directly, without a socket."""
+    from cortex.events.subscriber import _SourceIngest  # the shell's internals, on purpose
+
+    frames, stored = build_frames(n_batches, 0.0, seed=11)
+    numbered = [[f[0], seq.to_bytes(8, "big"), f[2]] for seq, (_, f) in enumerate(frames)]
+    book, ids = new_book()
+    source = EventSource("w0", 0, EngineFamily.VLLM, "bench-model", "tcp://127.0.0.1:1")
+    ingest = _SourceIngest(
+        source, ids[0], book, zmq.Context.instance(), IngestSettings(), IngestCounters()
+    )
+    elapsed = {}
+
+    async def main() -> None:
+        await ingest.execute(ingest.sync.start())
+        gc.collect()
+        start = time.perf_counter()
+        for message in numbered:
+            await ingest.on_frames(message)
+        elapsed["s"] = time.perf_counter() - start
+
+    trio.run(main)
+    assert ingest.counters.batches_applied == n_batches and ingest.counters.gaps == 0
+    return {
+        "batches": n_batches,
+        "blocks_per_s": round(stored / elapsed["s"]),
+        "us_per_batch": round(elapsed["s"] / n_batches * 1e6, 2),
+    }
+
+
 def _publish(endpoint_queue, n_batches: int, seed: int) -> None:
     """Child process: bind an XPUB, wait for the subscription, send every frame, linger."""
     frames, _ = build_frames(n_batches, 0.0, seed)
@@ -155,6 +187,27 @@ def _publish(endpoint_queue, n_batches: int, seed: int) -> None:
         pub.send_multipart([f[0], seq.to_bytes(8, "big"), f[2]])
     pub.close(linger=-1)
     ctx.term()
+
+
+def run_transport_only(n_batches: int) -> dict:
+    """The floor under ``over_zeromq``: a bare SUB receiving the same messages, nothing else."""
+    endpoints = multiprocessing.Queue()
+    child = multiprocessing.Process(target=_publish, args=(endpoints, n_batches, 11))
+    child.start()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.rcvhwm = 0
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoints.get(timeout=60))
+    sub.recv_multipart()
+    start = time.perf_counter()
+    for _ in range(n_batches - 1):
+        sub.recv_multipart()
+    elapsed = time.perf_counter() - start
+    sub.close(linger=0)
+    ctx.term()
+    child.join(timeout=60)
+    return {"messages": n_batches, "us_per_message": round(elapsed / (n_batches - 1) * 1e6, 2)}
 
 
 def run_over_zeromq(n_batches: int) -> dict:
@@ -213,7 +266,9 @@ def main() -> None:
         f"{TARGETS} targets",
         "stores_only": run(n, 0.0, 1 if args.quick else args.repeats),
         "with_evictions_20pct": run(n, 0.2, 1 if args.quick else args.repeats),
+        "subscriber_shell_no_socket": run_subscriber_shell(n),
         "over_zeromq": run_over_zeromq(n),
+        "zeromq_transport_only": run_transport_only(n),
     }
     print(json.dumps(results, indent=2))
 
