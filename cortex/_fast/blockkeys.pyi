@@ -28,6 +28,7 @@ can never equal a token block's key input — such blocks never produce a false 
                                                   seed=ns if parent is None else 0)
 """
 
+from array import array
 from collections.abc import Sequence
 
 def namespace_seed(
@@ -35,5 +36,6 @@ def namespace_seed(
 ) -> int: ...
 def block_keys(
     token_ids: Sequence[int], block_size: int, seed: int, parent_key: int | None = None
-) -> list[int]: ...
+) -> array[int]:
+    """``array('Q')`` of the keys (what ``BlockTree.match`` reads without conversion)."""
 def opaque_key(parent_key: int | None, engine_hash: int, seed: int) -> int: ...

@@ -5,6 +5,7 @@ Definition and contract: ``blockkeys.pyi``. The request path calls ``block_keys`
 prompt; the ledger computes the same keys in C from the events' token ids.
 """
 
+from cpython.array cimport array, clone
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 
@@ -17,6 +18,8 @@ from cortex._fast.blockkeys cimport (
 from cortex._fast.pyints cimport copy_tokens
 
 _NAMESPACE_TAG = b"cortex-ns-v1"
+cdef array _KEYS_TEMPLATE = array("Q")
+assert _KEYS_TEMPLATE.itemsize == 8
 
 
 cdef bytes _part(object text):
@@ -34,14 +37,16 @@ def namespace_seed(model, lora_name=None, cache_salt=None):
 
 
 def block_keys(token_ids, Py_ssize_t block_size, uint64_t seed, parent_key=None):
-    """Chained keys of the full blocks of ``token_ids`` (a trailing partial block is ignored)."""
+    """Chained keys of the full blocks of ``token_ids`` (a trailing partial block is ignored),
+    as an ``array('Q')``: the form ``BlockTree.match`` reads without converting each key."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     cdef Py_ssize_t n_blocks = len(token_ids) // block_size
     cdef Py_ssize_t n_tokens = n_blocks * block_size
     cdef bint has_parent = parent_key is not None
     cdef uint64_t key = <uint64_t>parent_key if has_parent else 0
-    cdef list keys = []
+    cdef array keys = clone(_KEYS_TEMPLATE, n_blocks, False)
+    cdef uint64_t* out = keys.data.as_ulonglongs
     if n_blocks == 0:
         return keys
     cdef uint32_t* tokens = <uint32_t*>PyMem_Malloc(4 * <size_t>n_tokens)
@@ -55,7 +60,7 @@ def block_keys(token_ids, Py_ssize_t block_size, uint64_t seed, parent_key=None)
             key = token_block_key(has_parent, key, tokens + i * block_size, block_size, seed,
                                   scratch)
             has_parent = True
-            keys.append(key)
+            out[i] = key
     finally:
         PyMem_Free(tokens)
         PyMem_Free(scratch)
