@@ -1,0 +1,67 @@
+"""Render a chat template (Jinja) the way HF ``apply_chat_template`` / vLLM / SGLang do.
+
+Variables: ``messages``, ``add_generation_prompt``, ``bos_token``, ``eos_token``, ``tools``
+(``None`` when absent) plus any extra keyword (``chat_template_kwargs``); ``raise_exception``
+raises ``TemplateError``. Rendering runs in jinja2's ``ImmutableSandboxedEnvironment`` with
+``trim_blocks`` and ``lstrip_blocks`` (the HF settings) and the ``tojson`` filter keeping
+non-ASCII text as is, like HF's.
+
+Pure: compile once (``ChatTemplate(source)``), render many times.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from cortex.errors import BadRequest
+
+
+class TemplateError(BadRequest):
+    """The template cannot render this conversation (``raise_exception`` or a Jinja error)."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(value: object, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+class ChatTemplate:
+    __slots__ = ("source", "_template")
+
+    def __init__(self, source: str) -> None:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_exception
+        env.filters["tojson"] = _tojson
+        self.source = source
+        self._template = env.from_string(source)  # jinja2.TemplateSyntaxError on bad source
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, object]],
+        *,
+        add_generation_prompt: bool = True,
+        bos_token: str = "",
+        eos_token: str = "",
+        tools: Sequence[Mapping[str, object]] | None = None,
+        **extra: object,
+    ) -> str:
+        try:
+            return self._template.render(
+                **extra,
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=bos_token,
+                eos_token=eos_token,
+                tools=tools,
+            )
+        except TemplateError:
+            raise
+        except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError) as exc:
+            raise TemplateError(f"chat template failed: {exc}") from exc

@@ -1,0 +1,191 @@
+"""Cut text where the tokenizer itself cuts it: at its added tokens, before anything else.
+
+How ``tokenizers`` treats added tokens (``AddedVocabulary::extract_and_normalize``):
+
+1. In the raw text it finds every added token with ``normalized: false`` (leftmost-longest,
+   non-overlapping) and turns each match into its fixed id.
+2. It normalizes each remaining piece, then finds the added tokens with ``normalized: true`` in
+   it the same way.
+3. Only the text between matches is pre-tokenized and run through the model: no pre-token,
+   merge or byte spans a match.
+
+So encoding the pieces separately and concatenating the ids equals one plain encode of the
+whole text. This module reproduces both passes, in that order (a single pass over the union
+would differ: with ``ab`` normalized and ``bc`` not, ``abc`` splits as ``a|bc``).
+
+Rules:
+
+* Pass 2 is used only when the normalizer is the identity (absent or an empty ``Sequence``,
+  as for DeepSeek, Llama 3 and Qwen); otherwise matches on normalized text cannot be found in
+  the raw text and only pass 1 splits (still exact: pass-2 tokens are then left inside pieces,
+  where the tokenizer finds them itself).
+* An added token with ``lstrip``, ``rstrip`` or ``single_word`` set changes the text around
+  it; that is not modelled, so such a vocabulary gets a segmenter that never splits (one piece
+  = the whole text: exact, just not cached by piece). Likewise when the tokenizer encodes
+  special tokens as text (``split=False``). ``why_not_splitting`` says which.
+
+Output: ``(text, token_id)`` pieces in order, ``token_id`` set for an added-token match and
+``None`` for ordinary text (never empty); the texts concatenate back to the input.
+
+Cost: per pass, one ``str.find`` scan for the tokens' common prefix (``"<｜"`` for DeepSeek,
+``"<|"`` for ChatML vocabularies) and a dict probe per distinct token length at a candidate;
+a regex over a first-character class when the tokens share no prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+Piece = tuple[str, int | None]
+_UNMODELLED_FLAGS = ("lstrip", "rstrip", "single_word")
+
+
+@dataclass(frozen=True, slots=True)
+class AddedToken:
+    content: str
+    id: int
+    special: bool
+    normalized: bool
+    lstrip: bool = False
+    rstrip: bool = False
+    single_word: bool = False
+
+
+def added_tokens_from_json(tokenizer_json: Mapping[str, object]) -> list[AddedToken]:
+    """The ``added_tokens`` of a parsed ``tokenizer.json``."""
+    raw = tokenizer_json.get("added_tokens") or []
+    if not isinstance(raw, list):
+        raise ValueError("tokenizer.json: added_tokens is not a list")
+    return [
+        AddedToken(
+            content=str(entry["content"]),
+            id=int(entry["id"]),
+            special=bool(entry.get("special", False)),
+            normalized=bool(entry.get("normalized", True)),
+            lstrip=bool(entry.get("lstrip", False)),
+            rstrip=bool(entry.get("rstrip", False)),
+            single_word=bool(entry.get("single_word", False)),
+        )
+        for entry in raw
+    ]
+
+
+def normalizer_is_identity(tokenizer_json: Mapping[str, object]) -> bool:
+    norm = tokenizer_json.get("normalizer")
+    if norm is None:
+        return True
+    return (
+        isinstance(norm, dict)
+        and norm.get("type") == "Sequence"
+        and not norm.get("normalizers")
+    )
+
+
+class _Pass:
+    """Leftmost-longest, non-overlapping matching of a fixed set of literal tokens."""
+
+    __slots__ = ("ids", "_lengths", "_prefix", "_first_chars")
+
+    def __init__(self, tokens: Mapping[str, int]) -> None:
+        self.ids = {text: tid for text, tid in tokens.items() if text}
+        self._lengths = sorted({len(t) for t in self.ids}, reverse=True)
+        self._prefix = os.path.commonprefix(list(self.ids))
+        chars = "".join(re.escape(c) for c in sorted({t[0] for t in self.ids}))
+        self._first_chars = re.compile(f"[{chars}]")
+
+    def split_into(self, text: str, pieces: list[Piece], then: _Pass | None) -> None:
+        ids = self.ids
+        lengths = self._lengths
+        prefix = self._prefix
+        start = 0  # start of the pending ordinary text
+        pos = 0  # where to look for the next candidate
+        n = len(text)
+        while pos < n:
+            if prefix:
+                cand = text.find(prefix, pos)
+                if cand < 0:
+                    break
+            else:
+                m = self._first_chars.search(text, pos)
+                if m is None:
+                    break
+                cand = m.start()
+            for length in lengths:
+                token = text[cand : cand + length]
+                tid = ids.get(token)
+                if tid is not None:
+                    if cand > start:
+                        _emit(text[start:cand], pieces, then)
+                    pieces.append((token, tid))
+                    start = pos = cand + len(token)
+                    break
+            else:
+                pos = cand + 1
+        if start < n:
+            _emit(text[start:], pieces, then)
+
+
+def _emit(text: str, pieces: list[Piece], then: _Pass | None) -> None:
+    if then is None:
+        pieces.append((text, None))
+    else:
+        then.split_into(text, pieces, None)
+
+
+class Segmenter:
+    """Splits text into pieces exactly where ``tokenizers`` splits it at added tokens."""
+
+    __slots__ = ("_first", "_second", "why_not_splitting")
+
+    def __init__(
+        self,
+        raw_tokens: Mapping[str, int],
+        normalized_tokens: Mapping[str, int] | None = None,
+        why_not_splitting: str | None = None,
+    ) -> None:
+        passes = [_Pass(t) for t in (raw_tokens, normalized_tokens or {}) if t]
+        passes = [p for p in passes if p.ids]
+        self._first = passes[0] if passes else None
+        self._second = passes[1] if len(passes) > 1 else None
+        self.why_not_splitting = why_not_splitting
+
+    @classmethod
+    def never(cls, reason: str) -> Segmenter:
+        return cls({}, None, reason)
+
+    @classmethod
+    def from_added_tokens(
+        cls, added: Iterable[AddedToken], *, identity_normalizer: bool, split: bool = True
+    ) -> Segmenter:
+        if not split:
+            return cls.never("the tokenizer encodes special tokens as text")
+        raw: dict[str, int] = {}
+        normalized: dict[str, int] = {}
+        for tok in added:
+            if any(getattr(tok, flag) for flag in _UNMODELLED_FLAGS):
+                return cls.never(f"added token {tok.content!r} has lstrip/rstrip/single_word")
+            (normalized if tok.normalized else raw)[tok.content] = tok.id
+        return cls(raw, normalized if identity_normalizer else None)
+
+    @classmethod
+    def from_tokenizer_json(cls, text: str | bytes, split: bool = True) -> Segmenter:
+        parsed = json.loads(text)
+        return cls.from_added_tokens(
+            added_tokens_from_json(parsed),
+            identity_normalizer=normalizer_is_identity(parsed),
+            split=split,
+        )
+
+    def split(self, text: str) -> list[Piece]:
+        """Pieces of ``text`` in order; their texts concatenate back to ``text``."""
+        pieces: list[Piece] = []
+        if self._first is None:
+            if text:
+                pieces.append((text, None))
+        else:
+            self._first.split_into(text, pieces, self._second)
+        return pieces

