@@ -1,0 +1,80 @@
+"""The fixed fallback order, and the one entry point the request path calls.
+
+Rules:
+
+* Eligible workers are healthy and serve the wanted role; open workers are eligible ones below
+  every watermark (``watermark.Watermarks``). No eligible worker, or none open, raises
+  ``NoWorkerAvailable`` (HTTP 503) with the reason.
+* Policies are asked in order; the first that returns a ``Decision`` decides. The order is fixed
+  by the chain builders: ``events_chain`` = exact_kv → load_aware → p2c → round_robin, for
+  engines publishing KV events; ``no_events_chain`` = consistent_hash → round_robin.
+* ``matched`` comes from the caller (``matches.worker_matches`` over ``LedgerBook.match``), so
+  the scheduler stays pure; hits of workers that are not open are ignored.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+
+from cortex.errors import NoWorkerAvailable
+from cortex.scheduling.consistent_hash import ConsistentHash
+from cortex.scheduling.cost import CostConfig
+from cortex.scheduling.decision import Decision
+from cortex.scheduling.exact_kv import ExactKv
+from cortex.scheduling.load_aware import LoadAware
+from cortex.scheduling.p2c import PowerOfTwo
+from cortex.scheduling.policy import Policy
+from cortex.scheduling.round_robin import RoundRobin
+from cortex.scheduling.view import RequestFacts, Role, WorkerView
+from cortex.scheduling.watermark import Watermarks
+
+
+def events_chain(rng: random.Random, cost: CostConfig | None = None) -> tuple[Policy, ...]:
+    cost = cost or CostConfig()
+    return (ExactKv(cost), LoadAware(cost), PowerOfTwo(rng, cost), RoundRobin())
+
+
+def no_events_chain() -> tuple[Policy, ...]:
+    return (ConsistentHash(), RoundRobin())
+
+
+class Scheduler:
+    def __init__(self, policies: Sequence[Policy], watermarks: Watermarks | None = None) -> None:
+        if not policies:
+            raise ValueError("a scheduler needs at least one policy")
+        self.policies = tuple(policies)
+        self.watermarks = watermarks or Watermarks()
+
+    def decide(
+        self,
+        request: RequestFacts,
+        workers: Sequence[WorkerView],
+        matched: Mapping[str, int],
+        role: Role = Role.BOTH,
+    ) -> Decision:
+        above = self.watermarks.above
+        open_workers = []
+        eligible = 0
+        last_block = ""
+        for view in workers:
+            if not view.healthy or not view.role.serves(role):
+                continue
+            eligible += 1
+            blocked = above(view)
+            if blocked is None:
+                open_workers.append(view)
+            else:
+                last_block = f"{view.worker}: {blocked}"
+        if not open_workers:
+            if not eligible:
+                raise NoWorkerAvailable(f"no healthy worker serves role {role.value}")
+            raise NoWorkerAvailable(f"all {eligible} workers above a watermark ({last_block})")
+        if matched and len(open_workers) != len(workers):
+            open_ids = {view.worker for view in open_workers}
+            matched = {w: blocks for w, blocks in matched.items() if w in open_ids}
+        for policy in self.policies:
+            decision = policy.decide(request, open_workers, matched)
+            if decision is not None:
+                return decision
+        raise NoWorkerAvailable(f"no policy of {[p.name for p in self.policies]} could decide")

@@ -1,0 +1,112 @@
+"""The cost of sending a request to a worker (lower is better).
+
+Two forms of one idea, chosen by ``CostConfig.form``:
+
+* ``"ttft"`` (default) — expected time to first token, in seconds:
+  ``(queued_prefill_tokens + uncached_tokens) / prefill_tokens_per_s``
+  ``+ decode_s_per_in_flight × in_flight + engine_queue_s_per_request × engine_queue``.
+  The first term is the prefill work ahead of the request plus its own; the second stands for
+  the decode batch the prefill shares the GPU with; the third is counted only when the engine
+  reports its queue (Cortex's own queue is already in the first term).
+* ``"linear"`` — the seed's score ``α·matched_blocks − β·in_flight − γ·queued_prefill_tokens``,
+  negated so lower is better.
+
+``affinity_tolerance_s`` is how much more expected TTFT the worker with the longest hit may
+cost than the cheapest worker and still be chosen by ``exact_kv``: a session's history stays
+useful for its later turns, so a small queue imbalance should not move it (``"ttft"`` only).
+
+Both read ``queued_prefill_tokens`` and ``in_flight``, which Cortex updates at decision time,
+so a burst of requests sees its own earlier picks (the herding guard).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from cortex.errors import ConfigError
+from cortex.scheduling.view import RequestFacts, WorkerView
+
+
+@dataclass(frozen=True, slots=True)
+class CostConfig:
+    form: Literal["ttft", "linear"] = "ttft"
+    default_prefill_tokens_per_s: float = 10_000.0
+    decode_s_per_in_flight: float = 0.002
+    engine_queue_s_per_request: float = 0.05
+    affinity_tolerance_s: float = 0.25  # exact_kv: extra TTFT a longer hit may cost and still win
+    alpha_per_cached_block: float = 1.0
+    beta_per_in_flight: float = 1.0
+    gamma_per_queued_token: float = 0.01
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.form not in ("ttft", "linear"):
+            problems.append(f"cost form must be 'ttft' or 'linear', not {self.form!r}")
+        if not self.default_prefill_tokens_per_s > 0:
+            problems.append("default_prefill_tokens_per_s must be > 0")
+        for name in ("decode_s_per_in_flight", "engine_queue_s_per_request", "affinity_tolerance_s",
+                     "alpha_per_cached_block", "beta_per_in_flight", "gamma_per_queued_token"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0")
+        if problems:
+            raise ConfigError(problems)
+
+
+def cost(config: CostConfig, view: WorkerView, uncached_tokens: int, cached_blocks: int) -> float:
+    """Cost of one worker for a request with ``uncached_tokens`` left to prefill there."""
+    if config.form == "linear":
+        return -(config.alpha_per_cached_block * cached_blocks
+                 - config.beta_per_in_flight * view.in_flight
+                 - config.gamma_per_queued_token * view.queued_prefill_tokens)
+    rate = view.prefill_tokens_per_s or config.default_prefill_tokens_per_s
+    seconds = ((view.queued_prefill_tokens + uncached_tokens) / rate
+               + config.decode_s_per_in_flight * view.in_flight)
+    if view.engine_queue is not None:
+        seconds += config.engine_queue_s_per_request * view.engine_queue
+    return seconds
+
+
+def load_cap(workers: Sequence[WorkerView], factor: float | None, slack: int) -> float:
+    """Most requests in flight a worker may hold after taking this one (bounded loads).
+
+    ``max(factor × mean, mean + slack)`` over the mean in-flight count *including this request*;
+    ``inf`` when ``factor`` is ``None``. The slack keeps a quiet pool from bouncing a session's
+    second request away from its worker when only a handful of requests are in flight.
+    """
+    if factor is None or not workers:
+        return math.inf
+    mean = (sum(view.in_flight for view in workers) + 1) / len(workers)
+    return max(math.ceil(factor * mean), mean + slack)
+
+
+def cheapest(
+    config: CostConfig,
+    request: RequestFacts,
+    workers: Sequence[WorkerView],
+    matched: Mapping[str, int],
+    cap: float = math.inf,
+) -> tuple[WorkerView, int] | None:
+    """The worker of least cost and its cached blocks; ties go to the smaller worker id.
+
+    Workers whose ``in_flight + 1`` would exceed ``cap`` are skipped; ``None`` if all are.
+    """
+    best: WorkerView | None = None
+    best_cost = math.inf
+    best_blocks = 0
+    get = matched.get
+    token_count, block_size = request.token_count, request.block_size
+    for view in workers:
+        if view.in_flight + 1 > cap:
+            continue
+        blocks = get(view.worker, 0)
+        uncached = token_count - blocks * block_size
+        if uncached < 0:
+            uncached = 0
+        value = cost(config, view, uncached, blocks)
+        if value < best_cost or (value == best_cost and best is not None
+                                 and view.worker < best.worker):
+            best, best_cost, best_blocks = view, value, blocks
+    return None if best is None else (best, best_blocks)

@@ -1,0 +1,87 @@
+"""``exact_kv``: a trusted ledger says some open worker holds the request's first blocks.
+
+Rules:
+
+* Applies when at least one open worker has a hit in ``matched`` (trusted ledgers only).
+* Considers every open worker within the bounded-load cap (``cost.load_cap``): the cheapest by
+  cost (ties to the smaller worker id), and the one with the longest hit (ties to the cheaper,
+  then the smaller id). The longest hit wins if it costs at most ``affinity_tolerance_s`` more
+  (linear form: no tolerance, the score already weighs the hit); otherwise the cheapest does —
+  a cache holder buried in queued work loses to an idle worker.
+* Herding guard: the cap and the cost read pending work counted at decision time, so a prefix
+  every request shares (a system prompt cached on one worker) cannot pull a burst onto that
+  worker: once it is a tolerance's worth of TTFT or a cap's worth of requests ahead, the burst
+  moves on. A session's repeat turn (the longest hit, its own history) stays on its worker while
+  that worker is under its watermarks, the cap, and the tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from cortex.scheduling.cost import CostConfig, cost, load_cap
+from cortex.scheduling.decision import Decision, Mode
+from cortex.scheduling.view import RequestFacts, WorkerView
+
+
+class ExactKv:
+    name = "exact_kv"
+
+    def __init__(
+        self, cost: CostConfig | None = None, load_factor: float | None = 1.25, slack: int = 4
+    ) -> None:
+        self.cost = cost or CostConfig()
+        self.load_factor = load_factor
+        self.slack = slack
+        self.tolerance_s = self.cost.affinity_tolerance_s if self.cost.form == "ttft" else 0.0
+
+    def decide(
+        self, request: RequestFacts, workers: Sequence[WorkerView], matched: Mapping[str, int]
+    ) -> Decision | None:
+        if not matched:
+            return None
+        cap = load_cap(workers, self.load_factor, self.slack)
+        config, get = self.cost, matched.get
+        token_count, block_size = request.token_count, request.block_size
+        cheap: WorkerView | None = None
+        cheap_cost, cheap_blocks = math.inf, 0
+        long: WorkerView | None = None
+        long_cost, long_blocks = math.inf, 0
+        any_hit = False
+        for view in workers:
+            blocks = get(view.worker, 0)
+            if blocks:
+                any_hit = True
+            if view.in_flight + 1 > cap:
+                continue
+            uncached = token_count - blocks * block_size
+            value = cost(config, view, uncached if uncached > 0 else 0, blocks)
+            if value < cheap_cost or (value == cheap_cost and cheap is not None
+                                      and view.worker < cheap.worker):
+                cheap, cheap_cost, cheap_blocks = view, value, blocks
+            if blocks > long_blocks or (blocks == long_blocks and blocks and (
+                    value < long_cost or value == long_cost and view.worker < long.worker)):
+                long, long_cost, long_blocks = view, value, blocks
+        if not any_hit:
+            return None
+        if cheap is None:  # unreachable: some worker is at or below the mean
+            raise AssertionError("bounded-load cap excluded every worker")
+        of = len(request.keys)
+        if long is not None and long_blocks > cheap_blocks:
+            extra = long_cost - cheap_cost
+            if extra <= self.tolerance_s:
+                return Decision(long.worker, Mode.EXACT_KV_EVENTS,
+                                f"longest hit: {long_blocks} of {of} blocks on {long.worker}",
+                                long_blocks * block_size)
+            return Decision(cheap.worker, Mode.EXACT_KV_EVENTS,
+                            f"{cheap_blocks} of {of} blocks cached on {cheap.worker}; the "
+                            f"longest hit ({long_blocks} on {long.worker}) would cost "
+                            f"{extra:.3f} s more", cheap_blocks * block_size)
+        if not cheap_blocks:
+            return Decision(cheap.worker, Mode.EXACT_KV_EVENTS,
+                            f"no hit on {cheap.worker} but every holder is above the load cap",
+                            0)
+        return Decision(cheap.worker, Mode.EXACT_KV_EVENTS,
+                        f"{cheap_blocks} of {of} blocks cached on {cheap.worker}, least cost",
+                        cheap_blocks * block_size)

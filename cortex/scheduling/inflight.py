@@ -1,0 +1,105 @@
+"""Cortex's own pending work per worker, counted from the moment of decision.
+
+Rules:
+
+* ``hold(worker, prefill_tokens)`` is a context manager: entering adds one request in flight
+  and its uncached prefill tokens to the worker; leaving removes exactly what was added, however
+  the block ends (return, exception, cancellation — trio's ``Cancelled`` is a
+  ``BaseException`` and is never caught, only passed through). A hold that was never entered
+  adds nothing, so nothing can leak.
+* ``Hold.prefill_done()`` drops the request's queued prefill tokens once its first byte came
+  back (prefill is over), keeping it in flight; calling it twice, or after exit, does nothing.
+* Counts never go below zero; a worker whose counts return to zero is forgotten.
+* ``view(base)`` returns the worker's frozen view with these counts in it: the scheduler's cost
+  sees every earlier decision at once, before any KV event or metric reports it. This is the
+  herding guard for bursts.
+
+Single owner (the trio thread), no locks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import TracebackType
+
+from cortex.scheduling.view import WorkerView
+
+
+class PendingWork:
+    def __init__(self) -> None:
+        self._in_flight: dict[str, int] = {}
+        self._queued_tokens: dict[str, int] = {}
+
+    def in_flight(self, worker: str) -> int:
+        return self._in_flight.get(worker, 0)
+
+    def queued_prefill_tokens(self, worker: str) -> int:
+        return self._queued_tokens.get(worker, 0)
+
+    def total_in_flight(self) -> int:
+        return sum(self._in_flight.values())
+
+    def hold(self, worker: str, prefill_tokens: int) -> Hold:
+        if prefill_tokens < 0:
+            raise ValueError("prefill_tokens must be >= 0")
+        return Hold(self, worker, prefill_tokens)
+
+    def view(self, base: WorkerView) -> WorkerView:
+        return dataclasses.replace(
+            base,
+            in_flight=self._in_flight.get(base.worker, 0),
+            queued_prefill_tokens=self._queued_tokens.get(base.worker, 0),
+        )
+
+    def _add(self, worker: str, requests: int, tokens: int) -> None:
+        self._in_flight[worker] = self._in_flight.get(worker, 0) + requests
+        self._queued_tokens[worker] = self._queued_tokens.get(worker, 0) + tokens
+
+    def _remove(self, worker: str, requests: int, tokens: int) -> None:
+        left = self._in_flight.get(worker, 0) - requests
+        if left > 0:
+            self._in_flight[worker] = left
+        else:
+            self._in_flight.pop(worker, None)
+        left = self._queued_tokens.get(worker, 0) - tokens
+        if left > 0:
+            self._queued_tokens[worker] = left
+        else:
+            self._queued_tokens.pop(worker, None)
+
+
+class Hold:
+    """One request's share of a worker's pending work (see ``PendingWork.hold``)."""
+
+    __slots__ = ("_pending", "worker", "_tokens", "_requests", "_entered")
+
+    def __init__(self, pending: PendingWork, worker: str, prefill_tokens: int) -> None:
+        self._pending = pending
+        self.worker = worker
+        self._tokens = prefill_tokens
+        self._requests = 0  # what this hold has added and not yet removed
+        self._entered = False
+
+    def __enter__(self) -> Hold:
+        if self._entered:
+            raise RuntimeError("a hold can be entered only once")
+        self._entered = True
+        self._pending._add(self.worker, 1, self._tokens)
+        self._requests = 1
+        return self
+
+    def prefill_done(self) -> None:
+        if self._requests and self._tokens:
+            self._pending._remove(self.worker, 0, self._tokens)
+            self._tokens = 0
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._requests:
+            self._pending._remove(self.worker, self._requests, self._tokens)
+            self._requests = 0
+            self._tokens = 0

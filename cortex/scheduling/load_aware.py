@@ -1,0 +1,41 @@
+"""``load_aware``: every open worker's ledger is trusted and none holds the request's prefix.
+
+Rules: applies only when no open worker has a hit and every open worker's ledger is READY (so
+"no hit" is a fact, not a blind spot). Picks the least cost (the request is uncached
+everywhere, so this is the least pending work), within the bounded-load cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from cortex.scheduling.cost import CostConfig, cheapest, load_cap
+from cortex.scheduling.decision import Decision, Mode
+from cortex.scheduling.view import RequestFacts, WorkerView
+
+
+class LoadAware:
+    name = "load_aware"
+
+    def __init__(
+        self, cost: CostConfig | None = None, load_factor: float | None = 1.25, slack: int = 4
+    ) -> None:
+        self.cost = cost or CostConfig()
+        self.load_factor = load_factor
+        self.slack = slack
+
+    def decide(
+        self, request: RequestFacts, workers: Sequence[WorkerView], matched: Mapping[str, int]
+    ) -> Decision | None:
+        if any(view.worker in matched for view in workers):
+            return None
+        if not all(view.ledger_trusted for view in workers):
+            return None
+        found = cheapest(self.cost, request, workers, {},
+                         load_cap(workers, self.load_factor, self.slack))
+        if found is None:  # unreachable: some worker is at or below the mean
+            found = cheapest(self.cost, request, workers, {})
+            assert found is not None
+        view = found[0]
+        return Decision(view.worker, Mode.LOAD_AWARE,
+                        f"no worker holds the prefix; {view.worker} has the least pending work")
