@@ -1,10 +1,11 @@
 """Render a chat template (Jinja) the way HF ``apply_chat_template`` / vLLM / SGLang do.
 
 Variables: ``messages``, ``add_generation_prompt``, ``bos_token``, ``eos_token``, ``tools``
-(``None`` when absent) plus any extra keyword (``chat_template_kwargs``); ``raise_exception``
-raises ``TemplateError``. Rendering runs in jinja2's ``ImmutableSandboxedEnvironment`` with
-``trim_blocks`` and ``lstrip_blocks`` (the HF settings) and the ``tojson`` filter keeping
-non-ASCII text as is, like HF's.
+(``None`` when absent) plus the ``extra`` mapping (``chat_template_kwargs``; the standard
+variables win); ``raise_exception`` raises ``TemplateError``. Rendering runs in jinja2's
+``ImmutableSandboxedEnvironment`` with ``trim_blocks`` and ``lstrip_blocks`` (the HF settings)
+and a ``tojson`` filter keeping non-ASCII text as is, like HF's. Any rendering failure (Jinja,
+or a template indexing a message that is not there) is a ``TemplateError`` (400).
 
 Pure: compile once (``ChatTemplate(source)``), render many times.
 """
@@ -50,17 +51,18 @@ class ChatTemplate:
         bos_token: str = "",
         eos_token: str = "",
         tools: Sequence[Mapping[str, object]] | None = None,
-        **extra: object,
+        extra: Mapping[str, object] | None = None,
     ) -> str:
+        variables = dict(extra or {})  # the standard variables win over chat_template_kwargs
+        variables.update(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            tools=tools,
+        )
         try:
-            return self._template.render(
-                **extra,
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=bos_token,
-                eos_token=eos_token,
-                tools=tools,
-            )
+            return self._template.render(variables)
         except TemplateError:
             raise
         except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError) as exc:

@@ -64,7 +64,7 @@ class SegmentCachedTokenizer:
         *,
         capacity_bytes: int = 64 << 20,
         bos_id: int | None = None,
-        batch_cold: bool = True,
+        batch_cold: bool = False,
     ) -> None:
         if capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")

@@ -27,9 +27,10 @@ Rules:
 Output: ``(text, token_id)`` pieces in order, ``token_id`` set for an added-token match and
 ``None`` for ordinary text (never empty); the texts concatenate back to the input.
 
-Cost: per pass, one ``str.find`` scan for the tokens' common prefix (``"<｜"`` for DeepSeek,
-``"<|"`` for ChatML vocabularies) and a dict probe per distinct token length at a candidate;
-a regex over a first-character class when the tokens share no prefix.
+Cost: per pass, one ``str.find`` scan per group of tokens sharing a first character (for
+the group's common prefix: ``"<｜"`` for DeepSeek, ``"<|"`` for ChatML vocabularies) and a dict
+probe per distinct token length at a candidate; one regex scan over a first-character class
+when there are many groups.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 
 Piece = tuple[str, int | None]
 _UNMODELLED_FLAGS = ("lstrip", "rstrip", "single_word")
+_MAX_FIND_GROUPS = 8  # more first characters than this: one regex scan instead of finds
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,31 +88,45 @@ def normalizer_is_identity(tokenizer_json: Mapping[str, object]) -> bool:
 
 
 class _Pass:
-    """Leftmost-longest, non-overlapping matching of a fixed set of literal tokens."""
+    """Leftmost-longest, non-overlapping matching of a fixed set of literal tokens.
 
-    __slots__ = ("ids", "_lengths", "_prefix", "_first_chars")
+    Candidates are found with ``str.find`` of each group's common prefix (tokens grouped by
+    first character; a handful of groups in practice), else with a first-character regex."""
+
+    __slots__ = ("ids", "_lengths", "_prefixes", "_first_chars")
 
     def __init__(self, tokens: Mapping[str, int]) -> None:
         self.ids = {text: tid for text, tid in tokens.items() if text}
         self._lengths = sorted({len(t) for t in self.ids}, reverse=True)
-        self._prefix = os.path.commonprefix(list(self.ids))
-        chars = "".join(re.escape(c) for c in sorted({t[0] for t in self.ids}))
-        self._first_chars = re.compile(f"[{chars}]")
+        groups: dict[str, list[str]] = {}
+        for t in self.ids:
+            groups.setdefault(t[0], []).append(t)
+        self._prefixes = [os.path.commonprefix(g) for g in groups.values()]
+        chars = "".join(re.escape(c) for c in sorted(groups))
+        self._first_chars = re.compile(f"[{chars}]") if len(groups) > _MAX_FIND_GROUPS else None
 
     def split_into(self, text: str, pieces: list[Piece], then: _Pass | None) -> None:
         ids = self.ids
         lengths = self._lengths
-        prefix = self._prefix
+        prefixes = self._prefixes
+        regex = self._first_chars
         start = 0  # start of the pending ordinary text
         pos = 0  # where to look for the next candidate
         n = len(text)
+        # next occurrence of each prefix at or after pos (-1: none left)
+        nexts = [text.find(p) for p in prefixes] if regex is None else []
         while pos < n:
-            if prefix:
-                cand = text.find(prefix, pos)
-                if cand < 0:
+            if regex is None:
+                cand = n
+                for i, nxt in enumerate(nexts):
+                    if 0 <= nxt < pos:
+                        nxt = nexts[i] = text.find(prefixes[i], pos)
+                    if 0 <= nxt < cand:
+                        cand = nxt
+                if cand == n:
                     break
             else:
-                m = self._first_chars.search(text, pos)
+                m = regex.search(text, pos)
                 if m is None:
                     break
                 cand = m.start()

@@ -1,0 +1,176 @@
+"""Benchmark of request tokenization: a ~4k-token multi-turn chat through the chat template,
+the segment-cached tokenizer and the block keys, with the real 128k-vocab DeepSeek tokenizer.
+
+Figures (microseconds, p50 over ``--iterations``):
+
+* ``warm_new_turn``: tokenize + key the chat when every earlier turn was seen and only the last
+  user message (~60 tokens, different each iteration) is new — the multi-turn case.
+  ``..._with_render`` adds rendering the chat template from the messages.
+* ``warm_all_seen``: the same chat sent again (every piece a hit).
+* ``cold``: a fresh cache each time (every piece encoded one by one, the default) against one
+  plain ``Tokenizer.encode`` of the same text, interleaved in the same run;
+  ``cold_vs_plain_ratio`` = p50(cold) / p50(plain). ``cold_batched`` encodes the cold pieces
+  through one ``encode_batch`` (Rust threads) instead.
+* ``block_keys_4k``: keys of the prompt's full 16-token blocks from ``array('I')`` ids.
+
+Usage: ``python perf/bench_tokenize.py`` or ``--quick`` (smoke run); prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from machine import machine_info  # noqa: E402
+
+from cortex.profile.chat_template import ChatTemplate  # noqa: E402
+from cortex.profile.request_keys import request_block_keys  # noqa: E402
+from cortex.profile.segment_cache import SegmentCachedTokenizer  # noqa: E402
+from cortex.profile.segments import Segmenter  # noqa: E402
+from tests import deepseek_profile as ds  # noqa: E402
+
+BLOCK = 16
+MODEL = "deepseek"
+WORDS = (
+    "the of and to in a is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her all she there would their we him been has when who "
+    "will more no if out so said what up its about into than them can only other new some "
+    "could time these two may then do first any my now such like our over man me even most "
+    "cache token router engine prefix latency worker block request model prompt kernel memory "
+    "function return value error config server client stream batch queue schedule throughput"
+).split()
+PUNCT = [".", ",", "?", "!", ":", ";", "\n", "\n\n", " (", ")", " 42", " 2025", " `x`"]
+
+
+def sentence(rng: random.Random, words: int) -> str:
+    out = []
+    for _ in range(words):
+        out.append(rng.choice(WORDS))
+        if rng.random() < 0.12:
+            out[-1] += rng.choice(PUNCT)
+    return " ".join(out).capitalize() + "."
+
+
+def chat(rng: random.Random, turns: int, words_per_message: int) -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": sentence(rng, 80)}]
+    for _ in range(turns):
+        msgs.append({"role": "user", "content": sentence(rng, words_per_message)})
+        msgs.append({"role": "assistant", "content": sentence(rng, words_per_message)})
+    return msgs
+
+
+def p50(samples: list[float]) -> float:
+    return round(statistics.median(samples) * 1e6, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small, fast smoke run")
+    parser.add_argument("--iterations", type=int, default=400)
+    args = parser.parse_args()
+    iterations = 30 if args.quick else args.iterations
+
+    rng = random.Random(7)
+    tokenizer = ds.tokenizer()
+    segmenter = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
+    template = ChatTemplate(ds.TEMPLATE)
+
+    def render(messages: list[dict[str, str]]) -> str:
+        return template.render(messages, add_generation_prompt=True, bos_token=ds.BOS,
+                               eos_token=ds.EOS)
+
+    history = chat(rng, turns=4, words_per_message=420)
+    base_text = render(history + [{"role": "user", "content": sentence(rng, 45)}])
+    base_tokens = len(tokenizer.encode(base_text, add_special_tokens=False).ids)
+
+    # Warm: earlier turns seen, a new final user message every iteration.
+    cached = SegmentCachedTokenizer(tokenizer, segmenter)
+    cached.encode_array(render(history))
+    news = [history + [{"role": "user", "content": sentence(rng, 45)}] for _ in range(iterations)]
+    texts = [render(m) for m in news]
+    gc.disable()
+    warm, warm_render, all_seen = [], [], []
+    for messages, text in zip(news, texts):
+        t0 = time.perf_counter()
+        request_block_keys(cached.encode_array(text), BLOCK, MODEL)
+        warm.append(time.perf_counter() - t0)
+    for messages in news:  # second pass: the new turns were seen by now; render timed too
+        t0 = time.perf_counter()
+        request_block_keys(cached.encode_array(render(messages)), BLOCK, MODEL)
+        warm_render.append(time.perf_counter() - t0)
+    for text in texts:
+        t0 = time.perf_counter()
+        request_block_keys(cached.encode_array(text), BLOCK, MODEL)
+        all_seen.append(time.perf_counter() - t0)
+    # warm with render but a new turn: render cost measured on its own and added per sample
+    render_only = []
+    for messages in news:
+        t0 = time.perf_counter()
+        render(messages)
+        render_only.append(time.perf_counter() - t0)
+
+    # Cold vs one plain full encode of the same text, interleaved.
+    cold_iters = max(5, iterations // 10)
+    cold, cold_batched, plain = [], [], []
+    for i in range(cold_iters):
+        text = texts[i]
+        t0 = time.perf_counter()
+        tokenizer.encode(text, add_special_tokens=False)
+        plain.append(time.perf_counter() - t0)
+        fresh = SegmentCachedTokenizer(tokenizer, segmenter)
+        t0 = time.perf_counter()
+        fresh.encode_array(text)
+        cold.append(time.perf_counter() - t0)
+        fresh = SegmentCachedTokenizer(tokenizer, segmenter, batch_cold=True)
+        t0 = time.perf_counter()
+        fresh.encode_array(text)
+        cold_batched.append(time.perf_counter() - t0)
+
+    ids = cached.encode_array(base_text)
+    keys = []
+    for _ in range(iterations * 10):
+        t0 = time.perf_counter()
+        request_block_keys(ids, BLOCK, MODEL)
+        keys.append(time.perf_counter() - t0)
+    gc.enable()
+
+    result = {
+        "benchmark": "tokenize",
+        "quick": args.quick,
+        "prompt_tokens": base_tokens,
+        "prompt_chars": len(base_text),
+        "pieces": len(segmenter.split(base_text)),
+        "iterations": iterations,
+        "warm_new_turn_us_p50": p50(warm),
+        "warm_new_turn_with_render_us_p50": round(p50(warm) + p50(render_only), 1),
+        "render_only_us_p50": p50(render_only),
+        "warm_all_seen_with_render_us_p50": p50(warm_render),
+        "warm_all_seen_us_p50": p50(all_seen),
+        "cold_us_p50": p50(cold),
+        "cold_batched_us_p50": p50(cold_batched),
+        "plain_encode_us_p50": p50(plain),
+        "cold_vs_plain_ratio": round(statistics.median(cold) / statistics.median(plain), 3),
+        "cold_batched_vs_plain_ratio": round(
+            statistics.median(cold_batched) / statistics.median(plain), 3
+        ),
+        "plain_encode_us_per_token": round(statistics.median(plain) * 1e6 / base_tokens, 3),
+        "block_keys_4k_us_p50": p50(keys),
+        "cache": {"pieces": cached.cached_pieces, "bytes": cached.cached_bytes,
+                  "hits": cached.hits, "misses": cached.misses},
+        "machine": machine_info(),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

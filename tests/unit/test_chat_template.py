@@ -1,0 +1,39 @@
+"""ChatTemplate: the standard variables, raise_exception, the sandbox, errors as BadRequest."""
+
+from __future__ import annotations
+
+import pytest
+
+from cortex.errors import BadRequest
+from cortex.profile.chat_template import ChatTemplate, TemplateError
+
+
+def test_standard_variables_and_kwargs():
+    t = ChatTemplate(
+        "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+        "{% if tools %}T{{ tools | length }}{{ tools[0] | tojson }}{% endif %}"
+        "{% if add_generation_prompt %}>{% endif %}{{ eos_token }}{{ extra }}"
+    )
+    msgs = [{"role": "user", "content": "héllo"}]
+    out = t.render(msgs, bos_token="<s>", eos_token="</s>", tools=[{"n": "é"}],
+                   extra={"extra": "!"})
+    assert out == '<s>[user]hélloT1{"n": "é"}></s>!'
+    assert t.render(msgs, add_generation_prompt=False) == "[user]héllo"
+    # chat_template_kwargs cannot override the standard variables
+    assert t.render(msgs, add_generation_prompt=False, extra={"messages": []}) == "[user]héllo"
+
+
+def test_raise_exception_and_jinja_errors_are_bad_requests():
+    t = ChatTemplate("{{ raise_exception('only user turns') }}")
+    with pytest.raises(TemplateError, match="only user turns") as info:
+        t.render([])
+    assert isinstance(info.value, BadRequest) and info.value.http_status == 400
+    with pytest.raises(TemplateError):
+        ChatTemplate("{{ messages[0].content.upper() }}").render([])
+
+
+def test_sandbox_blocks_unsafe_attributes_and_mutation():
+    with pytest.raises(TemplateError):
+        ChatTemplate("{{ messages.__class__.__mro__ }}").render([])
+    with pytest.raises(TemplateError):
+        ChatTemplate("{{ messages.append(1) }}").render([])
