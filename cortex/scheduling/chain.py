@@ -14,6 +14,7 @@ Rules:
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 
@@ -45,6 +46,10 @@ class Scheduler:
             raise ValueError("a scheduler needs at least one policy")
         self.policies = tuple(policies)
         self.watermarks = watermarks or Watermarks()
+        marks, inf = self.watermarks, math.inf
+        self._limits = tuple(inf if limit is None else limit for limit in (
+            marks.max_in_flight, marks.max_queued_prefill_tokens, marks.max_engine_queue,
+            marks.max_kv_usage_fraction))
 
     def decide(
         self,
@@ -53,19 +58,23 @@ class Scheduler:
         matched: Mapping[str, int],
         role: Role = Role.BOTH,
     ) -> Decision:
-        above = self.watermarks.above
+        marks = self.watermarks
+        max_in_flight, max_queued, max_engine_queue, max_kv = self._limits
+        both = Role.BOTH
         open_workers = []
         eligible = 0
         last_block = ""
-        for view in workers:
-            if not view.healthy or not view.role.serves(role):
+        for view in workers:  # the watermark checks inlined: this loop runs per decision
+            if not view.healthy or (view.role is not both and view.role is not role):
                 continue
             eligible += 1
-            blocked = above(view)
-            if blocked is None:
-                open_workers.append(view)
+            engine_queue, kv_usage = view.engine_queue, view.kv_usage
+            if (view.in_flight >= max_in_flight or view.queued_prefill_tokens >= max_queued
+                    or (engine_queue is not None and engine_queue >= max_engine_queue)
+                    or (kv_usage is not None and kv_usage >= max_kv)):
+                last_block = f"{view.worker}: {marks.above(view)}"
             else:
-                last_block = f"{view.worker}: {blocked}"
+                open_workers.append(view)
         if not open_workers:
             if not eligible:
                 raise NoWorkerAvailable(f"no healthy worker serves role {role.value}")

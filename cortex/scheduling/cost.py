@@ -78,7 +78,7 @@ def load_cap(workers: Sequence[WorkerView], factor: float | None, slack: int) ->
     """
     if factor is None or not workers:
         return math.inf
-    mean = (sum(view.in_flight for view in workers) + 1) / len(workers)
+    mean = (sum([view.in_flight for view in workers]) + 1) / len(workers)
     return max(math.ceil(factor * mean), mean + slack)
 
 
@@ -110,3 +110,30 @@ def cheapest(
                                  and view.worker < best.worker):
             best, best_cost, best_blocks = view, value, blocks
     return None if best is None else (best, best_blocks)
+
+
+class LoadSeconds:
+    """The request-independent part of the ``"ttft"`` cost of each view, computed once per view.
+
+    ``cost == load_s + uncached_tokens × s_per_token`` where ``load_s`` is the queued prefill,
+    decode and engine-queue terms. Views are frozen and a changed worker gets a new view object,
+    so entries are keyed by ``id(view)`` and checked by identity (an id reused by a new object
+    misses). The memo is emptied when it exceeds ``limit`` entries.
+    """
+
+    def __init__(self, config: CostConfig, limit: int = 4096) -> None:
+        self.config = config
+        self.limit = limit
+        self.memo: dict[int, tuple[WorkerView, float, float]] = {}
+
+    def prepare(self, view: WorkerView) -> tuple[WorkerView, float, float]:
+        config = self.config
+        s_per_token = 1.0 / (view.prefill_tokens_per_s or config.default_prefill_tokens_per_s)
+        load_s = (view.queued_prefill_tokens * s_per_token
+                  + config.decode_s_per_in_flight * view.in_flight)
+        if view.engine_queue is not None:
+            load_s += config.engine_queue_s_per_request * view.engine_queue
+        if len(self.memo) >= self.limit:
+            self.memo.clear()
+        entry = self.memo[id(view)] = (view, load_s, s_per_token)
+        return entry

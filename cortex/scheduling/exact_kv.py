@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from cortex.scheduling.cost import CostConfig, cost, load_cap
+from cortex.scheduling.cost import CostConfig, LoadSeconds, cost, load_cap
 from cortex.scheduling.decision import Decision, Mode
 from cortex.scheduling.view import RequestFacts, WorkerView
 
@@ -35,6 +35,7 @@ class ExactKv:
         self.load_factor = load_factor
         self.slack = slack
         self.tolerance_s = self.cost.affinity_tolerance_s if self.cost.form == "ttft" else 0.0
+        self.loads = LoadSeconds(self.cost)
 
     def decide(
         self, request: RequestFacts, workers: Sequence[WorkerView], matched: Mapping[str, int]
@@ -44,23 +45,32 @@ class ExactKv:
         cap = load_cap(workers, self.load_factor, self.slack)
         config, get = self.cost, matched.get
         token_count, block_size = request.token_count, request.block_size
+        linear = config.form == "linear"
+        loads = self.loads
+        memo_get = loads.memo.get
         cheap: WorkerView | None = None
         cheap_cost, cheap_blocks = math.inf, 0
         long: WorkerView | None = None
         long_cost, long_blocks = math.inf, 0
         any_hit = False
-        for view in workers:
+        for view in workers:  # runs per decision: the cost's request-independent part memoized
             blocks = get(view.worker, 0)
             if blocks:
                 any_hit = True
             if view.in_flight + 1 > cap:
                 continue
-            uncached = token_count - blocks * block_size
-            value = cost(config, view, uncached if uncached > 0 else 0, blocks)
+            if linear:
+                value = cost(config, view, 0, blocks)
+            else:
+                entry = memo_get(id(view))
+                if entry is None or entry[0] is not view:
+                    entry = loads.prepare(view)
+                uncached = token_count - blocks * block_size
+                value = entry[1] + (uncached if uncached > 0 else 0) * entry[2]
             if value < cheap_cost or (value == cheap_cost and cheap is not None
                                       and view.worker < cheap.worker):
                 cheap, cheap_cost, cheap_blocks = view, value, blocks
-            if blocks > long_blocks or (blocks == long_blocks and blocks and (
+            if blocks and (blocks > long_blocks or blocks == long_blocks and (
                     value < long_cost or value == long_cost and view.worker < long.worker)):
                 long, long_cost, long_blocks = view, value, blocks
         if not any_hit:

@@ -13,6 +13,9 @@ Rules:
 * ``view(base)`` returns the worker's frozen view with these counts in it: the scheduler's cost
   sees every earlier decision at once, before any KV event or metric reports it. This is the
   herding guard for bursts.
+* Tracked workers (``track(base)``: health, ledger state and engine figures changed) have their
+  current view kept up to date incrementally: a count change rebuilds only that worker's view,
+  so ``views()`` costs nothing per decision. Order is the order of first ``track``.
 
 Single owner (the trio thread), no locks.
 """
@@ -29,6 +32,35 @@ class PendingWork:
     def __init__(self) -> None:
         self._in_flight: dict[str, int] = {}
         self._queued_tokens: dict[str, int] = {}
+        self._bases: dict[str, WorkerView] = {}
+        self._current: dict[str, WorkerView] = {}
+        self._views: tuple[WorkerView, ...] | None = ()
+
+    def track(self, base: WorkerView) -> None:
+        """Start or update tracking a worker; its own counts in ``base`` are ignored."""
+        self._bases[base.worker] = base
+        self._refresh(base.worker)
+
+    def untrack(self, worker: str) -> None:
+        self._bases.pop(worker, None)
+        if self._current.pop(worker, None) is not None:
+            self._views = None
+
+    def views(self) -> tuple[WorkerView, ...]:
+        """Current views of every tracked worker, pending counts included."""
+        if self._views is None:
+            self._views = tuple(self._current.values())
+        return self._views
+
+    def _refresh(self, worker: str) -> None:
+        base = self._bases.get(worker)
+        if base is None:
+            return
+        self._current[worker] = WorkerView(
+            base.worker, base.targets, base.healthy, base.ledger_state, base.role,
+            self._in_flight.get(worker, 0), self._queued_tokens.get(worker, 0),
+            base.engine_queue, base.kv_usage, base.prefill_tokens_per_s)
+        self._views = None
 
     def in_flight(self, worker: str) -> int:
         return self._in_flight.get(worker, 0)
@@ -54,6 +86,7 @@ class PendingWork:
     def _add(self, worker: str, requests: int, tokens: int) -> None:
         self._in_flight[worker] = self._in_flight.get(worker, 0) + requests
         self._queued_tokens[worker] = self._queued_tokens.get(worker, 0) + tokens
+        self._refresh(worker)
 
     def _remove(self, worker: str, requests: int, tokens: int) -> None:
         left = self._in_flight.get(worker, 0) - requests
@@ -66,6 +99,7 @@ class PendingWork:
             self._queued_tokens[worker] = left
         else:
             self._queued_tokens.pop(worker, None)
+        self._refresh(worker)
 
 
 class Hold:

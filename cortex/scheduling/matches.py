@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from cortex.ledger.state import TargetState
 from cortex.scheduling.view import WorkerView
 
 
@@ -20,14 +21,17 @@ def worker_matches(
     if not target_blocks:
         return found
     get = target_blocks.get
+    ready = TargetState.READY
     for view in workers:
-        if not view.ledger_trusted:
+        if view.ledger_state is not ready:
             continue
-        best = 0
-        for target in view.targets:
-            blocks = get(target, 0)
-            if blocks > best:
-                best = blocks
+        targets = view.targets
+        if len(targets) == 1:
+            blocks = get(targets[0])
+            if blocks:
+                found[view.worker] = blocks
+            continue
+        best = max([get(target, 0) for target in targets], default=0)
         if best:
             found[view.worker] = best
     return found

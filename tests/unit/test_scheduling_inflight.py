@@ -103,3 +103,32 @@ def test_workers_are_independent():
     with pending.hold("w0", 1), pending.hold("w1", 2):
         assert counts(pending, "w1") == (1, 2)
     assert counts(pending, "w1") == (0, 0)
+
+
+def test_tracked_views_follow_every_count_change_and_keep_the_base():
+    pending = PendingWork()
+    pending.track(WorkerView("w0", targets=(0,), engine_queue=1))
+    pending.track(WorkerView("w1", targets=(1,), in_flight=50))  # base counts are ignored
+    assert [(v.worker, v.in_flight) for v in pending.views()] == [("w0", 0), ("w1", 0)]
+    before = pending.views()
+    assert pending.views() is before  # nothing changed: the same tuple
+    with pending.hold("w1", 30) as hold:
+        w1 = pending.views()[1]
+        assert (w1.in_flight, w1.queued_prefill_tokens, w1.targets) == (1, 30, (1,))
+        hold.prefill_done()
+        assert pending.views()[1].queued_prefill_tokens == 0
+        pending.track(WorkerView("w1", targets=(1,), healthy=False))
+        assert pending.views()[1] == WorkerView("w1", targets=(1,), healthy=False, in_flight=1)
+    assert pending.views()[1].in_flight == 0
+    assert pending.views()[0] == WorkerView("w0", targets=(0,), engine_queue=1)
+    pending.untrack("w0")
+    assert [v.worker for v in pending.views()] == ["w1"]
+
+
+def test_holds_on_untracked_workers_count_without_views():
+    pending = PendingWork()
+    with pending.hold("w9", 5):
+        assert pending.views() == ()
+        pending.track(WorkerView("w9"))
+        assert pending.views()[0].in_flight == 1
+    assert pending.views()[0].in_flight == 0
