@@ -12,6 +12,9 @@ Figures (microseconds, p50 over ``--iterations``):
   ``cold_vs_plain_ratio`` = p50(cold) / p50(plain). ``cold_batched`` encodes the cold pieces
   through one ``encode_batch`` (Rust threads) instead.
 * ``block_keys_4k``: keys of the prompt's full 16-token blocks from ``array('I')`` ids.
+* ``loop_stall``: under trio, how late a 0.2 ms timer fires at worst (and p99) while another
+  task tokenizes cold ~4k-token prompts back to back, inline (on the trio thread) or through
+  ``cortex.profile.trio_tokenize`` (cold pieces in a worker thread), with the time per prompt.
 
 Usage: ``python perf/bench_tokenize.py`` or ``--quick`` (smoke run); prints JSON.
 """
@@ -27,12 +30,15 @@ import statistics
 import sys
 import time
 
+import trio
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 from machine import machine_info  # noqa: E402
 
+from cortex.profile import trio_tokenize  # noqa: E402
 from cortex.profile.chat_template import ChatTemplate  # noqa: E402
 from cortex.profile.request_keys import request_block_keys  # noqa: E402
 from cortex.profile.segment_cache import SegmentCachedTokenizer  # noqa: E402
@@ -40,6 +46,7 @@ from cortex.profile.segments import Segmenter  # noqa: E402
 from tests import deepseek_profile as ds  # noqa: E402
 
 BLOCK = 16
+TICK_S = 0.0002
 MODEL = "deepseek"
 WORDS = (
     "the of and to in a is that for it as was with be by on not he this are or his from at "
@@ -71,6 +78,42 @@ def chat(rng: random.Random, turns: int, words_per_message: int) -> list[dict[st
 
 def p50(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1e6, 1)
+
+
+def loop_stall(texts: list[str], tokenizer, segmenter, offload: bool) -> dict[str, float]:
+    """Longest event-loop stall (ms) while ``texts`` are tokenized cold, one after another."""
+    gaps: list[float] = []
+
+    async def ticker(done: trio.Event) -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await trio.sleep(TICK_S)  # a mostly idle loop with a timer, as a gateway's is
+            now = time.perf_counter()
+            gaps.append(now - last - TICK_S)
+            last = now
+
+    async def run() -> float:
+        done = trio.Event()
+        cache = SegmentCachedTokenizer(tokenizer, segmenter)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker, done)
+            await trio.sleep(0)
+            t0 = time.perf_counter()
+            for text in texts:
+                if offload:
+                    await trio_tokenize.encode_array(cache, text)
+                else:
+                    cache.encode_array(text)
+                    await trio.sleep(0)
+            elapsed = time.perf_counter() - t0
+            done.set()
+        return elapsed
+
+    elapsed = trio.run(run)
+    gaps.sort()
+    return {"max_stall_ms": round(gaps[-1] * 1e3, 2),
+            "p99_stall_ms": round(gaps[len(gaps) * 99 // 100] * 1e3, 3),
+            "per_prompt_ms": round(elapsed / len(texts) * 1e3, 2)}
 
 
 def main() -> None:
@@ -143,6 +186,12 @@ def main() -> None:
         request_block_keys(ids, BLOCK, MODEL)
         keys.append(time.perf_counter() - t0)
     gc.enable()
+    stall_texts = [render(chat(random.Random(100 + i), turns=4, words_per_message=420))
+                   for i in range(3 if args.quick else 10)]
+    stall = {
+        "inline": loop_stall(stall_texts, tokenizer, segmenter, offload=False),
+        "offloaded": loop_stall(stall_texts, tokenizer, segmenter, offload=True),
+    }
 
     result = {
         "benchmark": "tokenize",
@@ -165,6 +214,7 @@ def main() -> None:
         ),
         "plain_encode_us_per_token": round(statistics.median(plain) * 1e6 / base_tokens, 3),
         "block_keys_4k_us_p50": p50(keys),
+        "loop_stall": stall,
         "cache": {"pieces": cached.cached_pieces, "bytes": cached.cached_bytes,
                   "hits": cached.hits, "misses": cached.misses},
         "machine": machine_info(),

@@ -14,8 +14,11 @@ Invariants:
 * The cache is an LRU bounded by the bytes it holds (piece text as UTF-8 plus 4 bytes per token
   id plus a fixed per-entry overhead); a piece larger than the whole budget is encoded but not
   kept. ``hits``/``misses`` count pieces, ``hit_tokens``/``miss_tokens`` their tokens.
-* Cold pieces of one call are encoded together through ``encode_batch`` (Rust threads, GIL
-  released) when there are at least two of them and ``batch_cold`` is on; otherwise one by one.
+* Cold pieces of one call are encoded one by one (default: measured faster on this 2-core
+  machine), or together through ``encode_batch`` (Rust threads) with ``batch_cold``.
+* ``encode_array`` = ``lookup`` (split, take hits) → ``encode_pieces`` (tokenizer only, no
+  cache access) → ``finish`` (remember, assemble); an I/O shell may run the middle step in a
+  worker thread (``trio_tokenize``).
 
 Single owner: not thread-safe (the request path calls it from one thread).
 """
@@ -24,11 +27,23 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Protocol
 
-from cortex.profile.segments import Segmenter
+from cortex.profile.segments import Piece, Segmenter
 
 ENTRY_OVERHEAD_BYTES = 96  # dict slot, OrderedDict links, array header: a rough, fixed charge
+
+
+@dataclass(slots=True)
+class Lookup:
+    """A prompt split into pieces, with the ids already known; ``cold`` lists each uncached
+    piece once, in order of first appearance."""
+
+    pieces: list[Piece]
+    found: list[array[int] | None]
+    cold: list[str]
+    bos_id: int | None
 
 
 class _Encoding(Protocol):
@@ -93,54 +108,74 @@ class SegmentCachedTokenizer:
 
     def encode_array(self, text: str, add_special_tokens: bool = False) -> array[int]:
         """Token ids of ``text`` as ``array('I')`` (what ``block_keys`` reads fastest)."""
-        out = array("I")
-        if add_special_tokens and self._bos_id is not None:
-            out.append(self._bos_id)
+        lookup = self.lookup(text, add_special_tokens)
+        cold_ids = self.encode_pieces(lookup.cold) if lookup.cold else []
+        return self.finish(lookup, cold_ids)
+
+    # The three steps of ``encode_array``, public so that an I/O shell can run the middle one
+    # (pure tokenizer work, no cache access) in a worker thread: ``lookup`` and ``finish`` touch
+    # the cache and stay with its single owner.
+
+    def lookup(self, text: str, add_special_tokens: bool = False) -> Lookup:
+        """Split ``text`` and take every piece the cache holds (counted as hits)."""
         pieces = self._segmenter.split(text)
         cache = self._cache
         found: list[array[int] | None] = []
-        cold: list[str] = []
+        cold: dict[str, None] = {}
         for piece, tid in pieces:
             if tid is not None:
                 found.append(array("I", (tid,)))
                 continue
             ids = cache.get(piece)
             if ids is None:
-                cold.append(piece)
+                cold[piece] = None
             else:
                 cache.move_to_end(piece)
                 self.hits += 1
                 self.hit_tokens += len(ids)
             found.append(ids)
-        if cold:
-            encoded = self._encode_cold(cold)
-            for i, (piece, _tid) in enumerate(pieces):
-                if found[i] is None:
-                    found[i] = encoded[piece]
-        for ids in found:
-            out.extend(ids)  # type: ignore[arg-type]
-        return out
+        bos = self._bos_id if add_special_tokens else None
+        return Lookup(pieces, found, list(cold), bos)
 
-    def _encode_cold(self, cold: list[str]) -> dict[str, array[int]]:
-        unique = list(dict.fromkeys(cold))
-        if self._batch_cold and len(unique) > 1:
-            encodings = self._tokenizer.encode_batch(unique, add_special_tokens=False)
+    def encode_pieces(self, pieces: list[str], batch: bool | None = None) -> list[list[int]]:
+        """Token ids of each piece (no cache access: safe to run in a worker thread).
+
+        ``batch`` (default: the ``batch_cold`` setting) uses ``encode_batch``, which releases
+        the GIL while it works; a single ``encode`` holds it (measured)."""
+        if batch is None:
+            batch = self._batch_cold and len(pieces) > 1
+        if batch:
+            encodings = self._tokenizer.encode_batch(pieces, add_special_tokens=False)
         else:
-            encodings = [self._tokenizer.encode(p, add_special_tokens=False) for p in unique]
-        out = {}
-        for piece, enc in zip(unique, encodings):
-            ids = array("I", enc.ids)
-            out[piece] = ids
+            encodings = [self._tokenizer.encode(p, add_special_tokens=False) for p in pieces]
+        return [enc.ids for enc in encodings]
+
+    def finish(self, lookup: Lookup, cold_ids: list[list[int]]) -> array[int]:
+        """Remember the cold pieces' ids (counted as misses) and assemble the prompt's ids."""
+        if len(cold_ids) != len(lookup.cold):
+            raise ValueError("one id list per cold piece is needed")
+        encoded: dict[str, array[int]] = {}
+        for piece, ids_list in zip(lookup.cold, cold_ids):
+            ids = array("I", ids_list)
+            encoded[piece] = ids
             self.misses += 1
             self.miss_tokens += len(ids)
             self._remember(piece, ids)
+        out = array("I")
+        if lookup.bos_id is not None:
+            out.append(lookup.bos_id)
+        for (piece, _tid), ids in zip(lookup.pieces, lookup.found):
+            out.extend(encoded[piece] if ids is None else ids)
         return out
 
     def _remember(self, piece: str, ids: array[int]) -> None:
+        cache = self._cache
+        if piece in cache:  # encoded meanwhile by a concurrent request (see ``trio_tokenize``)
+            cache.move_to_end(piece)
+            return
         cost = len(piece.encode()) + 4 * len(ids) + ENTRY_OVERHEAD_BYTES
         if cost > self._capacity:
             return
-        cache = self._cache
         while self._bytes + cost > self._capacity and cache:
             old_piece, old_ids = cache.popitem(last=False)
             self._bytes -= len(old_piece.encode()) + 4 * len(old_ids) + ENTRY_OVERHEAD_BYTES

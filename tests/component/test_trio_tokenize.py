@@ -1,0 +1,50 @@
+"""trio_tokenize: the same ids as the synchronous path, inline or through a worker thread,
+and concurrent requests sharing new pieces leave one consistent cache."""
+
+from __future__ import annotations
+
+import trio
+
+from cortex.profile import trio_tokenize
+from cortex.profile.segment_cache import ENTRY_OVERHEAD_BYTES, SegmentCachedTokenizer
+from cortex.profile.segments import Segmenter
+from tests import deepseek_profile as ds
+
+TOK = ds.tokenizer()
+SEG = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
+LONG = "Tokenization is the dominant cost of the request path. " * 60
+TEXT = f"{ds.BOS}{LONG}<｜User｜>short question<｜Assistant｜>"
+
+
+def plain(text: str) -> list[int]:
+    return TOK.encode(text, add_special_tokens=False).ids
+
+
+async def test_offloaded_and_inline_paths_give_the_plain_ids():
+    for min_chars in (0, 10**9):
+        cache = SegmentCachedTokenizer(TOK, SEG, bos_id=0)
+        ids = await trio_tokenize.encode_array(cache, TEXT, offload_min_chars=min_chars)
+        assert ids.tolist() == plain(TEXT)
+        assert cache.misses == 2
+        again = await trio_tokenize.encode_array(cache, TEXT, True, offload_min_chars=min_chars)
+        assert again.tolist() == [0, *plain(TEXT)]
+        assert cache.hits == 2 and cache.misses == 2
+
+
+async def test_concurrent_requests_keep_one_copy_of_a_shared_piece():
+    cache = SegmentCachedTokenizer(TOK, SEG)
+    results: list[list[int]] = []
+
+    async def one(suffix: str) -> None:
+        ids = await trio_tokenize.encode_array(cache, TEXT + suffix, offload_min_chars=0)
+        results.append(ids.tolist())
+
+    async with trio.open_nursery() as nursery:
+        for suffix in ("a", "b", "c"):
+            nursery.start_soon(one, suffix)
+    assert sorted(results) == sorted(plain(TEXT + s) for s in ("a", "b", "c"))
+    expected_bytes = sum(
+        len(p.encode()) + 4 * len(plain(p)) + ENTRY_OVERHEAD_BYTES
+        for p in {LONG, "short question", "a", "b", "c"}
+    )
+    assert cache.cached_pieces == 5 and cache.cached_bytes == expected_bytes

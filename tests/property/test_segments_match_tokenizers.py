@@ -1,0 +1,45 @@
+"""How ``tokenizers`` cuts at added tokens, probed with random text over a tiny alphabet and a
+vocabulary built to collide: raw tokens that overlap each other and overlap normalized ones,
+prefixes of one another, and single characters. The segment-cached encode must equal the plain
+encode for every text (the DeepSeek vocabulary has no such overlaps, so this is where
+leftmost-longest and the raw-then-normalized order are pinned down)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+from cortex.profile.segment_cache import SegmentCachedTokenizer
+from cortex.profile.segments import Segmenter
+
+RAW = ["<a>", "<a>b", "bc", "a>b>", "|", "<<"]
+NORMALIZED = ["ab", "c<", "b|b", "<a"]
+
+
+def _tokenizer() -> Tokenizer:
+    vocab = {c: i for i, c in enumerate("abc<>| \n")}
+    vocab["[UNK]"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.add_special_tokens([AddedToken(t, normalized=False) for t in RAW])
+    tok.add_tokens([AddedToken(t, normalized=True) for t in NORMALIZED])
+    return tok
+
+
+_TOK = _tokenizer()
+_SEG = Segmenter.from_tokenizer_json(_TOK.to_str())
+_SHARED = SegmentCachedTokenizer(_TOK, _SEG, capacity_bytes=4096)
+_text = st.lists(
+    st.one_of(st.text(alphabet="abc<>| \n", max_size=6), st.sampled_from(RAW + NORMALIZED)),
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_text)
+def test_segmented_encode_equals_plain_encode(text: str) -> None:
+    expected = _TOK.encode(text, add_special_tokens=False).ids
+    assert SegmentCachedTokenizer(_TOK, _SEG).encode(text) == expected
+    assert _SHARED.encode(text) == expected
+    assert "".join(p for p, _ in _SEG.split(text)) == text
