@@ -18,7 +18,7 @@ Timed, per query (a stored conversation: its holders match all 256 blocks, every
 Steady state: each query's request is held and the oldest of ``4 × workers`` held requests
 finishes, so views change between every two decisions as they do in service.
 
-Usage: ``python perf/bench_scheduler.py`` (64 workers, 50k conversations, a few seconds);
+Usage: ``python perf/bench_scheduler.py`` (64 workers, 20k conversations, about half a minute);
 ``--quick`` for a smoke run.
 """
 
@@ -60,7 +60,10 @@ def tokens(rng: random.Random, blocks: int) -> list[int]:
 
 def percentiles(samples_ns: list[int]) -> dict[str, float]:
     ordered = sorted(samples_ns)
-    pick = lambda q: round(ordered[min(int(q * len(ordered)), len(ordered) - 1)] / 1000, 2)  # noqa: E731
+
+    def pick(q: float) -> float:
+        return round(ordered[min(int(q * len(ordered)), len(ordered) - 1)] / 1000, 2)
+
     return {"p50": pick(0.50), "p90": pick(0.90), "p99": pick(0.99), "max": pick(1.0)}
 
 
@@ -68,7 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small, fast smoke run")
     parser.add_argument("--workers", type=int, default=64)
-    parser.add_argument("--conversations", type=int, default=50_000)
+    parser.add_argument("--conversations", type=int, default=20_000)
     parser.add_argument("--queries", type=int, default=20_000)
     args = parser.parse_args()
     if args.quick:
