@@ -22,7 +22,9 @@ Rules:
 * An added token with ``lstrip``, ``rstrip`` or ``single_word`` set changes the text around
   it; that is not modelled, so such a vocabulary gets a segmenter that never splits (one piece
   = the whole text: exact, just not cached by piece). Likewise when the tokenizer encodes
-  special tokens as text (``split=False``). ``why_not_splitting`` says which.
+  special tokens as text (``split=False``), and for a ``Metaspace`` pre-tokenizer with
+  ``prepend_scheme: "first"`` (it prefixes ``▁`` only to the split at the start of the text,
+  so a later piece encoded alone would differ). ``why_not_splitting`` says which.
 
 Output: ``(text, token_id)`` pieces in order, ``token_id`` set for an added-token match and
 ``None`` for ordinary text (never empty); the texts concatenate back to the input.
@@ -145,6 +147,15 @@ class _Pass:
             _emit(text[start:], pieces, then)
 
 
+def _prepends_to_first_split_only(pre_tokenizer: object) -> bool:
+    if not isinstance(pre_tokenizer, dict):
+        return False
+    if pre_tokenizer.get("type") == "Metaspace":
+        return pre_tokenizer.get("prepend_scheme") == "first"
+    inner = pre_tokenizer.get("pretokenizers") or []
+    return any(_prepends_to_first_split_only(p) for p in inner)
+
+
 def _emit(text: str, pieces: list[Piece], then: _Pass | None) -> None:
     if then is None:
         pieces.append((text, None))
@@ -190,6 +201,8 @@ class Segmenter:
     @classmethod
     def from_tokenizer_json(cls, text: str | bytes, split: bool = True) -> Segmenter:
         parsed = json.loads(text)
+        if _prepends_to_first_split_only(parsed.get("pre_tokenizer")):
+            return cls.never("Metaspace prepend_scheme 'first' treats the first piece apart")
         return cls.from_added_tokens(
             added_tokens_from_json(parsed),
             identity_normalizer=normalizer_is_identity(parsed),

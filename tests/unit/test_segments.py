@@ -97,3 +97,33 @@ def test_deepseek_chat_markers_split_and_texts_concatenate_back():
     ]
     assert got[0][1] == 0 and got[-1][1] is None
     assert seg.split("") == []
+
+
+def test_metaspace_prepending_to_the_first_split_only_turns_splitting_off():
+    vocab = {"▁a": 0, "a": 1, "b": 2, "▁b": 3, "[UNK]": 4}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Metaspace(prepend_scheme="first")]
+    )
+    tok.add_special_tokens([AddedToken("<x>", normalized=False)])
+    # Encoding the piece after <x> on its own would prefix it: "▁b" instead of "b".
+    assert tok.encode("a<x>b", add_special_tokens=False).tokens == ["▁a", "<x>", "b"]
+    assert tok.encode("b", add_special_tokens=False).tokens == ["▁b"]
+    seg = segmenter_of(tok)
+    assert seg.why_not_splitting and pieces(seg, "a<x>b") == ["a<x>b"]
+    assert SegmentCachedTokenizer(tok, seg).encode("a<x>b") == tok.encode(
+        "a<x>b", add_special_tokens=False
+    ).ids
+
+
+def test_byte_level_prefix_space_is_added_to_every_split_so_pieces_stay_exact():
+    vocab = {"Ġa": 0, "a": 1, "b": 2, "Ġb": 3, "[UNK]": 4}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.add_special_tokens([AddedToken("<x>", normalized=False)])
+    seg = segmenter_of(tok)
+    assert pieces(seg, "a<x>b") == ["a", "<x>", "b"]
+    assert tok.encode("a<x>b", add_special_tokens=False).tokens == ["Ġa", "<x>", "Ġb"]
+    assert SegmentCachedTokenizer(tok, seg).encode("a<x>b") == tok.encode(
+        "a<x>b", add_special_tokens=False
+    ).ids
