@@ -7,6 +7,8 @@ what its workers report; otherwise the reason is shown and no hit is ever guesse
 
 Rules:
 
+* The chat template comes from a ``.jinja`` file or from the ``chat_template`` entry of an HF
+  ``tokenizer_config.json``.
 * ``load_profile(spec)`` reads every file once and raises ``ProfileError`` listing *every*
   problem found (missing file, unreadable tokenizer, bad template, bad block size, BOS/EOS
   strings that are not single tokens of the vocabulary).
@@ -22,6 +24,7 @@ Rules:
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,7 +124,7 @@ def load_profile(spec: ProfileSpec) -> ModelProfile:
         raw = _read(spec.chat_template_path, "chat template", problems)
         if raw is not None:
             try:
-                template_source = raw.decode()
+                template_source = _template_source(spec.chat_template_path, raw)
                 template = ChatTemplate(template_source)
             except Exception as exc:  # noqa: BLE001 - syntax or encoding errors alike
                 problems.append(f"chat template {spec.chat_template_path}: {exc}")
@@ -167,6 +170,20 @@ def check_worker(
             f"worker page size {reported_block_size} != profile block size {profile.block_size}"
         )
     return "; ".join(reasons) or None
+
+
+def _template_source(path: str, raw: bytes) -> str:
+    """A ``.jinja`` file as is, or the ``chat_template`` of an HF ``tokenizer_config.json``
+    (a string, or a list of ``{name, template}`` of which ``default`` is used)."""
+    text = raw.decode()
+    if not path.endswith(".json"):
+        return text
+    value = json.loads(text).get("chat_template")
+    if isinstance(value, list):
+        value = next((t.get("template") for t in value if t.get("name") == "default"), None)
+    if not isinstance(value, str):
+        raise ValueError("no chat_template (string or 'default' entry) in the file")
+    return value
 
 
 def _read(path: str, what: str, problems: list[str]) -> bytes | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -12,6 +13,7 @@ from cortex.profile.model_profile import (
     ProfileSpec,
     check_worker,
     load_profile,
+    profile_fingerprint,
 )
 from tests import deepseek_profile as ds
 
@@ -43,17 +45,17 @@ def test_loads_a_complete_profile(spec):
     assert tok.encode("hi", add_special_tokens=True) == [0, *ds.tokenizer().encode("hi").ids]
 
 
-def test_fingerprint_follows_what_decides_ids_and_keys(spec, tmp_path):
-    base = load_profile(spec).fingerprint
-    assert load_profile(spec).fingerprint == base
-    assert load_profile(dataclasses.replace(spec, version="other")).fingerprint == base
-    assert load_profile(dataclasses.replace(spec, block_size=32)).fingerprint != base
-    assert load_profile(dataclasses.replace(spec, add_bos=False)).fingerprint != base
-    assert load_profile(dataclasses.replace(spec, chat_template_path=None)).fingerprint != base
-    other = tmp_path / "other.jinja"
-    other.write_text(ds.TEMPLATE + " ")
-    changed = dataclasses.replace(spec, chat_template_path=str(other))
-    assert load_profile(changed).fingerprint != base
+def test_fingerprint_follows_what_decides_ids_and_keys(spec):
+    profile = load_profile(spec)
+    tok = ds.tokenizer_json_bytes()
+    base = profile_fingerprint(tok, ds.TEMPLATE, 16, True)
+    assert profile.fingerprint == base
+    assert profile_fingerprint(tok, ds.TEMPLATE, 32, True) != base
+    assert profile_fingerprint(tok, ds.TEMPLATE, 16, False) != base
+    assert profile_fingerprint(tok, None, 16, True) != base
+    assert profile_fingerprint(tok, "", 16, True) != profile_fingerprint(tok, None, 16, True)
+    assert profile_fingerprint(tok, ds.TEMPLATE + " ", 16, True) != base
+    assert profile_fingerprint(tok + b" ", ds.TEMPLATE, 16, True) != base
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
@@ -90,3 +92,17 @@ def test_check_worker_names_each_disagreement(spec):
     reason = check_worker(profile, "llama", 64)
     assert "'llama'" in reason and "page size 64" in reason
     assert "did not report" in check_worker(profile, None, None)
+
+
+def test_template_from_an_hf_tokenizer_config(tmp_path, spec):
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": ds.TEMPLATE}))
+    from_json = load_profile(dataclasses.replace(spec, chat_template_path=str(config)))
+    assert from_json.fingerprint == load_profile(spec).fingerprint
+    named = tmp_path / "named_config.json"
+    named.write_text(json.dumps({"chat_template": [{"name": "tool_use", "template": "x"},
+                                                   {"name": "default", "template": "{{ 1 }}"}]}))
+    profile = load_profile(dataclasses.replace(spec, chat_template_path=str(named)))
+    assert profile.chat_template is not None and profile.chat_template.render([]) == "1"
+    with pytest.raises(ProfileError, match="no chat_template"):
+        load_profile(dataclasses.replace(spec, chat_template_path=ds.TOKENIZER_JSON))
