@@ -33,7 +33,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import machine_info  # noqa: E402
+from benchkit import machine_info  # noqa: E402
 
 from cortex.events.counters import IngestCounters  # noqa: E402
 from cortex.events.decoder import decode_payload  # noqa: E402

@@ -30,14 +30,18 @@ import argparse
 import gc
 import json
 import os
-import platform
 import random
 import sys
 import time
 from array import array
+from pathlib import Path
 
-from cortex._fast.blockkeys import block_keys, namespace_seed
-from cortex._fast.ledger import BlockTree
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchkit import machine_info, percentiles_us  # noqa: E402
+
+from cortex._fast.blockkeys import block_keys, namespace_seed  # noqa: E402
+from cortex._fast.ledger import BlockTree  # noqa: E402
 
 BLOCK = 16
 SYSTEM_BLOCKS = 32
@@ -53,16 +57,6 @@ def rss_bytes() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
 
 def tokens_of(rng: random.Random, n_tokens: int) -> array:
     tokens = array("I")
@@ -75,12 +69,6 @@ def hashes_of(rng: random.Random, n: int) -> array:
     hashes.frombytes(rng.randbytes(8 * n))
     return hashes
 
-
-def percentiles(samples_ns: list[int]) -> dict[str, float]:
-    ordered = sorted(samples_ns)
-    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000  # noqa: E731
-    return {"n": len(ordered), "p50_us": at(0.50), "p99_us": at(0.99),
-            "max_us": ordered[-1] / 1000}
 
 
 def main() -> None:
@@ -207,8 +195,7 @@ def main() -> None:
 
     result = {
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "machine": {"platform": platform.platform(), "nproc": os.cpu_count(),
-                    "cpu": cpu_model(), "python": platform.python_version()},
+        "machine": machine_info(),
         "population": {
             "targets": n_targets, "block_tokens": BLOCK, "entries": entries,
             "nodes": tree.nodes, "system_prompts": args.system_prompts,
@@ -228,11 +215,11 @@ def main() -> None:
             "blocks_per_s_lists_32_block_events": round(list_blocks / list_s),
             "build_event_blocks": EVENT_BLOCKS if args.layout == "prefill" else 1,
         },
-        "match_us": {"all": percentiles(all_ns)}
-        | {kind: percentiles(samples) for kind, samples in timings.items()},
-        "match_us_hit_list_keys": percentiles(list_ns),
+        "match_us": {"all": percentiles_us(all_ns)}
+        | {kind: percentiles_us(samples) for kind, samples in timings.items()},
+        "match_us_hit_list_keys": percentiles_us(list_ns),
         "match_us_fastest_pass_per_query": {
-            kind: percentiles([ns for (k, _), ns in fastest.items() if k == kind])
+            kind: percentiles_us([ns for (k, _), ns in fastest.items() if k == kind])
             for kind in queries
         },
     }

@@ -45,7 +45,7 @@ from cortex.scheduling import (
 )
 
 sys.path.insert(0, "perf")
-from machine import machine_info  # noqa: E402
+from benchkit import machine_info, percentiles_us  # noqa: E402
 
 BLOCK = 16
 SYSTEM_BLOCKS = 32
@@ -57,14 +57,6 @@ SEED = namespace_seed("bench-model")
 def tokens(rng: random.Random, blocks: int) -> list[int]:
     return [rng.randrange(128_000) for _ in range(blocks * BLOCK)]
 
-
-def percentiles(samples_ns: list[int]) -> dict[str, float]:
-    ordered = sorted(samples_ns)
-
-    def pick(q: float) -> float:
-        return round(ordered[min(int(q * len(ordered)), len(ordered) - 1)] / 1000, 2)
-
-    return {"p50": pick(0.50), "p90": pick(0.90), "p99": pick(0.99), "max": pick(1.0)}
 
 
 def main() -> None:
@@ -148,9 +140,9 @@ def main() -> None:
         "tree_entries": tree.entries,
         "queries": args.queries,
         "modes": modes,
-        "decision_us": percentiles(decision_ns),
-        "policy_us": percentiles(policy_ns),
-        "accounting_us": percentiles(accounting_ns),
+        "decision_us": percentiles_us(decision_ns),
+        "policy_us": percentiles_us(policy_ns),
+        "accounting_us": percentiles_us(accounting_ns),
         "note": "decision = BlockTree.match + worker_matches + Scheduler.decide; "
                 "policy = Scheduler.decide alone; tokenization excluded",
     }, indent=2))

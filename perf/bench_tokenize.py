@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from machine import machine_info  # noqa: E402
+from benchkit import machine_info  # noqa: E402
 
 from cortex.profile import trio_tokenize  # noqa: E402
 from cortex.profile.chat_template import ChatTemplate  # noqa: E402

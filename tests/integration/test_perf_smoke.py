@@ -1,4 +1,5 @@
-"""The benchmarks in perf/ still run (``--quick``): CI smoke-runs them, figures are not checked."""
+"""The benchmarks in perf/ still run (``--quick``): CI smoke-runs them; figures are reported in
+perf/RESULTS.md, never checked here — only that each result is whole and sane."""
 
 from __future__ import annotations
 
@@ -11,7 +12,37 @@ import pytest
 from tests.conftest import REPO
 
 
-@pytest.mark.parametrize("script", ["bench_ingest.py", "bench_ledger.py"])
+def _ingest(result: dict) -> None:
+    assert result["over_zeromq"]["gaps"] == 0
+    assert result["over_zeromq"]["state"] == "ready"
+    assert result["stores_only"]["ledger_entries_after"] == result["stores_only"]["blocks_stored"]
+
+
+def _ledger(result: dict) -> None:
+    assert result["population"]["entries"] > 0
+    assert result["match_us"]["hit"]["p99"] > 0
+
+
+def _scheduler(result: dict) -> None:
+    assert result["workers"] == 64 and result["prompt_blocks"] == 256
+    assert sum(result["modes"].values()) == result["queries"]
+    assert result["decision_us"]["p99"] > 0
+
+
+def _tokenize(result: dict) -> None:
+    assert result["prompt_tokens"] > 3500
+    assert result["cache"]["hits"] > 0
+
+
+CHECKS = {
+    "bench_ingest.py": _ingest,
+    "bench_ledger.py": _ledger,
+    "bench_scheduler.py": _scheduler,
+    "bench_tokenize.py": _tokenize,
+}
+
+
+@pytest.mark.parametrize("script", sorted(CHECKS))
 def test_benchmark_runs_quick(script):
     done = subprocess.run(
         [sys.executable, str(REPO / "perf" / script), "--quick"],
@@ -19,8 +50,5 @@ def test_benchmark_runs_quick(script):
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result["machine"]
-    if script == "bench_ingest.py":
-        assert result["over_zeromq"]["gaps"] == 0
-        assert result["over_zeromq"]["state"] == "ready"
-        assert result["stores_only"]["ledger_entries_after"] == result["stores_only"]["blocks_stored"]
+    assert result["machine"]["cores"]
+    CHECKS[script](result)
