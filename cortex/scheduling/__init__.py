@@ -6,7 +6,7 @@
 """
 
 from cortex.scheduling.chain import Scheduler, events_chain, no_events_chain
-from cortex.scheduling.cost import CostConfig
+from cortex.scheduling.cost import BoundedLoad, CostConfig
 from cortex.scheduling.decision import Decision, Mode
 from cortex.scheduling.inflight import PendingWork
 from cortex.scheduling.matches import worker_matches
@@ -14,6 +14,7 @@ from cortex.scheduling.view import RequestFacts, Role, WorkerView
 from cortex.scheduling.watermark import Watermarks
 
 __all__ = [
+    "BoundedLoad",
     "CostConfig",
     "Decision",
     "Mode",

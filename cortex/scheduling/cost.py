@@ -69,17 +69,25 @@ def cost(config: CostConfig, view: WorkerView, uncached_tokens: int, cached_bloc
     return seconds
 
 
-def load_cap(workers: Sequence[WorkerView], factor: float | None, slack: int) -> float:
-    """Most requests in flight a worker may hold after taking this one (bounded loads).
+@dataclass(frozen=True, slots=True)
+class BoundedLoad:
+    """The bounded-load cap of the policies that pick among all open workers.
 
-    ``max(factor × mean, mean + slack)`` over the mean in-flight count *including this request*;
-    ``inf`` when ``factor`` is ``None``. The slack keeps a quiet pool from bouncing a session's
+    ``factor`` None means no cap. The slack keeps a quiet pool from bouncing a session's
     second request away from its worker when only a handful of requests are in flight.
     """
-    if factor is None or not workers:
-        return math.inf
-    mean = (sum([view.in_flight for view in workers]) + 1) / len(workers)
-    return max(math.ceil(factor * mean), mean + slack)
+
+    factor: float | None = 1.25
+    slack: int = 4
+
+    def cap(self, workers: Sequence[WorkerView]) -> float:
+        """Most requests in flight a worker may hold after taking this one:
+        ``max(ceil(factor × mean), mean + slack)`` over the mean in-flight count *including
+        this request*; ``inf`` without a factor."""
+        if self.factor is None or not workers:
+            return math.inf
+        mean = (sum([view.in_flight for view in workers]) + 1) / len(workers)
+        return max(math.ceil(self.factor * mean), mean + self.slack)
 
 
 def cheapest(

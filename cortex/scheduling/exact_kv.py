@@ -3,7 +3,7 @@
 Rules:
 
 * Applies when at least one open worker has a hit in ``matched`` (trusted ledgers only).
-* Considers every open worker within the bounded-load cap (``cost.load_cap``): the cheapest by
+* Considers every open worker within the bounded-load cap (``cost.BoundedLoad``): the cheapest by
   cost (ties to the smaller worker id), and the one with the longest hit (ties to the cheaper,
   then the smaller id). The longest hit wins if it costs at most ``affinity_tolerance_s`` more
   (linear form: no tolerance, the score already weighs the hit); otherwise the cheapest does —
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from cortex.scheduling.cost import CostConfig, LoadSeconds, cost, load_cap
+from cortex.scheduling.cost import BoundedLoad, CostConfig, LoadSeconds, cost
 from cortex.scheduling.decision import Decision, Mode
 from cortex.scheduling.view import RequestFacts, WorkerView
 
@@ -29,11 +29,10 @@ class ExactKv:
     name = "exact_kv"
 
     def __init__(
-        self, cost: CostConfig | None = None, load_factor: float | None = 1.25, slack: int = 4
+        self, cost: CostConfig | None = None, bounds: BoundedLoad = BoundedLoad()
     ) -> None:
         self.cost = cost or CostConfig()
-        self.load_factor = load_factor
-        self.slack = slack
+        self.bounds = bounds
         self.tolerance_s = self.cost.affinity_tolerance_s if self.cost.form == "ttft" else 0.0
         self.loads = LoadSeconds(self.cost)
 
@@ -42,7 +41,7 @@ class ExactKv:
     ) -> Decision | None:
         if not matched:
             return None
-        cap = load_cap(workers, self.load_factor, self.slack)
+        cap = self.bounds.cap(workers)
         config, get = self.cost, matched.get
         token_count, block_size = request.token_count, request.block_size
         linear = config.form == "linear"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cortex.scheduling.cost import CostConfig, cheapest, load_cap
+from cortex.scheduling.cost import BoundedLoad, CostConfig, cheapest
 from cortex.scheduling.decision import Decision, Mode
 from cortex.scheduling.view import RequestFacts, WorkerView
 
@@ -18,11 +18,10 @@ class LoadAware:
     name = "load_aware"
 
     def __init__(
-        self, cost: CostConfig | None = None, load_factor: float | None = 1.25, slack: int = 4
+        self, cost: CostConfig | None = None, bounds: BoundedLoad = BoundedLoad()
     ) -> None:
         self.cost = cost or CostConfig()
-        self.load_factor = load_factor
-        self.slack = slack
+        self.bounds = bounds
 
     def decide(
         self, request: RequestFacts, workers: Sequence[WorkerView], matched: Mapping[str, int]
@@ -32,7 +31,7 @@ class LoadAware:
         if not all(view.ledger_trusted for view in workers):
             return None
         found = cheapest(self.cost, request, workers, {},
-                         load_cap(workers, self.load_factor, self.slack))
+                         self.bounds.cap(workers))
         if found is None:  # unreachable: some worker is at or below the mean
             found = cheapest(self.cost, request, workers, {})
             assert found is not None

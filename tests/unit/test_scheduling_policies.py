@@ -24,7 +24,7 @@ from cortex.scheduling import (
     worker_matches,
 )
 from cortex.scheduling.consistent_hash import ConsistentHash
-from cortex.scheduling.cost import cheapest, cost, load_cap
+from cortex.scheduling.cost import BoundedLoad, cheapest, cost
 from cortex.scheduling.exact_kv import ExactKv
 from cortex.scheduling.load_aware import LoadAware
 from cortex.scheduling.p2c import PowerOfTwo
@@ -247,16 +247,16 @@ def test_full_hit_predicts_whole_blocks_and_uncached_never_negative():
 
 
 def test_load_cap_is_factor_times_mean_or_mean_plus_slack():
-    assert load_cap(pool(4, in_flight=25), 1.25, 4) == 32  # ceil(1.25 × 25.25)
-    assert load_cap(pool(4), 1.25, 4) == 0.25 + 4
-    assert load_cap(pool(4), None, 4) == float("inf")
+    assert BoundedLoad(1.25, 4).cap(pool(4, in_flight=25)) == 32  # ceil(1.25 × 25.25)
+    assert BoundedLoad(1.25, 4).cap(pool(4)) == 0.25 + 4
+    assert BoundedLoad(None, 4).cap(pool(4)) == float("inf")
 
 
 def test_exact_kv_passes_over_a_holder_above_the_load_cap():
     workers = [worker("w0", in_flight=10), *pool(4)[1:]]
     d = ExactKv(CostConfig(decode_s_per_in_flight=0)).decide(request(8), workers, {"w0": 8})
     assert d.worker == "w1"
-    unbounded = ExactKv(CostConfig(decode_s_per_in_flight=0), load_factor=None)
+    unbounded = ExactKv(CostConfig(decode_s_per_in_flight=0), BoundedLoad(factor=None))
     assert unbounded.decide(request(8), workers, {"w0": 8}).worker == "w0"
 
 
