@@ -37,6 +37,24 @@ class BadRequest(CortexError):
     http_status = 400
 
 
+class NotFound(CortexError):
+    """No such route or resource."""
+
+    http_status = 404
+
+
+class Unauthorized(CortexError):
+    """An admin or debug endpoint was called without the right bearer token."""
+
+    http_status = 401
+
+
+class PayloadTooLarge(CortexError):
+    """A request body or header block exceeds its configured limit."""
+
+    http_status = 413
+
+
 class UpstreamError(CortexError):
     """A worker failed or answered badly."""
 
