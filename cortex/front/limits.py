@@ -1,0 +1,32 @@
+"""Limits of the lean HTTP server (data plane and simulated engines). Frozen, validated.
+
+Every limit protects the gateway from one kind of client: many connections, big header blocks,
+big bodies, slow headers (slowloris), slow bodies, idle keep-alive connections. ``None`` is not
+allowed anywhere: an operator always knows the bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cortex.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    max_connections: int = 4096  # open client connections; more wait in the listen backlog
+    max_header_bytes: int = 65_536  # request line + header block
+    max_header_count: int = 100
+    max_body_bytes: int = 16 * 1024 * 1024  # 413 above this
+    header_timeout_s: float = 10.0  # from connection (or previous response) to full head
+    body_timeout_s: float = 60.0  # for the whole body once the head is in
+    keepalive_idle_s: float = 75.0  # idle keep-alive connection is closed after this
+    drain_timeout_s: float = 30.0  # graceful shutdown: in-flight requests get this long
+
+    def __post_init__(self) -> None:
+        problems = [f"server limit {name} must be > 0" for name in (
+            "max_connections", "max_header_bytes", "max_header_count", "max_body_bytes",
+            "header_timeout_s", "body_timeout_s", "keepalive_idle_s", "drain_timeout_s")
+            if not getattr(self, name) > 0]
+        if problems:
+            raise ConfigError(problems)

@@ -1,0 +1,1 @@
+"""Workers: registry, health probing, load polling, circuit breaker."""
