@@ -9,9 +9,12 @@ system prompt + a private tail (256-block prompts, 16-token blocks), each held b
 Timed, per query (a stored conversation: its holders match all 256 blocks, every worker the
 32-block system prompt; or a new conversation: only the system prompt matches):
 
-* ``decision_us`` — ``BlockTree.match`` + ``worker_matches`` + ``Scheduler.decide`` on
-  prebuilt frozen views: the request path's cost from keys to a decision;
-* ``policy_us`` — ``Scheduler.decide`` alone (matches precomputed);
+* ``decision_us`` — ``BlockTree.match`` + ``FastScheduler.decide`` (the compiled common cases,
+  ``cortex/_fast/score.pyx``) on the current views: the request path's cost from keys to a
+  decision;
+* ``reference_decision_us`` — the same with the pure-Python reference chain
+  (``worker_matches`` + ``Scheduler.decide``), measured in the same run for the ratio;
+* ``policy_us`` — ``FastScheduler.decide`` alone (ledger answer precomputed);
 * ``accounting_us`` — entering the request's hold and leaving the oldest one (``PendingWork``
   rebuilds the two workers' views): decision-time accounting, paid once per request.
 
@@ -36,6 +39,7 @@ from cortex._fast.blockkeys import block_keys, namespace_seed
 from cortex._fast.ledger import BlockTree
 from cortex.ledger.state import TargetState
 from cortex.scheduling import (
+    FastScheduler,
     PendingWork,
     RequestFacts,
     Scheduler,
@@ -94,13 +98,14 @@ def main() -> None:
                                  engine_queue=rng.randrange(4), kv_usage=rng.random() * 0.8,
                                  prefill_tokens_per_s=rng.uniform(8_000, 12_000)))
     scheduler = Scheduler(events_chain(random.Random(2)))
+    fast = FastScheduler(random.Random(2))
     queries = [(keys, RequestFacts(keys, len(keys) * BLOCK, BLOCK))
                for keys in stored + fresh]
 
     # Steady state: 4 requests in flight per worker on average; each query's request is held
     # (decision-time accounting) and the oldest one finishes.
     holds: list = []
-    decision_ns, policy_ns, accounting_ns = [], [], []
+    decision_ns, reference_ns, policy_ns, accounting_ns = [], [], [], []
     modes: dict[str, int] = {}
     clock = time.perf_counter_ns
     gc.disable()
@@ -108,11 +113,16 @@ def main() -> None:
         keys, request = queries[rng.randrange(len(queries))]
         start = clock()
         views = pending.views()
-        matched = worker_matches(tree.match(keys), views)
-        decision = scheduler.decide(request, views, matched)
+        decision = fast.decide(request, views, tree.match(keys))
         middle = clock()
-        scheduler.decide(request, views, matched)
+        views = pending.views()
+        reference = scheduler.decide(request, views, worker_matches(tree.match(keys), views))
+        after_reference = clock()
+        target_blocks = tree.match(keys)
+        policy_start = clock()
+        fast.decide(request, views, target_blocks)
         end = clock()
+        assert reference == decision, (reference, decision)
         hold = pending.hold(decision.worker,
                             request.token_count - decision.predicted_cached_tokens)
         hold.__enter__()
@@ -122,7 +132,8 @@ def main() -> None:
         done = clock()
         if n >= 4 * args.workers:  # warmed up: the pool is at its steady load
             decision_ns.append(middle - start)
-            policy_ns.append(end - middle)
+            reference_ns.append(after_reference - middle)
+            policy_ns.append(end - policy_start)
             accounting_ns.append(done - end)
             modes[decision.mode.value] = modes.get(decision.mode.value, 0) + 1
     gc.enable()
@@ -141,10 +152,12 @@ def main() -> None:
         "queries": args.queries,
         "modes": modes,
         "decision_us": percentiles_us(decision_ns),
+        "reference_decision_us": percentiles_us(reference_ns),
         "policy_us": percentiles_us(policy_ns),
         "accounting_us": percentiles_us(accounting_ns),
-        "note": "decision = BlockTree.match + worker_matches + Scheduler.decide; "
-                "policy = Scheduler.decide alone; tokenization excluded",
+        "note": "decision = BlockTree.match + FastScheduler.decide (compiled); reference = "
+                "BlockTree.match + worker_matches + Scheduler.decide (Python); policy = "
+                "FastScheduler.decide alone; tokenization excluded",
     }, indent=2))
 
 

@@ -76,21 +76,40 @@ class ExactKv:
             return None
         if cheap is None:  # unreachable: some worker is at or below the mean
             raise AssertionError("bounded-load cap excluded every worker")
-        of = len(request.keys)
-        if long is not None and long_blocks > cheap_blocks:
-            extra = long_cost - cheap_cost
-            if extra <= self.tolerance_s:
-                return Decision(long.worker, Mode.EXACT_KV_EVENTS,
-                                f"longest hit: {long_blocks} of {of} blocks on {long.worker}",
-                                long_blocks * block_size)
-            return Decision(cheap.worker, Mode.EXACT_KV_EVENTS,
-                            f"{cheap_blocks} of {of} blocks cached on {cheap.worker}; the "
-                            f"longest hit ({long_blocks} on {long.worker}) would cost "
-                            f"{extra:.3f} s more", cheap_blocks * block_size)
-        if not cheap_blocks:
-            return Decision(cheap.worker, Mode.EXACT_KV_EVENTS,
-                            f"no hit on {cheap.worker} but every holder is above the load cap",
-                            0)
-        return Decision(cheap.worker, Mode.EXACT_KV_EVENTS,
-                        f"{cheap_blocks} of {of} blocks cached on {cheap.worker}, least cost",
-                        cheap_blocks * block_size)
+        return exact_verdict(
+            request, self.tolerance_s, cheap.worker, cheap_cost, cheap_blocks,
+            None if long is None else long.worker, long_cost, long_blocks)
+
+
+def exact_verdict(
+    request: RequestFacts,
+    tolerance_s: float,
+    cheap: str,
+    cheap_cost: float,
+    cheap_blocks: int,
+    long: str | None,
+    long_cost: float,
+    long_blocks: int,
+) -> Decision:
+    """The decision between the cheapest open worker and the one with the longest hit.
+
+    Shared by ``ExactKv.decide`` and the compiled fast path (``scheduling.fast``), which find
+    the two candidates the same way.
+    """
+    of, block_size = len(request.keys), request.block_size
+    if long is not None and long_blocks > cheap_blocks:
+        extra = long_cost - cheap_cost
+        if extra <= tolerance_s:
+            return Decision(long, Mode.EXACT_KV_EVENTS,
+                            f"longest hit: {long_blocks} of {of} blocks on {long}",
+                            long_blocks * block_size)
+        return Decision(cheap, Mode.EXACT_KV_EVENTS,
+                        f"{cheap_blocks} of {of} blocks cached on {cheap}; the "
+                        f"longest hit ({long_blocks} on {long}) would cost "
+                        f"{extra:.3f} s more", cheap_blocks * block_size)
+    if not cheap_blocks:
+        return Decision(cheap, Mode.EXACT_KV_EVENTS,
+                        f"no hit on {cheap} but every holder is above the load cap", 0)
+    return Decision(cheap, Mode.EXACT_KV_EVENTS,
+                    f"{cheap_blocks} of {of} blocks cached on {cheap}, least cost",
+                    cheap_blocks * block_size)

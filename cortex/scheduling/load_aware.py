@@ -35,6 +35,10 @@ class LoadAware:
         if found is None:  # unreachable: some worker is at or below the mean
             found = cheapest(self.cost, request, workers, {})
             assert found is not None
-        view = found[0]
-        return Decision(view.worker, Mode.LOAD_AWARE,
-                        f"no worker holds the prefix; {view.worker} has the least pending work")
+        return load_aware_verdict(found[0].worker)
+
+
+def load_aware_verdict(worker: str) -> Decision:
+    """Shared by ``LoadAware.decide`` and the compiled fast path (``scheduling.fast``)."""
+    return Decision(worker, Mode.LOAD_AWARE,
+                    f"no worker holds the prefix; {worker} has the least pending work")

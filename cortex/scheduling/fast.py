@@ -1,0 +1,68 @@
+"""The events chain's scheduler with its common cases compiled (``cortex._fast.score``).
+
+``FastScheduler.decide(request, views, target_blocks, role)`` returns exactly what
+``Scheduler(events_chain(rng, cost), watermarks).decide(request, views,
+worker_matches(target_blocks, views), role)`` returns — the reference — but finds the
+``exact_kv`` and ``load_aware`` candidates in C over columns synced from the views. Everything
+else (no open worker, p2c, round robin, the linear cost form) goes to the reference chain, which
+consumes the RNG exactly as it would have.
+
+``views`` must be a tuple (``PendingWork.views()`` returns the same tuple object while nothing
+changed, which makes syncing free).
+"""
+
+from __future__ import annotations
+
+import random
+
+from cortex._fast.score import DecisionTable
+from cortex.ledger.state import TargetState
+from cortex.scheduling.chain import Scheduler, events_chain
+from cortex.scheduling.cost import BoundedLoad, CostConfig
+from cortex.scheduling.decision import Decision
+from cortex.scheduling.exact_kv import exact_verdict
+from cortex.scheduling.load_aware import load_aware_verdict
+from cortex.scheduling.matches import worker_matches
+from cortex.scheduling.view import RequestFacts, Role, WorkerView
+from cortex.scheduling.watermark import Watermarks
+
+
+class FastScheduler:
+    def __init__(
+        self,
+        rng: random.Random,
+        cost: CostConfig | None = None,
+        watermarks: Watermarks | None = None,
+    ) -> None:
+        self.cost = cost or CostConfig()
+        self.reference = Scheduler(events_chain(rng, self.cost), watermarks)
+        bounds = BoundedLoad()  # what events_chain's ExactKv and LoadAware use
+        self.compiled = self.cost.form == "ttft"
+        self.tolerance_s = self.cost.affinity_tolerance_s
+        self.table = DecisionTable(
+            ready_state=TargetState.READY,
+            roles=(Role.BOTH, Role.PREFILL, Role.DECODE),
+            default_rate=self.cost.default_prefill_tokens_per_s,
+            decode_s=self.cost.decode_s_per_in_flight,
+            engine_queue_s=self.cost.engine_queue_s_per_request,
+            limits=self.reference._limits,
+            factor=bounds.factor,
+            slack=bounds.slack,
+        )
+
+    def decide(
+        self,
+        request: RequestFacts,
+        views: tuple[WorkerView, ...],
+        target_blocks: dict[int, int],
+        role: Role = Role.BOTH,
+    ) -> Decision:
+        if self.compiled:
+            found = self.table.pick(views, target_blocks, request.token_count,
+                                    request.block_size, role)
+            verdict = found[0]
+            if verdict == "exact":
+                return exact_verdict(request, self.tolerance_s, *found[1:])
+            if verdict == "load_aware":
+                return load_aware_verdict(found[1])
+        return self.reference.decide(request, views, worker_matches(target_blocks, views), role)
