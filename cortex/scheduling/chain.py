@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from cortex.errors import NoWorkerAvailable
 from cortex.scheduling.consistent_hash import ConsistentHash
-from cortex.scheduling.cost import CostConfig
+from cortex.scheduling.cost import BoundedLoad, CostConfig
 from cortex.scheduling.decision import Decision
 from cortex.scheduling.exact_kv import ExactKv
 from cortex.scheduling.load_aware import LoadAware
@@ -31,9 +31,11 @@ from cortex.scheduling.view import RequestFacts, Role, WorkerView
 from cortex.scheduling.watermark import Watermarks
 
 
-def events_chain(rng: random.Random, cost: CostConfig | None = None) -> tuple[Policy, ...]:
+def events_chain(
+    rng: random.Random, cost: CostConfig | None = None, bounds: BoundedLoad = BoundedLoad()
+) -> tuple[Policy, ...]:
     cost = cost or CostConfig()
-    return (ExactKv(cost), LoadAware(cost), PowerOfTwo(rng, cost), RoundRobin())
+    return (ExactKv(cost, bounds), LoadAware(cost, bounds), PowerOfTwo(rng, cost), RoundRobin())
 
 
 def no_events_chain() -> tuple[Policy, ...]:

@@ -1,7 +1,7 @@
 """The events chain's scheduler with its common cases compiled (``cortex._fast.score``).
 
 ``FastScheduler.decide(request, views, target_blocks, role)`` returns exactly what
-``Scheduler(events_chain(rng, cost), watermarks).decide(request, views,
+``Scheduler(events_chain(rng, cost, bounds), watermarks).decide(request, views,
 worker_matches(target_blocks, views), role)`` returns — the reference — but finds the
 ``exact_kv`` and ``load_aware`` candidates in C over columns synced from the views. Everything
 else (no open worker, p2c, round robin, the linear cost form) goes to the reference chain, which
@@ -33,10 +33,10 @@ class FastScheduler:
         rng: random.Random,
         cost: CostConfig | None = None,
         watermarks: Watermarks | None = None,
+        bounds: BoundedLoad = BoundedLoad(),
     ) -> None:
         self.cost = cost or CostConfig()
-        self.reference = Scheduler(events_chain(rng, self.cost), watermarks)
-        bounds = BoundedLoad()  # what events_chain's ExactKv and LoadAware use
+        self.reference = Scheduler(events_chain(rng, self.cost, bounds), watermarks)
         self.compiled = self.cost.form == "ttft"
         self.tolerance_s = self.cost.affinity_tolerance_s
         self.table = DecisionTable(

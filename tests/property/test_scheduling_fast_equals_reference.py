@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from cortex.errors import NoWorkerAvailable
 from cortex.ledger.state import TargetState
 from cortex.scheduling import (
+    BoundedLoad,
     CostConfig,
     RequestFacts,
     Role,
@@ -82,11 +83,13 @@ def outcome(decide):
 @given(scenario=scenarios(), seed=st.integers(0, 2**32 - 1),
        cost=st.sampled_from([CostConfig(), CostConfig(affinity_tolerance_s=0.0),
                              CostConfig(affinity_tolerance_s=10.0),
-                             CostConfig(form="linear")]))
-def test_fast_path_decides_as_the_reference_chain(scenario, seed, cost):
+                             CostConfig(form="linear")]),
+       bounds=st.sampled_from([BoundedLoad(), BoundedLoad(None), BoundedLoad(1.0, 0),
+                               BoundedLoad(2.0, 1)]))
+def test_fast_path_decides_as_the_reference_chain(scenario, seed, cost, bounds):
     names, ranks, rounds = scenario
-    reference = Scheduler(events_chain(random.Random(seed), cost), MARKS)
-    fast = FastScheduler(random.Random(seed), cost, MARKS)
+    reference = Scheduler(events_chain(random.Random(seed), cost, bounds), MARKS)
+    fast = FastScheduler(random.Random(seed), cost, MARKS, bounds)
     for rows, hits, blocks, tokens, role in rounds:
         views = pool_of(names, ranks, rows)
         request = RequestFacts(array("Q", range(blocks)), tokens, BLOCK)
