@@ -24,6 +24,7 @@ Rules:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cortex._fast.blockkeys import namespace_seed
@@ -80,6 +81,7 @@ class LedgerBook:
         self._target_trees: dict[int, dict[int, BlockTree]] = {}  # block size -> tree
         self._seeds: dict[tuple[str, str | None, str | None], int] = {}
         self._media: dict[str | None, int] = {}
+        self._state_listeners: list[Callable[[int, TargetState], None]] = []
 
     # ------------------------------------------------------------------ registry
 
@@ -129,8 +131,17 @@ class LedgerBook:
     def set_state(self, target: int, state: TargetState, reason: str = "") -> None:
         if target not in self._infos:
             raise KeyError(target)
+        before = self._states[target]
         self._states[target] = state
         self._reasons[target] = reason
+        if state is not before:
+            for listener in self._state_listeners:
+                listener(target, state)
+
+    def on_state_change(self, listener: Callable[[int, TargetState], None]) -> None:
+        """Call ``listener(target, new_state)`` after every change of a target's state (the
+        request path re-reads a worker's trust at once instead of per decision)."""
+        self._state_listeners.append(listener)
 
     def reason(self, target: int) -> str:
         return self._reasons[target]

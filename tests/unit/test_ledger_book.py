@@ -258,3 +258,14 @@ def test_stats_sum_over_every_tree():
     book.apply(s, batch(stored([1, 2], A[:4], block_size=2), stored([3], A[:4])))
     assert (book.nodes, book.entries) == (2 + 2 + 1, 2 + 3)
     assert book.memory_bytes > 0
+
+
+def test_state_listeners_hear_changes_only():
+    book = LedgerBook()
+    target = book.register("w", 0, EngineFamily.VLLM, "m")
+    heard = []
+    book.on_state_change(lambda t, s: heard.append((t, s)))
+    book.set_state(target, TargetState.READY, "synced")
+    book.set_state(target, TargetState.READY, "again")
+    book.set_state(target, TargetState.STALE, "gap")
+    assert heard == [(target, TargetState.READY), (target, TargetState.STALE)]
