@@ -1,0 +1,86 @@
+"""The head of a request Cortex sends to a worker: origin parsing and header hygiene. Pure.
+
+Rules:
+
+* An origin is ``http://host:port`` (port optional, 80 by default; IPv6 hosts in brackets).
+  Anything else — another scheme, a path, a query, user info — is a ``ConfigError``: the pool
+  only ever talks plain HTTP/1.1 to workers inside the cluster.
+* ``Host`` is always the origin's ``host[:port]``; the caller's ``host`` is dropped.
+* Hop-by-hop headers (RFC 9110 §7.6.1: ``connection``, ``keep-alive``, ``proxy-connection``,
+  ``transfer-encoding``, ``te``, ``trailer``, ``upgrade``, ``proxy-authenticate``,
+  ``proxy-authorization``) and every header named in the caller's ``connection`` header are
+  dropped: the pool manages its own connection.
+* ``content-length`` is always set from the body actually sent (0 for an empty body on methods
+  that carry one; omitted for a bodiless GET/HEAD); the caller's is dropped.
+* Header names are lower-cased; values and order are otherwise kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cortex.errors import ConfigError
+
+Headers = list[tuple[bytes, bytes]]
+
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te",
+    b"trailer", b"upgrade", b"proxy-authenticate", b"proxy-authorization",
+})
+_SET_BY_POOL = frozenset({b"host", b"content-length"})
+_BODILESS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS"})
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    host: str  # as given to the resolver (no brackets for IPv6)
+    port: int
+    host_header: bytes  # value of the Host header: b"host:port"
+
+
+def parse_origin(origin: str) -> Origin:
+    """``"http://host:port"`` → ``Origin``; raises ``ConfigError`` for anything else."""
+    if not origin.startswith("http://"):
+        raise ConfigError([f"upstream origin {origin!r} must start with http://"])
+    rest = origin[len("http://"):].rstrip("/")
+    if not rest or any(c in rest for c in "/?#@ "):
+        raise ConfigError([f"upstream origin {origin!r} must be http://host:port"])
+    if rest.startswith("["):  # [v6]:port
+        close = rest.find("]")
+        if close < 0:
+            raise ConfigError([f"upstream origin {origin!r}: unclosed IPv6 bracket"])
+        host, tail = rest[1:close], rest[close + 1:]
+        if tail and not tail.startswith(":"):
+            raise ConfigError([f"upstream origin {origin!r} must be http://host:port"])
+        port_text = tail[1:] if tail else ""
+    else:
+        host, _, port_text = rest.partition(":")
+        if ":" in port_text:
+            raise ConfigError([f"upstream origin {origin!r}: IPv6 hosts need brackets"])
+    if port_text:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise ConfigError([f"upstream origin {origin!r}: bad port {port_text!r}"])
+        port = int(port_text)
+    else:
+        port = 80
+    if not host:
+        raise ConfigError([f"upstream origin {origin!r}: empty host"])
+    shown = f"[{host}]" if ":" in host else host
+    return Origin(host, port, f"{shown}:{port}".encode("ascii"))
+
+
+def upstream_headers(origin: Origin, method: bytes, headers: Headers, body_length: int) -> Headers:
+    """The header list to send: ``Host`` first, caller's end-to-end headers, ``content-length``."""
+    named: frozenset[bytes] = frozenset()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            named = named | {t.strip().lower() for t in value.split(b",") if t.strip()}
+    out: Headers = [(b"host", origin.host_header)]
+    for name, value in headers:
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in _SET_BY_POOL or lower in named:
+            continue
+        out.append((lower, value))
+    if body_length or method not in _BODILESS:
+        out.append((b"content-length", str(body_length).encode("ascii")))
+    return out

@@ -1,0 +1,139 @@
+"""CachedTokensSniffer: engine-reported cached tokens out of JSON bodies and SSE streams."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cortex.upstream.sse import CachedTokensSniffer
+
+
+def sniff(*chunks: bytes) -> CachedTokensSniffer:
+    sniffer = CachedTokensSniffer()
+    for chunk in chunks:
+        sniffer.feed(chunk)
+    return sniffer
+
+
+def sse(*events: dict | str, crlf: bool = False) -> bytes:
+    end = b"\r\n" if crlf else b"\n"
+    out = b""
+    for event in events:
+        payload = event if isinstance(event, str) else json.dumps(event)
+        out += b"data: " + payload.encode() + end + end
+    return out
+
+
+def token_event(i: int) -> dict:
+    return {"id": "c1", "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": f"tok{i}"}}], "usage": None}
+
+
+USAGE_EVENT = {"id": "c1", "object": "chat.completion.chunk", "choices": [],
+               "usage": {"prompt_tokens": 812, "completion_tokens": 5, "total_tokens": 817,
+                         "prompt_tokens_details": {"cached_tokens": 768}}}
+OPENAI_STREAM = sse(*(token_event(i) for i in range(5)), USAGE_EVENT, "[DONE]")
+OPENAI_JSON = json.dumps({
+    "id": "c1", "object": "chat.completion",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}}],
+    "usage": {"prompt_tokens": 100, "completion_tokens": 3, "total_tokens": 103,
+              "prompt_tokens_details": {"cached_tokens": 64}}}).encode()
+SGLANG_STREAM = sse(*({"text": "x" * i, "meta_info": {"id": "r", "prompt_tokens": 40,
+                                                      "cached_tokens": 32,
+                                                      "completion_tokens": i}}
+                      for i in range(1, 4)), "[DONE]")
+
+
+def test_openai_stream_usage_in_last_event():
+    sniffer = sniff(OPENAI_STREAM)
+    assert (sniffer.cached_tokens, sniffer.prompt_tokens) == (768, 812)
+    assert sniffer.done
+
+
+def test_openai_json_body():
+    sniffer = sniff(OPENAI_JSON[:50], OPENAI_JSON[50:])
+    assert (sniffer.cached_tokens, sniffer.prompt_tokens) == (64, 100)
+
+
+def test_sglang_native_meta_info_stream_and_json():
+    assert (sniff(SGLANG_STREAM).cached_tokens, sniff(SGLANG_STREAM).prompt_tokens) == (32, 40)
+    body = json.dumps({"text": "hi", "meta_info": {"prompt_tokens": 9,
+                                                    "cached_tokens": 0}}).encode()
+    assert (sniff(body).cached_tokens, sniff(body).prompt_tokens) == (0, 9)
+
+
+def test_crlf_events_and_a_final_event_without_blank_line():
+    assert sniff(sse(token_event(0), USAGE_EVENT, crlf=True)).cached_tokens == 768
+    unterminated = sse(token_event(0)) + b"data: " + json.dumps(USAGE_EVENT).encode()
+    assert sniff(unterminated).cached_tokens == 768
+
+
+def test_nothing_reported():
+    assert sniff(sse(token_event(0), "[DONE]")).cached_tokens is None
+    no_details = dict(USAGE_EVENT, usage={"prompt_tokens": 3, "prompt_tokens_details": None})
+    sniffer = sniff(sse(no_details, "[DONE]"))
+    assert (sniffer.cached_tokens, sniffer.prompt_tokens) == (None, None)
+    assert not sniffer.done
+    null_cached = dict(USAGE_EVENT, usage={"prompt_tokens": 3,
+                                           "prompt_tokens_details": {"cached_tokens": None}})
+    assert sniff(sse(null_cached)).cached_tokens is None
+    assert sniff(b"").cached_tokens is None
+
+
+def test_needle_in_generated_text_is_not_an_answer():
+    tricky = token_event(0)
+    tricky["choices"][0]["delta"]["content"] = '"cached_tokens": 5'
+    sniffer = sniff(sse(tricky, USAGE_EVENT))
+    assert sniffer.cached_tokens == 768
+
+
+def test_first_reported_event_wins_and_later_bytes_are_ignored():
+    later = dict(USAGE_EVENT, usage={"prompt_tokens": 1,
+                                     "prompt_tokens_details": {"cached_tokens": 1}})
+    sniffer = sniff(sse(USAGE_EVENT), sse(later), b"garbage\n\n")
+    assert sniffer.cached_tokens == 768
+
+
+def test_malformed_json_and_sse_comments_are_skipped():
+    body = b": keep-alive\n\ndata: {\"cached_tokens\": \n\n" + sse(USAGE_EVENT)
+    assert sniff(body).cached_tokens == 768
+    assert sniff(b'{"usage": {"prompt_tokens_details": {"cached_tokens": 5}').cached_tokens \
+        is None  # truncated JSON body
+
+
+def test_bounds_give_up_instead_of_buffering():
+    sniffer = CachedTokensSniffer(max_event_bytes=64, max_body_bytes=64)
+    sniffer.feed(b"data: " + b"x" * 100)
+    assert sniffer.done and sniffer.cached_tokens is None
+    sniffer = CachedTokensSniffer(max_body_bytes=16)
+    sniffer.feed(OPENAI_JSON)
+    assert sniffer.cached_tokens is None
+
+
+def test_answer_read_mid_stream_then_stream_goes_on():
+    sniffer = CachedTokensSniffer()
+    sniffer.feed(OPENAI_JSON[:40])
+    assert sniffer.cached_tokens is None
+    sniffer.feed(OPENAI_JSON[40:])
+    assert sniffer.cached_tokens == 64
+
+
+BODIES = [OPENAI_STREAM, OPENAI_JSON, SGLANG_STREAM,
+          sse(token_event(0), USAGE_EVENT, "[DONE]", crlf=True),
+          b"\n  " + OPENAI_JSON,
+          sse(token_event(1)) + b"data: " + json.dumps(USAGE_EVENT).encode()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(BODIES), st.lists(st.integers(min_value=0, max_value=2000),
+                                         max_size=12))
+def test_any_split_gives_the_same_answer(body, cuts):
+    whole = sniff(body)
+    points = sorted({c % (len(body) + 1) for c in cuts})
+    chunks = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+    split = sniff(*chunks)
+    assert (split.cached_tokens, split.prompt_tokens) == \
+        (whole.cached_tokens, whole.prompt_tokens)
+    assert whole.cached_tokens is not None
