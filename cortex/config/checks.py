@@ -1,0 +1,77 @@
+"""Checks that span sections of a built ``CortexConfig``, and the optional file checks.
+
+Rules:
+
+* ``cross_checks`` is pure (no I/O) and returns every problem: duplicate worker or model names,
+  a worker naming a model that is not configured (when models are), an admin token exposed on
+  a non-loopback control host without ``control.allow_remote``, data and control plane on the
+  same port.
+* ``file_checks`` looks at the disk: the files the models and the admin token point to exist
+  and are readable. ``check-config`` runs it; ``load_config`` does not (the app reads the files
+  when it starts and reports its own errors).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections import Counter
+
+from cortex.config.tree import CortexConfig
+
+ANY_HOSTS = ("0.0.0.0", "::", "")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def cross_checks(config: CortexConfig) -> list[str]:
+    problems: list[str] = []
+    for name, count in Counter(worker.name for worker in config.workers).items():
+        if count > 1:
+            problems.append(f"workers: name {name!r} is used by {count} workers")
+    for name, count in Counter(model.name for model in config.models).items():
+        if count > 1:
+            problems.append(f"models: name {name!r} is configured {count} times")
+    if config.models:
+        served = {model.name for model in config.models}
+        for worker in config.workers:
+            if worker.model is not None and worker.model not in served:
+                problems.append(f"worker {worker.name}: model {worker.model!r} is not one of "
+                                f"the configured models ({', '.join(sorted(served))})")
+    control = config.control
+    if control.has_admin_token and not is_loopback(control.host) and not control.allow_remote:
+        problems.append(f"control: an admin token is set and control.host {control.host!r} is "
+                        "not loopback; set control.allow_remote = true to expose /admin on it")
+    server = config.server
+    if server.port == control.port != 0 and (
+            server.host == control.host or server.host in ANY_HOSTS
+            or control.host in ANY_HOSTS):
+        problems.append(f"server and control both listen on port {server.port}")
+    return problems
+
+
+def file_checks(config: CortexConfig) -> list[str]:
+    problems: list[str] = []
+    for index, model in enumerate(config.models):
+        for field_name in ("tokenizer", "chat_template"):
+            path = getattr(model, field_name)
+            if path is not None:
+                problems.extend(_readable(f"models[{index}].{field_name}", path))
+    if config.control.admin_token_file is not None:
+        problems.extend(_readable("control.admin_token_file", config.control.admin_token_file))
+    return problems
+
+
+def _readable(key: str, path: str) -> list[str]:
+    if not os.path.isfile(path):
+        return [f"{key}: no such file {path}"]
+    if not os.access(path, os.R_OK):
+        return [f"{key}: cannot read {path}"]
+    return []

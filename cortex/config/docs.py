@@ -1,0 +1,123 @@
+"""What each configuration key means, with its unit: one line per key.
+
+The same text feeds ``--help``, the comments of ``dump_toml(..., comments=True)`` and so the
+example ``packaging/cortex.toml``. A test checks that every key of the tree has a line here, so a
+new field cannot ship undocumented. Keys of list entries are written ``workers.<field>`` and
+``models.<field>``.
+"""
+
+from __future__ import annotations
+
+SECTIONS: dict[str, str] = {
+    "server": "Data plane: the OpenAI / SGLang HTTP port clients call.",
+    "server.limits": "Bounds that protect the data plane from slow, big or many clients.",
+    "control": "Control plane: /metrics, /admin/* (bearer token), /debug/*. Loopback by default.",
+    "upstream": "Connections from Cortex to the workers.",
+    "upstream.limits": "The keep-alive pool of each worker.",
+    "models": "Served models. Each needs its tokenizer and KV block size for exact KV routing, "
+              "unless passthrough.",
+    "workers": "Static workers (more can be added at runtime through the admin API).",
+    "scheduler": "Routing decisions.",
+    "scheduler.cost": "Cost of sending a request to a worker (lower is better).",
+    "scheduler.watermarks": "A worker at or above any of these gets no new request "
+                            "(\"none\": not checked).",
+    "scheduler.bounds": "Bounded-load cap of the policies that pick among all open workers.",
+    "ingest": "KV-event ingestion from the engines (ZeroMQ).",
+    "health": "Health probing, load polling and the per-worker circuit breaker.",
+    "log": "Logging.",
+}
+
+DOCS: dict[str, str] = {
+    "server.host": "address the data plane listens on",
+    "server.port": "TCP port of the data plane (0: any free port)",
+    "server.limits.max_connections": "open client connections; more wait in the listen backlog",
+    "server.limits.max_header_bytes": "bytes of request line + header block",
+    "server.limits.max_header_count": "header lines per request",
+    "server.limits.max_body_bytes": "bytes of a request body; larger bodies get 413",
+    "server.limits.header_timeout_s": "seconds from connection (or previous response) "
+                                      "to the full request head",
+    "server.limits.body_timeout_s": "seconds to read a whole body once the head is in",
+    "server.limits.keepalive_idle_s": "seconds an idle keep-alive connection is kept open",
+    "server.limits.drain_timeout_s": "seconds in-flight requests get on graceful shutdown",
+    "control.host": "address of the control plane (non-loopback needs allow_remote "
+                    "when an admin token is set)",
+    "control.port": "TCP port of the control plane (0: any free port)",
+    "control.admin_token": "secret bearer token of /admin/* (prefer admin_token_file or the "
+                           "CORTEX_CONTROL_ADMIN_TOKEN environment variable); unset: admin off",
+    "control.admin_token_file": "file holding the admin bearer token",
+    "control.allow_remote": "allow the admin API on a non-loopback control host",
+    "upstream.limits.max_connections_per_worker": "open connections to one worker "
+                                                  "(busy + idle)",
+    "upstream.limits.max_idle_per_worker": "idle keep-alive connections kept per worker",
+    "upstream.limits.idle_timeout_s": "seconds before an idle connection is closed",
+    "upstream.limits.connect_timeout_s": "seconds to connect to a worker",
+    "upstream.limits.acquire_timeout_s": "seconds to wait for a free connection slot "
+                                         "at the limit",
+    "upstream.limits.head_timeout_s": "seconds from request sent to response head "
+                                      "(long prefills are normal)",
+    "upstream.limits.read_timeout_s": "seconds between two body chunks of a streamed response",
+    "upstream.retries_before_first_byte": "other workers tried when one fails before the "
+                                          "first response byte (never after)",
+    "scheduler.cost.form": "\"ttft\" (expected time to first token, seconds) or \"linear\" "
+                           "(alpha*matched - beta*in_flight - gamma*queued)",
+    "scheduler.cost.default_prefill_tokens_per_s": "prefill tokens per second assumed for a "
+                                                   "worker until its rate is measured",
+    "scheduler.cost.decode_s_per_in_flight": "seconds of TTFT added per request in flight "
+                                             "(the decode batch shares the GPU)",
+    "scheduler.cost.engine_queue_s_per_request": "seconds of TTFT per request in the "
+                                                 "engine's own queue",
+    "scheduler.cost.affinity_tolerance_s": "seconds more TTFT the longest-hit worker may cost "
+                                           "and still win (keeps sessions in place)",
+    "scheduler.cost.alpha_per_cached_block": "linear form: weight per cached block",
+    "scheduler.cost.beta_per_in_flight": "linear form: weight per request in flight",
+    "scheduler.cost.gamma_per_queued_token": "linear form: weight per queued prefill token",
+    "scheduler.watermarks.max_in_flight": "requests in flight on one worker",
+    "scheduler.watermarks.max_queued_prefill_tokens": "prefill tokens queued on one worker",
+    "scheduler.watermarks.max_engine_queue": "requests in the engine's reported queue",
+    "scheduler.watermarks.max_kv_usage_fraction": "fraction (0-1) of the engine's KV "
+                                                  "cache in use",
+    "scheduler.bounds.factor": "a worker may hold at most factor x the mean requests in "
+                               "flight (\"none\": no cap)",
+    "scheduler.bounds.slack": "requests above the mean always allowed (quiet pools keep "
+                              "sessions in place)",
+    "scheduler.seed": "RNG seed of the power-of-two-choices fallback (\"none\": random)",
+    "ingest.max_messages_per_turn": "live event messages handled before yielding to the loop",
+    "ingest.replay_timeout_s": "seconds for one replay request, sent to last reply",
+    "ingest.replay_max_items": "event batches read by one history replay at most",
+    "ingest.rcvhwm": "ZeroMQ SUB receive high-water mark, messages (0: unlimited)",
+    "ingest.dedupe_window": "recent batches remembered per publisher to tell duplicates "
+                            "from restarts",
+    "health.interval_s": "seconds between two health probes of a worker",
+    "health.timeout_s": "seconds a health probe may take",
+    "health.failures_to_open": "consecutive failures that open a worker's circuit breaker",
+    "health.open_s": "seconds a breaker stays open before a trial request",
+    "health.load_interval_s": "seconds between two load polls of a worker",
+    "log.level": "\"debug\", \"info\", \"warning\" or \"error\"",
+    "log.json": "one JSON object per log line (false: plain text)",
+    "log.access_log": "log one line per request",
+    "models.name": "served model name, as clients send it in \"model\" (required)",
+    "models.tokenizer": "path to the model's tokenizer.json (required unless passthrough)",
+    "models.block_size": "the engines' KV block / page size, in tokens (required unless "
+                         "passthrough)",
+    "models.chat_template": "path to a .jinja chat template or an HF tokenizer_config.json",
+    "models.add_bos": "prepend BOS to text tokenized with special tokens",
+    "models.bos_token": "BOS token string (a single token of the vocabulary)",
+    "models.eos_token": "EOS token string (a single token of the vocabulary)",
+    "models.version": "free-form profile version shown in /debug and logs",
+    "models.passthrough": "another component schedules this pool: Cortex only proxies",
+    "models.segment_cache_bytes": "bytes of the tokenizer's segment cache",
+    "workers.name": "unique worker name, sent in x-cortex-assigned-worker "
+                    "(default: host:port of url)",
+    "workers.url": "engine HTTP base, http://host:port (required)",
+    "workers.engine": "\"sglang\" or \"vllm\"",
+    "workers.model": "served model name (unset: learnt from /v1/models)",
+    "workers.role": "\"both\", \"prefill\" or \"decode\"",
+    "workers.dp_size": "data-parallel ranks behind the url",
+    "workers.events": "tcp://host:port of DP rank 0's KV-event publisher (rank r: port + r); "
+                      "unset: no KV events",
+    "workers.replay": "tcp://host:port of DP rank 0's KV-event replay socket",
+    "workers.topic": "ZeroMQ topic prefix of the KV events (\"\": all)",
+    "workers.bootstrap_port": "SGLang PD bootstrap port of a prefill worker",
+    "workers.weight": "relative weight of the worker (> 0; SIGHUP and the admin API may "
+                      "change it)",
+}

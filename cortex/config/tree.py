@@ -1,0 +1,199 @@
+"""The configuration tree: one frozen, typed dataclass per section, rooted at ``CortexConfig``.
+
+Rules:
+
+* Sections reuse the frozen types their components already own (``ServerLimits``,
+  ``PoolLimits``, ``CostConfig``, ``Watermarks``, ``BoundedLoad``, ``IngestSettings``,
+  ``WorkerSpec``) instead of re-declaring fields; a component is handed its own sub-tree.
+* Every section validates itself in ``__post_init__`` and raises ``ConfigError`` listing all of
+  its own problems; problems that span sections live in ``checks``.
+* Names carry units (``_s`` seconds, ``_bytes`` bytes). A field with ``metadata["secret"]`` is
+  never printed: it is left out of ``repr`` and masked as ``"***"`` by ``dump_toml``.
+* Lists are tuples, so the whole tree is immutable and hashable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from cortex.errors import ConfigError
+from cortex.events.source import IngestSettings
+from cortex.front.limits import ServerLimits
+from cortex.scheduling.cost import BoundedLoad, CostConfig
+from cortex.scheduling.watermark import Watermarks
+from cortex.upstream.limits import PoolLimits
+from cortex.workers.spec import WorkerSpec
+
+if TYPE_CHECKING:
+    from cortex.profile.model_profile import ProfileSpec
+
+MAX_BLOCK_SIZE = 1 << 16  # same bound as cortex.profile.model_profile (not imported: heavy deps)
+SECRET = {"secret": True}
+
+
+def _port_problems(port: int) -> list[str]:
+    return [] if 0 <= port <= 65535 else ["port must be in [0, 65535] (0: any free port)"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "0.0.0.0"
+    port: int = 8080
+    limits: ServerLimits = field(default_factory=ServerLimits)
+
+    def __post_init__(self) -> None:
+        problems = _port_problems(self.port)
+        if not self.host:
+            problems.append("host must not be empty")
+        if problems:
+            raise ConfigError(problems)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlConfig:
+    host: str = "127.0.0.1"
+    port: int = 8081
+    admin_token: str | None = field(default=None, repr=False, metadata=SECRET)
+    admin_token_file: str | None = None
+    allow_remote: bool = False  # admin API on a non-loopback host: only when this says so
+
+    def __post_init__(self) -> None:
+        problems = _port_problems(self.port)
+        if not self.host:
+            problems.append("host must not be empty")
+        if self.admin_token is not None and self.admin_token_file is not None:
+            problems.append("set admin_token or admin_token_file, not both")
+        if self.admin_token is not None and (
+                not self.admin_token or self.admin_token != self.admin_token.strip()):
+            problems.append("admin_token must be non-empty, without surrounding whitespace")
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def has_admin_token(self) -> bool:
+        return self.admin_token is not None or self.admin_token_file is not None
+
+    def read_admin_token(self) -> str | None:
+        """The bearer token of ``/admin/*``: inline, or the stripped content of its file."""
+        if self.admin_token_file is None:
+            return self.admin_token
+        with open(self.admin_token_file, encoding="utf-8") as handle:
+            token = handle.read().strip()
+        if not token:
+            raise ConfigError([f"control.admin_token_file {self.admin_token_file} is empty"])
+        return token
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    limits: PoolLimits = field(default_factory=PoolLimits)
+    retries_before_first_byte: int = 2  # other workers tried before any byte reached the client
+
+    def __post_init__(self) -> None:
+        if self.retries_before_first_byte < 0:
+            raise ConfigError(["retries_before_first_byte must be >= 0"])
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """One served model: where its profile's files are, or ``passthrough`` (proxy only)."""
+
+    name: str
+    tokenizer: str | None = None  # path to tokenizer.json (required unless passthrough)
+    block_size: int | None = None  # the engine's KV block / page size in tokens
+    chat_template: str | None = None  # .jinja file or HF tokenizer_config.json
+    add_bos: bool = False
+    bos_token: str | None = None
+    eos_token: str | None = None
+    version: str = ""
+    passthrough: bool = False  # another component schedules this pool: Cortex only proxies
+    segment_cache_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        label = f"model {self.name or '?'}"
+        problems = [] if self.name else ["model name must not be empty"]
+        if not self.passthrough:
+            if self.tokenizer is None:
+                problems.append(f"{label}: tokenizer is required (or set passthrough = true)")
+            if self.block_size is None:
+                problems.append(f"{label}: block_size is required (or set passthrough = true)")
+        if self.block_size is not None and not 0 < self.block_size <= MAX_BLOCK_SIZE:
+            problems.append(f"{label}: block_size must be in [1, {MAX_BLOCK_SIZE}]")
+        if self.add_bos and self.bos_token is None:
+            problems.append(f"{label}: add_bos is set but bos_token is not")
+        if self.segment_cache_bytes < 0:
+            problems.append(f"{label}: segment_cache_bytes must be >= 0")
+        if problems:
+            raise ConfigError(problems)
+
+    def profile_spec(self) -> ProfileSpec:
+        """What ``cortex.profile.model_profile.load_profile`` needs (not for passthrough)."""
+        from cortex.profile.model_profile import ProfileSpec
+
+        if self.passthrough or self.tokenizer is None or self.block_size is None:
+            raise ConfigError([f"model {self.name}: a passthrough model has no profile"])
+        return ProfileSpec(
+            model=self.name, tokenizer_path=self.tokenizer, block_size=self.block_size,
+            chat_template_path=self.chat_template, add_bos=self.add_bos,
+            bos_token=self.bos_token, eos_token=self.eos_token, version=self.version)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    cost: CostConfig = field(default_factory=CostConfig)
+    watermarks: Watermarks = field(default_factory=Watermarks)
+    bounds: BoundedLoad = field(default_factory=BoundedLoad)
+    seed: int | None = None  # RNG seed of the power-of-two-choices fallback; None: random
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.bounds.factor is not None and not self.bounds.factor > 0:
+            problems.append("bounds.factor must be > 0 (or none: no cap)")
+        if self.bounds.slack < 0:
+            problems.append("bounds.slack must be >= 0")
+        if problems:
+            raise ConfigError(problems)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    interval_s: float = 2.0
+    timeout_s: float = 1.0
+    failures_to_open: int = 3
+    open_s: float = 10.0
+    load_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        problems = [f"{name} must be > 0" for name in (
+            "interval_s", "timeout_s", "open_s", "load_interval_s") if not getattr(self, name) > 0]
+        if self.failures_to_open < 1:
+            problems.append("failures_to_open must be >= 1")
+        if problems:
+            raise ConfigError(problems)
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    json: bool = True
+    access_log: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CortexConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    models: tuple[ModelConfig, ...] = ()
+    workers: tuple[WorkerSpec, ...] = ()
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    ingest: IngestSettings = field(default_factory=IngestSettings)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def model(self, name: str) -> ModelConfig | None:
+        for entry in self.models:
+            if entry.name == name:
+                return entry
+        return None

@@ -1,0 +1,133 @@
+"""The ``cortex`` command line: exit codes, problems on stderr, --print-config, complete --help."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tomllib
+import types
+from pathlib import Path
+
+import pytest
+
+import cortex
+from cortex.cli import main
+from cortex.config import CortexConfig, env_name, flag_name, load_config
+from cortex.config.sources import keys
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = str(REPO / "packaging" / "cortex.toml")
+TOKEN = "s3cret-token-of-the-admin-api"
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    """The commands read os.environ: no CORTEX_* variable of the machine leaks in."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("CORTEX_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps help at the terminal width
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"cortex {cortex.__version__}"
+
+
+def test_no_command_is_a_usage_error(capsys):
+    assert main([]) == 2
+    assert "usage: cortex" in capsys.readouterr().err
+
+
+def test_check_config_ok(capsys):
+    assert main(["check-config", "--config", EXAMPLE, "--no-file-checks"]) == 0
+    assert capsys.readouterr().out == "ok\n"
+
+
+def test_check_config_prints_every_problem_on_its_own_line(capsys, monkeypatch):
+    monkeypatch.setenv("CORTEX_HEALTH_OPEN_S", "-1")
+    code = main(["check-config", "--server-port", "x", "--log-level", "loud",
+                 "--worker", "http://h:1,engine=tgi"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert err[0] == "cortex: 4 configuration problems:"
+    assert len(err) == 5
+    assert any("(from --server-port)" in line for line in err)
+    assert any("health: open_s must be > 0" in line for line in err)
+
+
+def test_check_config_checks_the_files_named(capsys, tmp_path):
+    assert main(["check-config", "--config", EXAMPLE]) == 2
+    err = capsys.readouterr().err
+    assert "models[0].tokenizer: no such file" in err
+    assert "models[0].chat_template: no such file" in err
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{}")
+    assert main(["check-config", "--model", f"m,tokenizer={tokenizer},block_size=16"]) == 0
+
+
+def test_check_config_print_config_round_trips(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("CORTEX_CONTROL_ADMIN_TOKEN", TOKEN)
+    argv = ["--config", EXAMPLE, "--server-limits-max-body-bytes", "1234",
+            "--scheduler-bounds-factor", "none"]
+    assert main(["check-config", "--no-file-checks", "--print-config", *argv]) == 0
+    text = capsys.readouterr().out
+    assert TOKEN not in text
+    tomllib.loads(text)
+    printed = tmp_path / "printed.toml"
+    printed.write_text(text)
+    reloaded = load_config(env={}, path=str(printed))
+    assert reloaded.server.limits.max_body_bytes == 1234
+    assert reloaded.scheduler.bounds.factor is None
+    assert reloaded.workers == load_config(env={}, path=EXAMPLE).workers
+    assert reloaded.control.admin_token == "***"
+
+
+def test_serve_dry_run_and_print_config(capsys):
+    assert main(["serve", "--dry-run", "--worker", "http://127.0.0.1:30000"]) == 0
+    assert capsys.readouterr().out == "ok\n"
+    assert main(["serve", "--print-config", "--control-admin-token", TOKEN]) == 0
+    out = capsys.readouterr().out
+    assert 'admin_token = "***"' in out and TOKEN not in out
+
+
+def test_serve_with_a_bad_configuration_exits_2(capsys):
+    assert main(["serve", "--dry-run", "--server-limits-max-body-bytes", "0"]) == 2
+    assert "server.limits: server limit max_body_bytes must be > 0" in capsys.readouterr().err
+
+
+def test_serve_hands_the_config_to_the_app(monkeypatch):
+    """``serve`` calls ``cortex.app.serve(config)`` and returns its code (a stand-in app here,
+    so the test binds nothing)."""
+    seen = []
+    app = types.ModuleType("cortex.app")
+    app.serve = lambda config: seen.append(config) or 3
+    monkeypatch.setitem(sys.modules, "cortex.app", app)
+    assert main(["serve", "--server-port", "0", "--worker", "http://127.0.0.1:30000"]) == 3
+    assert seen[0].server.port == 0 and seen[0].workers[0].name == "127.0.0.1:30000"
+
+
+@pytest.mark.parametrize("command", ["serve", "check-config"])
+def test_help_lists_every_flag_its_env_twin_and_default(capsys, command):
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    for key in keys():
+        assert flag_name(key.path) in out
+        assert env_name(key.path) in out
+    for twin in ("CORTEX_CONFIG", "CORTEX_WORKERS", "CORTEX_MODELS", "--worker", "--model"):
+        assert twin in out
+    assert "(default: 16777216;" in out  # server.limits.max_body_bytes
+    assert TOKEN not in out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cortex.sim.cli") is not None,
+                    reason="cortex.sim.cli exists")
+def test_sim_without_its_module_says_so(capsys):
+    assert main(["sim", "--anything"]) == 2
+    assert "cortex.sim.cli is missing" in capsys.readouterr().err
+
+
+def test_defaults_validate():
+    assert load_config(env={}) == CortexConfig()
