@@ -57,7 +57,7 @@ class CircuitBreaker:
     def state(self) -> BreakerState:
         if self._opened_at is None:
             return BreakerState.CLOSED
-        if self._clock() - self._opened_at < self._open_s:
+        if self._clock() < self._opened_at + self._open_s:  # the very sum retry_at() gives
             return BreakerState.OPEN
         return BreakerState.HALF_OPEN
 

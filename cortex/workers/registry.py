@@ -201,10 +201,10 @@ class WorkerRegistry:
             return None
         if entry.breaker.allow():
             return 0.0
-        retry_at = entry.breaker.retry_at()
-        now = self._clock()
-        if retry_at is not None and retry_at > now:
-            return retry_at - now  # open: wait for the half-open trial
+        if entry.breaker.state is BreakerState.OPEN:
+            retry_at = entry.breaker.retry_at()
+            assert retry_at is not None
+            return max(retry_at - self._clock(), 1e-9)  # wait for the half-open trial
         return self._settings.timeout_s  # the trial is out: look again after its timeout
 
     def probe_result(self, name: str, error: str | None) -> None:
