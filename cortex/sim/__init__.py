@@ -8,4 +8,12 @@ Event side, pure cores first:
 * ``faults`` — delivery fault decisions (drop, duplicate, reorder, stall).
 * ``publisher`` — trio + pyzmq publisher per DP rank (PUB + replay ROUTER), port probing.
 * ``kv_engine`` — ``SimKVEngine``: caches + publishers for every DP rank.
+
+HTTP side (``cortex sim``):
+
+* ``serving`` — pure timing model: FIFO queue, batch limit, prefill and decode time.
+* ``tokenize`` — prompt token ids the way an engine computes them (one full encode).
+* ``bodies`` — JSON/SSE/Prometheus bodies in the engines' shapes.
+* ``http_engine`` — the routes of a vLLM or SGLang server, with fault switches.
+* ``engine`` — ``SimEngine``: KV side + HTTP side as one service; ``cli`` — ``cortex sim``.
 """

@@ -230,6 +230,10 @@ class SimKVEngine:
     def stats(self, rank: int) -> EngineStats:
         return self._rank(rank).stats
 
+    def used_blocks(self, rank: int) -> int:
+        """Blocks the rank's cache holds now (in use or evictable); at most ``capacity_blocks``."""
+        return self._rank(rank).cache.used_blocks
+
     def endpoints(self, rank: int) -> RankEndpoints:
         publisher = self._publisher(rank)
         return RankEndpoints(publisher.pub_endpoint, publisher.replay_endpoint)

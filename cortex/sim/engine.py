@@ -1,0 +1,294 @@
+"""``SimEngine``: one simulated vLLM or SGLang engine, KV-event side and HTTP side as one unit.
+
+Lifecycle: construct, then ``url = await nursery.start(engine.run)``: the KV side
+(``SimKVEngine``: prefix cache and ZeroMQ publishers per DP rank) starts first, then the lean
+HTTP server (``cortex.front.server.HttpServer``) serving ``engine.handler``; the started value is
+the base URL (``http://host:port``), also ``engine.url``. Cancelling the nursery stops both.
+
+One generation request (``engine.generation(...)``, an async context manager):
+
+1. it joins its rank's FIFO queue (``serving.RankQueue``) and waits for a slot in the batch;
+2. once started, its prompt is admitted into the rank's prefix cache with ``hold=True`` (one
+   scheduler step: the KV events go out), which gives ``cached_tokens``;
+3. its tokens come out on the ``serving.plan`` timetable (trio's clock): prefill of the
+   uncached tokens, then one decode step per token;
+4. on exit — finished, failed, or cancelled because the client went away — the cache hold is
+   released and the request leaves the queue or batch, which starts the next waiting request.
+
+Output text is deterministic: token ``i`` is ``OUTPUT_WORDS[i % len(OUTPUT_WORDS)]``.
+
+Faults (``SimFaults``, mutable at runtime through ``engine.faults.update`` or
+``POST /sim/faults``) are read by the HTTP side for every generation request; see
+``cortex.sim.http_engine``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+
+import trio
+
+from cortex.errors import BadRequest, CortexError
+from cortex.events.model import EngineFamily
+from cortex.front.limits import ServerLimits
+from cortex.profile.model_profile import ModelProfile
+from cortex.sim.kv_engine import SimEndpointConfig, SimHashConfig, SimKVEngine
+from cortex.sim.serving import RankQueue, TimingConfig, TokenPlan, plan
+from cortex.sim.tokenize import SimTokenizer
+from cortex.sim.wire import WireProfile, profile_named
+
+OUTPUT_WORDS = (" The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog.")
+
+
+class EngineCrashed(CortexError):
+    """The ``die_after_chunks`` fault: the engine drops a streamed response mid-way."""
+
+    http_status = 502
+
+
+@dataclass(slots=True)
+class SimFaults:
+    """Fault switches of the HTTP side (generation routes unless noted)."""
+
+    slow_s: float = 0.0  # extra delay before the response head
+    fail_status: int | None = None  # answer every generation request with this status
+    hang: bool = False  # never answer a generation request
+    die_after_chunks: int | None = None  # streaming: break the connection after N events
+    unhealthy: bool = False  # /health answers 503
+
+    def update(self, changes: Mapping[str, object]) -> None:
+        """Apply ``changes`` (JSON-like) after checking all of them; BadRequest lists problems."""
+        problems = []
+        for name, value in changes.items():
+            if name not in self.__dataclass_fields__:
+                problems.append(f"unknown fault {name!r}")
+            elif name in ("hang", "unhealthy") and not isinstance(value, bool):
+                problems.append(f"{name} must be a boolean")
+            elif name == "slow_s" and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+            ):
+                problems.append("slow_s must be a number >= 0")
+            elif name == "fail_status" and value is not None and (
+                type(value) is not int or not 400 <= value <= 599
+            ):
+                problems.append("fail_status must be null or an HTTP status in [400, 599]")
+            elif name == "die_after_chunks" and value is not None and (
+                type(value) is not int or value < 0
+            ):
+                problems.append("die_after_chunks must be null or an integer >= 0")
+        if problems:
+            raise BadRequest("; ".join(problems))
+        for name, value in changes.items():
+            setattr(self, name, float(value) if name == "slow_s" else value)  # type: ignore
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class RankCounters:
+    """Monotonic per-rank totals (tokens), exposed on the metrics and load endpoints."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generation_tokens: int = 0
+    aborted: int = 0
+
+
+@dataclass(slots=True)
+class Generation:
+    """One started request: its cache hit and its token timetable."""
+
+    request_id: int
+    rank: int
+    prompt_tokens: int
+    cached_tokens: int
+    plan: TokenPlan
+    produced: int = 0
+    _counters: RankCounters = field(repr=False, default_factory=RankCounters)
+
+    def __aiter__(self) -> Generation:
+        return self
+
+    async def __anext__(self) -> tuple[int, str, int]:
+        """``(index, text, token_id)`` of the next output token, at its planned time.
+
+        A plain iterator rather than an async generator: abandoning it midway needs no
+        ``aclose``."""
+        i = self.produced
+        if i >= self.plan.output_tokens:
+            raise StopAsyncIteration
+        await trio.sleep_until(self.plan.token_at(i))
+        self.produced += 1
+        self._counters.generation_tokens += 1
+        return (i, *output_token(i))
+
+
+def output_token(index: int) -> tuple[str, int]:
+    """Text and id of output token ``index`` (ids are stand-ins, stable per word)."""
+    word = index % len(OUTPUT_WORDS)
+    return OUTPUT_WORDS[word], 1000 + word
+
+
+class SimEngine:
+    """A simulated engine: ``dp_size`` ranks, each with its prefix cache, queue and publisher."""
+
+    def __init__(
+        self,
+        name: str,
+        profile: str | WireProfile,
+        model_profile: ModelProfile | None,
+        *,
+        dp_size: int = 1,
+        block_size: int = 16,
+        capacity_blocks: int = 4096,
+        timing: TimingConfig = TimingConfig(),
+        http_host: str = "127.0.0.1",
+        http_port: int = 0,
+        served_model_name: str | None = None,
+        faults: SimFaults | None = None,
+        kv_endpoints: SimEndpointConfig = SimEndpointConfig(),
+        hashing: SimHashConfig = SimHashConfig(),
+        limits: ServerLimits = ServerLimits(),
+        topic: str = "",
+        rng: random.Random | None = None,
+        max_model_len: int = 131_072,
+    ) -> None:
+        self.name = name
+        self.wire = profile_named(profile)
+        self.family: EngineFamily = self.wire.family
+        self.model_profile = model_profile
+        if served_model_name is None:
+            served_model_name = model_profile.model if model_profile is not None else name
+        self.served_model_name = served_model_name
+        self.timing = timing
+        self.max_model_len = max_model_len
+        self.http_host = http_host
+        self.http_port = http_port
+        self.limits = limits
+        self.faults = faults if faults is not None else SimFaults()
+        self.kv = SimKVEngine(
+            self.wire,
+            block_size=block_size,
+            capacity_blocks=capacity_blocks,
+            dp_size=dp_size,
+            topic=topic,
+            endpoints=kv_endpoints,
+            hashing=hashing,
+            rng=rng,
+        )
+        self.tokenizer = SimTokenizer(model_profile)
+        self.queues = [RankQueue(timing.max_running) for _ in range(dp_size)]
+        self.counters = [RankCounters() for _ in range(dp_size)]
+        self.lora_names = frozenset(a.name for a in hashing.lora_adapters)
+        self.url: str | None = None
+        self._ids = itertools.count(1)
+        self._start_signals: dict[int, trio.Event] = {}
+
+        from cortex.sim.http_engine import SimHttpHandler  # the routes need the engine type
+
+        self.handler = SimHttpHandler(self)
+
+    @property
+    def dp_size(self) -> int:
+        return self.kv.dp_size
+
+    @property
+    def block_size(self) -> int:
+        return self.kv.block_size
+
+    @property
+    def version(self) -> str:
+        return ".".join(str(part) for part in self.wire.version)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start the KV side, then the HTTP server; report the base URL; serve until cancelled."""
+        from cortex.front.server import HttpServer  # lazily: only a served engine needs it
+
+        server = HttpServer(self.handler, self.limits, server_header=b"cortex-sim")
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.kv.run)
+                host, port = await nursery.start(server.serve, self.http_host, self.http_port)
+                self.url = f"http://{_url_host(host)}:{port}"
+                task_status.started(self.url)
+        finally:
+            self.url = None
+
+    # ------------------------------------------------------------ requests
+
+    def check_rank(self, rank: int) -> int:
+        if not 0 <= rank < self.dp_size:
+            raise BadRequest(f"data parallel rank {rank} is out of range [0, {self.dp_size})")
+        return rank
+
+    @asynccontextmanager
+    async def generation(
+        self,
+        rank: int,
+        token_ids: Sequence[int],
+        output_tokens: int,
+        *,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[Generation]:
+        """Queue, admit and run one request on ``rank`` (see the module docstring)."""
+        self.check_rank(rank)
+        queue, counters = self.queues[rank], self.counters[rank]
+        request_id = next(self._ids)
+        started = self._start_signals[request_id] = trio.Event()
+        lease = None
+        finished = False
+        try:
+            self._signal(queue.arrive(request_id))
+            await started.wait()
+            result = self.kv.submit(
+                rank, token_ids, lora_name=lora_name, cache_salt=cache_salt, hold=True
+            )
+            lease = result.lease
+            counters.requests += 1
+            counters.prompt_tokens += len(token_ids)
+            counters.cached_tokens += result.cached_tokens
+            uncached = len(token_ids) - result.cached_tokens
+            yield Generation(
+                request_id,
+                rank,
+                len(token_ids),
+                result.cached_tokens,
+                plan(self.timing, trio.current_time(), uncached, output_tokens),
+                _counters=counters,
+            )
+            finished = True
+        finally:
+            if not finished:
+                counters.aborted += 1
+            if lease is not None:
+                self.kv.release(rank, lease)
+            self._signal(queue.leave(request_id))
+            del self._start_signals[request_id]
+
+    def _signal(self, started: list[int]) -> None:
+        for request_id in started:
+            self._start_signals[request_id].set()
+
+    def busy(self) -> bool:
+        return any(q.running or q.waiting for q in self.queues)
+
+    def flush_cache(self) -> bool:
+        """Clear every rank's cache (AllBlocksCleared), or refuse while requests run or wait."""
+        if self.busy():
+            return False
+        for rank in range(self.dp_size):
+            self.kv.clear(rank)
+        return True
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

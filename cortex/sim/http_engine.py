@@ -1,0 +1,358 @@
+"""The HTTP side of a simulated engine: the routes a vLLM or SGLang server answers, same shapes.
+
+A ``Handler`` (``cortex.front.messages``) over one ``SimEngine``. Shapes follow
+``shared/protocols/engine-endpoints.md``; ``cortex.sim.bodies`` builds the bodies.
+
+Routes (both flavors unless marked):
+
+* ``POST /v1/chat/completions``, ``POST /v1/completions``: JSON, or SSE with ``stream: true``
+  (one ``data:`` event per token, the chat role first, ``finish_reason`` on the last token,
+  a ``choices: []`` usage event with ``stream_options.include_usage``, then ``data: [DONE]``).
+  ``usage.prompt_tokens_details.cached_tokens`` is always present. Output length is
+  ``max_completion_tokens``/``max_tokens`` (default 16); every request ends with ``length``.
+* SGLang ``POST /generate`` (``text`` or ``input_ids``; ``sampling_params.max_new_tokens``;
+  ``meta_info.prompt_tokens``/``cached_tokens``; SSE with cumulative ``text``/``output_ids``).
+* ``GET /v1/models``; ``GET /health`` (200, 503 while the ``unhealthy`` fault is on).
+* SGLang ``GET /server_info`` (and ``/get_server_info``), ``GET /v1/loads`` (``?dp_rank=N``),
+  ``POST|GET /flush_cache`` (400 while requests run or wait).
+* vLLM ``GET /metrics`` (Prometheus text, labels ``model_name`` and ``engine`` = rank),
+  ``GET /kv_event_sources`` (vLLM >= 0.31), ``GET /version``, ``POST /reset_prefix_cache``.
+* ``GET|POST /sim/faults``: read or change the fault switches (JSON object of changes).
+
+Data-parallel rank of a generation request (default 0; out of range -> 400):
+
+* vLLM: header ``X-data-parallel-rank``. Read in vLLM's OpenAI serving base class
+  (``_get_data_parallel_rank``, ``vllm/entrypoints/openai/.../serving.py``): the header is looked
+  up case-insensitively (starlette headers); a value that is not an integer is ignored (None,
+  i.e. the engine balances). The engine rejects a rank outside ``[0, dp_size)``.
+* SGLang: body field ``routed_dp_rank`` (older releases: ``data_parallel_rank``).
+
+Faults, read at the start of every generation request, in this order: ``hang`` (the handler
+waits until the client goes away), ``slow_s`` (sleep before anything is answered),
+``fail_status`` (an OpenAI-style error with that status). ``die_after_chunks`` breaks a streamed
+response after N events (the body iterator raises ``EngineCrashed``; the server then closes the
+connection without the final chunk); non-streamed responses are unaffected.
+
+LoRA: ``lora_path`` (SGLang), ``model`` written ``base:adapter`` (SGLang), or (vLLM) ``model``
+naming a configured adapter. vLLM answers 404 for any other ``model`` that is not the served
+name; SGLang ignores ``model``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+import msgspec
+import trio
+
+from cortex.errors import BadRequest, NotFound
+from cortex.events.model import EngineFamily
+from cortex.front.messages import HttpRequest, HttpResponse, json_response
+from cortex.profile.request_text import split_model_name
+from cortex.sim import bodies
+from cortex.sim.engine import EngineCrashed, SimEngine
+
+DEFAULT_MAX_TOKENS = 16
+MAX_OUTPUT_TOKENS = 1 << 20
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
+METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+DONE = b"data: [DONE]\n\n"
+
+Route = Callable[[HttpRequest], Awaitable[HttpResponse]]
+
+
+class SimHttpHandler:
+    """``await handler(request) -> HttpResponse`` for one simulated engine."""
+
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
+        vllm = engine.family is EngineFamily.VLLM
+        routes: dict[tuple[bytes, bytes], Route] = {
+            (b"POST", b"/v1/chat/completions"): self._chat,
+            (b"POST", b"/v1/completions"): self._completions,
+            (b"GET", b"/v1/models"): self._models,
+            (b"GET", b"/health"): self._health,
+            (b"GET", b"/sim/faults"): self._faults,
+            (b"POST", b"/sim/faults"): self._faults,
+        }
+        if vllm:
+            routes[(b"GET", b"/metrics")] = self._metrics
+            routes[(b"GET", b"/version")] = self._version
+            routes[(b"POST", b"/reset_prefix_cache")] = self._flush
+            if engine.wire.version >= (0, 31):
+                routes[(b"GET", b"/kv_event_sources")] = self._kv_event_sources
+        else:
+            routes[(b"POST", b"/generate")] = self._generate
+            routes[(b"GET", b"/health_generate")] = self._health
+            routes[(b"GET", b"/server_info")] = self._server_info
+            routes[(b"GET", b"/get_server_info")] = self._server_info
+            routes[(b"GET", b"/v1/loads")] = self._loads
+            routes[(b"POST", b"/flush_cache")] = self._flush
+            routes[(b"GET", b"/flush_cache")] = self._flush
+        self._routes = routes
+
+    async def __call__(self, request: HttpRequest) -> HttpResponse:
+        route = self._routes.get((request.method, request.path))
+        if route is None:
+            raise NotFound(f"no route {request.method.decode()} {request.path.decode()}")
+        return await route(request)
+
+    # ------------------------------------------------------------ generation routes
+
+    async def _chat(self, request: HttpRequest) -> HttpResponse:
+        body = _json_body(request)
+        tokenizer = self.engine.tokenizer
+        return await self._openai(request, body, "chat", lambda: tokenizer.chat_ids(body))
+
+    async def _completions(self, request: HttpRequest) -> HttpResponse:
+        body = _json_body(request)
+        return await self._openai(
+            request,
+            body,
+            "completion",
+            lambda: self.engine.tokenizer.prompt_ids(body, body.get("prompt"), "prompt"),
+        )
+
+    async def _openai(
+        self,
+        request: HttpRequest,
+        body: dict[str, Any],
+        kind: str,
+        tokenize: Callable[[], list[int]],
+    ) -> HttpResponse:
+        engine = self.engine
+        rank = self._rank(request, body)
+        lora = self._lora(body)
+        if _positive(body, "n", 1) != 1:
+            raise BadRequest("the simulated engine answers n=1 only")
+        max_tokens = body.get("max_completion_tokens") if kind == "chat" else None
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens")
+        out = _max_tokens(max_tokens, "max_tokens")
+        token_ids = tokenize()
+        salt = _salt(body)
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            model = engine.served_model_name
+        if (early := await self._fault_gate()) is not None:
+            return early
+        stream = _bool(body, "stream", False)
+        shape = bodies.OpenAIShape(kind, model, bodies.response_id(kind, engine.name))
+        generation = engine.generation(rank, token_ids, out, lora_name=lora, cache_salt=salt)
+        if not stream:
+            async with generation as gen:
+                pieces = [text async for _, text, _ in gen]
+                text = "".join(pieces)
+                return _json(200, shape.full(text, gen.prompt_tokens, gen.produced,
+                                             gen.cached_tokens))
+        options = body.get("stream_options") or {}
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+
+        async def events() -> AsyncIterator[bytes]:
+            async with generation as gen:
+                async for i, text, _ in gen:
+                    if i == 0 and kind == "chat":
+                        yield shape.role_event()
+                    yield shape.token_event(text, last=i == gen.plan.output_tokens - 1)
+                if include_usage:
+                    yield shape.usage_event(gen.prompt_tokens, gen.produced, gen.cached_tokens)
+            yield DONE
+
+        return HttpResponse(200, list(SSE_HEADERS), self._breakable(events()))
+
+    async def _generate(self, request: HttpRequest) -> HttpResponse:
+        engine = self.engine
+        body = _json_body(request)
+        rank = self._rank(request, body)
+        lora = self._lora(body)
+        params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            raise BadRequest("sampling_params must be an object (one request per call)")
+        out = _max_tokens(params.get("max_new_tokens"), "max_new_tokens")
+        if body.get("input_ids") is not None:
+            token_ids = engine.tokenizer.prompt_ids(body, body["input_ids"], "input_ids")
+        else:
+            token_ids = engine.tokenizer.prompt_ids(body, body.get("text"), "text")
+        salt = _salt(body)
+        rid = body.get("rid")
+        if not isinstance(rid, str) or not rid:
+            rid = bodies.response_id("generate", engine.name)
+        if (early := await self._fault_gate()) is not None:
+            return early
+        began = trio.current_time()
+        generation = engine.generation(rank, token_ids, out, lora_name=lora, cache_salt=salt)
+        if not _bool(body, "stream", False):
+            async with generation as gen:
+                pieces = [(text, tid) async for _, text, tid in gen]
+                e2e = trio.current_time() - began
+                return _json(200, bodies.generate_body(rid, gen, pieces, e2e, done=True))
+
+        async def events() -> AsyncIterator[bytes]:
+            async with generation as gen:
+                pieces: list[tuple[str, int]] = []
+                async for i, text, tid in gen:
+                    pieces.append((text, tid))
+                    done = i == gen.plan.output_tokens - 1
+                    e2e = trio.current_time() - began
+                    payload = bodies.generate_body(rid, gen, pieces, e2e, done=done)
+                    yield bodies.sse(payload)
+            yield DONE
+
+        return HttpResponse(200, list(SSE_HEADERS), self._breakable(events()))
+
+    async def _fault_gate(self) -> HttpResponse | None:
+        faults = self.engine.faults
+        if faults.hang:
+            await trio.sleep_forever()
+        if faults.slow_s > 0:
+            await trio.sleep(faults.slow_s)
+        if faults.fail_status is not None:
+            status = faults.fail_status
+            return _json(status, bodies.error_body("simulated failure", status))
+        return None
+
+    async def _breakable(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """Pass the events through; with ``die_after_chunks`` set, break after that many."""
+        limit = self.engine.faults.die_after_chunks
+        sent = 0
+        try:
+            async for event in events:
+                if limit is not None and sent >= limit:
+                    raise EngineCrashed(f"simulated crash after {sent} events")
+                yield event
+                sent += 1
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    def _rank(self, request: HttpRequest, body: dict[str, Any]) -> int:
+        if self.engine.family is EngineFamily.VLLM:
+            raw = request.header(b"x-data-parallel-rank")
+            try:
+                rank = int(raw) if raw is not None else 0
+            except ValueError:
+                rank = 0  # vLLM ignores a rank that is not an integer
+        else:
+            value = body.get("routed_dp_rank", body.get("data_parallel_rank"))
+            if value is not None and type(value) is not int:
+                raise BadRequest("routed_dp_rank must be an integer")
+            rank = value or 0
+        return self.engine.check_rank(rank)
+
+    def _lora(self, body: dict[str, Any]) -> str | None:
+        path = body.get("lora_path")
+        if isinstance(path, list):
+            path = path[0] if path else None
+        if isinstance(path, str) and path:
+            return path
+        model = body.get("model")
+        base, adapter = split_model_name(model)
+        if adapter is not None:
+            return adapter
+        if self.engine.family is EngineFamily.VLLM and isinstance(model, str) and model:
+            if model in self.engine.lora_names:
+                return model
+            if model != self.engine.served_model_name:
+                raise NotFound(f"The model `{model}` does not exist.")
+        return None
+
+    # ------------------------------------------------------------ information routes
+
+    async def _models(self, request: HttpRequest) -> HttpResponse:
+        return _json(200, bodies.models_body(self.engine))
+
+    async def _health(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(503 if self.engine.faults.unhealthy else 200)
+
+    async def _version(self, request: HttpRequest) -> HttpResponse:
+        return _json(200, {"version": self.engine.version})
+
+    async def _server_info(self, request: HttpRequest) -> HttpResponse:
+        return _json(200, bodies.server_info_body(self.engine))
+
+    async def _loads(self, request: HttpRequest) -> HttpResponse:
+        query = parse_qs(request.target.partition(b"?")[2].decode("latin-1"))
+        ranks: list[int] | range = range(self.engine.dp_size)
+        if "dp_rank" in query:
+            try:
+                ranks = [self.engine.check_rank(int(query["dp_rank"][0]))]
+            except ValueError:
+                raise BadRequest("dp_rank must be an integer") from None
+        return _json(200, bodies.loads_body(self.engine, ranks))
+
+    async def _metrics(self, request: HttpRequest) -> HttpResponse:
+        text = bodies.vllm_metrics_text(self.engine)
+        return HttpResponse(200, [(b"content-type", METRICS_TYPE)], text.encode())
+
+    async def _kv_event_sources(self, request: HttpRequest) -> HttpResponse:
+        return _json(200, bodies.kv_event_sources_body(self.engine))
+
+    async def _flush(self, request: HttpRequest) -> HttpResponse:
+        if self.engine.flush_cache():
+            return HttpResponse(200, [(b"content-type", b"text/plain")], b"Cache flushed.\n")
+        return HttpResponse(
+            400,
+            [(b"content-type", b"text/plain")],
+            b"Cache not flushed. Please check if there are running requests or waiting requests.\n",
+        )
+
+    async def _faults(self, request: HttpRequest) -> HttpResponse:
+        if request.method == b"POST":
+            self.engine.faults.update(_json_body(request))
+        return _json(200, self.engine.faults.as_dict())
+
+
+# ---------------------------------------------------------------- body helpers
+
+
+def _json(status: int, payload: object) -> HttpResponse:
+    return json_response(status, msgspec.json.encode(payload))
+
+
+def _json_body(request: HttpRequest) -> dict[str, Any]:
+    try:
+        body = msgspec.json.decode(request.body) if request.body else {}
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"{name} must be a boolean")
+    return value
+
+
+def _positive(body: dict[str, Any], name: str, default: int) -> int:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if type(value) is not int or value < 1:
+        raise BadRequest(f"{name} must be a positive integer")
+    return value
+
+
+def _max_tokens(value: object, name: str) -> int:
+    if value is None:
+        return DEFAULT_MAX_TOKENS
+    if type(value) is not int or not 1 <= value <= MAX_OUTPUT_TOKENS:
+        raise BadRequest(f"{name} must be an integer in [1, {MAX_OUTPUT_TOKENS}]")
+    return value
+
+
+def _salt(body: dict[str, Any]) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is None or isinstance(salt, str):
+        return salt or None
+    raise BadRequest("cache_salt must be a string")
+
+
