@@ -1,0 +1,397 @@
+"""``cortex serve``: every part wired together under one trio nursery.
+
+Order of start (each step done before the next begins, via ``nursery.start``):
+
+1. the upstream pool (idle reaper) and the ledger book;
+2. the worker registry with the configured workers — each worker's KV-event ingestion (one
+   subscriber per DP rank) starts when it is added and stops when it is removed;
+3. the health/load monitor (a worker is routable after its first good probe);
+4. the control plane (hypercorn, loopback by default) and the data plane (lean h11 server).
+
+Worker lifecycle rules (architecture.md §2, §4):
+
+* health or load changes re-read the worker's view at once (``ModelPool.set_figures``);
+* a worker whose breaker opens (dead) leaves the live pool first (its view turns unhealthy);
+  then its ingestion stops and its ledger entries are dropped (state SYNCING, "worker down"),
+  so late events cannot write back; when its breaker closes again, ingestion restarts and
+  replays history from sequence 0 (READY if the engine's buffer reaches back, else PARTIAL);
+* removal (admin API, or a drained worker whose in-flight count reached 0) takes it out of its
+  pool, stops ingestion and unregisters its targets.
+
+Shutdown (SIGINT/SIGTERM, or cancelling ``run_gateway``): the data plane drains (in-flight
+requests finish within ``server.limits.drain_timeout_s``), then everything is cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+from dataclasses import dataclass, field
+from functools import partial
+
+import trio
+
+from cortex.config.tree import CortexConfig
+from cortex.control.admin import AdminOps, spec_as_json
+from cortex.control.app import ControlApp
+from cortex.control.auth import BearerAuth
+from cortex.control.serve import serve_control
+from cortex.errors import ConfigError, CortexError
+from cortex.events.counters import IngestCounters
+from cortex.events.model import EngineFamily
+from cortex.events.source import EventSource, IngestSettings, rank_endpoint
+from cortex.events.subscriber import run_source
+from cortex.front.server import HttpServer
+from cortex.gateway.metrics_observer import MetricsObserver
+from cortex.gateway.pool import ModelPool, WorkerFigures
+from cortex.gateway.proxy import Gateway
+from cortex.gateway.worker_report import (
+    WorkerReport,
+    sglang_server_info,
+    vllm_block_size,
+    vllm_models,
+)
+from cortex.ledger.book import LedgerBook
+from cortex.ledger.state import TargetState
+from cortex.metrics import CortexMetrics, ledger_figures
+from cortex.profile.model_profile import ProfileSpec
+from cortex.profile.profile_set import ProfileSet, load_profiles
+from cortex.upstream.pool import UpstreamPool
+from cortex.workers.breaker import BreakerState
+from cortex.workers.health import HealthSettings
+from cortex.workers.monitor import Fetch, run_monitor
+from cortex.workers.registry import ChangeKind, WorkerRegistry
+from cortex.workers.spec import WorkerSpec
+
+log = logging.getLogger("cortex.app")
+
+_FAMILIES = {"vllm": EngineFamily.VLLM, "sglang": EngineFamily.SGLANG}
+
+
+@dataclass(slots=True)
+class Running:
+    """What a started gateway exposes (tests, the demo, the CLI's startup line)."""
+
+    data_port: int
+    control_port: int
+    book: LedgerBook
+    registry: WorkerRegistry
+    pools: dict[str, ModelPool]
+    server: HttpServer
+    metrics: CortexMetrics
+    ingest_counters: dict[int, IngestCounters] = field(default_factory=dict)
+
+
+def build_pools(
+    config: CortexConfig, book: LedgerBook
+) -> tuple[dict[str, ModelPool], ProfileSet]:
+    """One pool per configured model (and per model a worker names without a profile)."""
+    specs = [ProfileSpec(model.name, model.tokenizer or "", model.block_size or 0,
+                         model.chat_template, model.add_bos, model.bos_token, model.eos_token,
+                         model.version)
+             for model in config.models if not model.passthrough]
+    profiles = load_profiles(specs)
+    scheduler = config.scheduler
+    rng = random.Random(scheduler.seed)
+    pools: dict[str, ModelPool] = {}
+    for model in config.models:
+        pools[model.name] = ModelPool(
+            model.name, book, profiles=profiles,
+            passthrough=model.passthrough, cost=scheduler.cost,
+            watermarks=scheduler.watermarks, bounds=scheduler.bounds,
+            rng=random.Random(rng.getrandbits(64)),
+            segment_cache_bytes=model.segment_cache_bytes)
+    for worker in config.workers:
+        name = model_of(worker, config)
+        if name not in pools:
+            pools[name] = ModelPool(name, book, profiles=profiles,
+                                    cost=scheduler.cost, watermarks=scheduler.watermarks,
+                                    bounds=scheduler.bounds,
+                                    rng=random.Random(rng.getrandbits(64)))
+    return pools, profiles
+
+
+def model_of(spec: WorkerSpec, config: CortexConfig) -> str:
+    if spec.model is not None:
+        return spec.model
+    if len(config.models) == 1:
+        return config.models[0].name
+    return "default"
+
+
+class _Workers(AdminOps):
+    """Keeps pools, ingestion and the ledger in step with the registry (rules at the top)."""
+
+    def __init__(self, config: CortexConfig, registry: WorkerRegistry, book: LedgerBook,
+                 pools: dict[str, ModelPool], profiles: ProfileSet, nursery: trio.Nursery,
+                 counters: dict[int, IngestCounters], metrics: CortexMetrics,
+                 fetch: Fetch) -> None:
+        self.config = config
+        self.profiles = profiles
+        self.fetch = fetch
+        self.reported: set[str] = set()
+        self.registry = registry
+        self.book = book
+        self.pools = pools
+        self.nursery = nursery
+        self.counters = counters
+        self.metrics = metrics
+        self.ingestion: dict[str, trio.CancelScope] = {}
+        self.targets: dict[str, tuple[int, ...]] = {}
+        self.worker_of_target: dict[int, str] = {}
+        self.model: dict[str, str] = {}
+        registry.on_change(self.on_change)
+        book.on_state_change(self.on_state)
+
+    # AdminOps -----------------------------------------------------------------------------
+    def list_workers(self) -> list[dict[str, object]]:
+        out = []
+        for spec in self.registry.specs():
+            status = self.registry.status(spec.name)
+            pool = self.pools.get(self.model.get(spec.name, ""))
+            out.append({**spec_as_json(spec), "live": status.live, "healthy": status.healthy,
+                        "breaker": status.breaker.value, "draining": status.draining,
+                        "last_error": status.last_error,
+                        "in_flight": pool.pending.in_flight(spec.name) if pool else 0})
+        return out
+
+    def add(self, spec: WorkerSpec) -> None:
+        self.registry.add(spec)
+
+    def drain(self, name: str) -> None:
+        pool = self.pools.get(self.model.get(name, ""))
+        self.registry.drain(name, pool.pending.in_flight(name) if pool else 0)
+
+    def remove(self, name: str) -> None:
+        self.registry.remove(name)
+
+    # registry and ledger listeners --------------------------------------------------------
+    def on_change(self, kind: ChangeKind, name: str) -> None:
+        if kind == "added":
+            self._added(self.registry.spec(name))
+        elif kind == "removed":
+            self._removed(name)
+        else:
+            self._figures(name)
+
+    def on_state(self, target: int, state: TargetState) -> None:
+        name = self.worker_of_target.get(target)
+        pool = self.pools.get(self.model.get(name or "", ""))
+        if name is not None and pool is not None:
+            pool.refresh(name)
+
+    def _added(self, spec: WorkerSpec) -> None:
+        model = model_of(spec, self.config)
+        pool = self.pools.get(model)
+        if pool is None:
+            scheduler = self.config.scheduler
+            pool = self.pools[model] = ModelPool(
+                model, self.book, profiles=self.profiles, cost=scheduler.cost,
+                watermarks=scheduler.watermarks, bounds=scheduler.bounds)
+        self.model[spec.name] = model
+        targets: tuple[int, ...] = ()
+        if spec.events is not None and not pool.passthrough:
+            family = _FAMILIES[spec.engine]
+            targets = tuple(self.book.register(spec.name, rank, family, model)
+                            for rank in range(spec.dp_size))
+            for target in targets:
+                self.worker_of_target[target] = spec.name
+                self.counters.setdefault(target, IngestCounters())
+        self.targets[spec.name] = targets
+        pool.set_worker(spec, targets)
+        self._figures(spec.name)  # not live until its first good probe
+        self._start_ingestion(spec)
+
+    async def _check_report(self, spec: WorkerSpec, pool: ModelPool) -> None:
+        """Compare what the worker says it serves (model, page size) with the profile."""
+        timeout = self.config.health.timeout_s
+        try:
+            if spec.engine == "sglang":
+                status, body = await self.fetch(spec.origin, "/server_info", timeout)
+                report = sglang_server_info(body if status == 200 else b"")
+            else:
+                status, body = await self.fetch(spec.origin, "/v1/models", timeout)
+                models = vllm_models(body) if status == 200 else ()
+                status, body = await self.fetch(spec.origin, "/metrics", timeout)
+                size = vllm_block_size(body.decode(errors="replace")) if status == 200 else None
+                report = WorkerReport(models, size)
+        except (OSError, CortexError, trio.TooSlowError) as error:
+            log.warning("worker %s: could not read its own report: %s", spec.name, error)
+            self.reported.discard(spec.name)  # asked again when it is next seen live
+            return
+        if spec.name not in pool.workers:
+            return
+        reason = pool.note_report(spec.name, report.model_for(pool.model), report.block_size)
+        if reason is not None:
+            log.warning("worker %s disagrees with the profile of %s: %s; exact routing off",
+                        spec.name, pool.model, reason)
+
+    def _removed(self, name: str) -> None:
+        self.reported.discard(name)
+        pool = self.pools.get(self.model.pop(name, ""))
+        if pool is not None:
+            pool.remove_worker(name)
+        self._stop_ingestion(name)
+        for target in self.targets.pop(name, ()):
+            self.worker_of_target.pop(target, None)
+            self.counters.pop(target, None)
+            self.book.unregister(target)
+        self.metrics.forget_worker(name)
+
+    def _figures(self, name: str) -> None:
+        if name not in self.registry:
+            return
+        status = self.registry.status(name)
+        pool = self.pools.get(self.model.get(name, ""))
+        if pool is None:
+            return
+        loads = status.loads.values()
+        queue = sum(load.waiting for load in loads) if loads else None
+        usages = [load.kv_usage for load in loads if load.kv_usage is not None]
+        pool.set_figures(name, WorkerFigures(status.live, queue, max(usages, default=None)))
+        if status.live and name not in self.reported and pool.profile is not None:
+            self.reported.add(name)
+            self.nursery.start_soon(self._check_report, self.registry.spec(name), pool)
+        dead = status.breaker is BreakerState.OPEN
+        if dead and name in self.ingestion:
+            self._stop_ingestion(name)  # after the view turned unhealthy: leave the pool first
+            for target in self.targets.get(name, ()):
+                self.book.drop_target_entries(target)
+                self.book.set_state(target, TargetState.SYNCING, "worker down")
+        elif not dead and name not in self.ingestion:
+            self._start_ingestion(self.registry.spec(name))
+
+    def _start_ingestion(self, spec: WorkerSpec) -> None:
+        targets = self.targets.get(spec.name, ())
+        if not targets or spec.events is None:
+            return
+        scope = self.ingestion[spec.name] = trio.CancelScope()
+        family = _FAMILIES[spec.engine]
+        model = self.model[spec.name]
+        sources = [EventSource(spec.name, rank, family, model, rank_endpoint(spec.events, rank),
+                               None if spec.replay is None else rank_endpoint(spec.replay, rank),
+                               spec.topic.encode())
+                   for rank in range(spec.dp_size)]
+        self.nursery.start_soon(self._ingest, scope, sources, targets, self.config.ingest)
+
+    async def _ingest(self, scope: trio.CancelScope, sources: list[EventSource],
+                      targets: tuple[int, ...], settings: IngestSettings) -> None:
+        with scope:
+            async with trio.open_nursery() as nursery:
+                for source, target in zip(sources, targets, strict=True):
+                    nursery.start_soon(partial(run_source, source, target, self.book,
+                                               settings=settings,
+                                               counters=self.counters[target]))
+
+    def _stop_ingestion(self, name: str) -> None:
+        scope = self.ingestion.pop(name, None)
+        if scope is not None:
+            scope.cancel()
+
+    async def report_in_flight(self) -> None:
+        """Drained workers leave once their last request finished (checked twice a second)."""
+        while True:
+            await trio.sleep(0.5)
+            for spec in self.registry.specs():
+                if self.registry.status(spec.name).draining:
+                    pool = self.pools.get(self.model.get(spec.name, ""))
+                    self.registry.report_in_flight(
+                        spec.name, pool.pending.in_flight(spec.name) if pool else 0)
+
+
+async def run_gateway(config: CortexConfig, *,
+                      task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
+    book = LedgerBook()
+    pools, profiles = build_pools(config, book)
+    metrics = CortexMetrics()
+    health = config.health
+    settings = HealthSettings(health.interval_s, health.timeout_s, health.failures_to_open,
+                              health.open_s, health.load_interval_s)
+    registry = WorkerRegistry(settings, trio.current_time)
+    upstream = UpstreamPool(config.upstream.limits)
+    counters: dict[int, IngestCounters] = {}
+    observer = MetricsObserver(metrics, registry)
+    gateway = Gateway(pools, upstream, retries=config.upstream.retries_before_first_byte,
+                      observer=observer)
+    server = HttpServer(gateway.handle, config.server.limits)
+
+    async def fetch(origin: str, path: str, timeout_s: float) -> tuple[int, bytes]:
+        with trio.fail_after(timeout_s):
+            async with upstream.request(origin, b"GET", path.encode(), []) as response:
+                return response.status, await response.read(16 << 20)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(upstream.run)
+        workers = _Workers(config, registry, book, pools, profiles, nursery, counters, metrics,
+                           fetch)
+        problems: list[str] = []
+        for spec in config.workers:
+            try:
+                registry.add(spec)
+            except ConfigError as error:
+                problems += error.problems
+        if problems:
+            raise ConfigError(problems)
+        nursery.start_soon(workers.report_in_flight)
+        await nursery.start(run_monitor, registry, fetch, settings)
+        metrics.watch_ledger(lambda: ledger_figures(book))
+        metrics.watch_workers(lambda: [v for pool in pools.values() for v in pool.views()])
+        metrics.watch_ingest(lambda: [(book.info(t).worker, book.info(t).rank, c)
+                                      for t, c in list(counters.items())])
+        metrics.watch_http(lambda: server.counters)
+        control = ControlApp(metrics=metrics, readiness=gateway.readiness,
+                             auth=BearerAuth(_admin_token(config)), admin=workers,
+                             ledger=lambda: ledger_figures(book))
+        control_port = await nursery.start(partial(serve_control, control, config.control.host,
+                                                   config.control.port))
+        _, data_port = await nursery.start(server.serve, config.server.host, config.server.port)
+        task_status.started(Running(data_port, control_port, book, registry, pools, server,
+                                    metrics, counters))
+        await _until_signal(server, config.server.limits.drain_timeout_s)
+        nursery.cancel_scope.cancel()
+
+
+def _admin_token(config: CortexConfig) -> str | None:
+    control = config.control
+    if control.admin_token:
+        return control.admin_token
+    if control.admin_token_file:
+        with open(control.admin_token_file, encoding="utf-8") as handle:
+            return handle.read().strip() or None
+    return None
+
+
+async def _until_signal(server: HttpServer, drain_timeout_s: float) -> None:
+    """Return after SIGINT/SIGTERM once the data plane drained, or never (until cancelled)."""
+    try:
+        receiver = trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
+    except RuntimeError:  # not the main thread (tests): cancellation is the only way out
+        await trio.sleep_forever()
+        return
+    with receiver as signals:
+        async for signum in signals:
+            log.info("signal %s: draining", signal.Signals(signum).name)
+            break
+    server.drain()
+    with trio.move_on_after(drain_timeout_s + 1):
+        while server.in_flight:
+            await trio.sleep(0.05)
+
+
+def serve(config: CortexConfig) -> int:
+    """Run the gateway until SIGINT/SIGTERM; the exit code for the CLI."""
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            running: Running = await nursery.start(run_gateway, config)
+            print(f"cortex: data plane on {config.server.host}:{running.data_port}, "
+                  f"control plane on {config.control.host}:{running.control_port}", flush=True)
+    try:
+        trio.run(main)
+    except ConfigError as error:
+        for problem in error.problems:
+            print(f"cortex: {problem}", flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

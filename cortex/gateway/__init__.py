@@ -1,0 +1,1 @@
+"""The request path: from an HTTP request to a routed, streamed upstream exchange."""

@@ -1,0 +1,126 @@
+"""The data plane's generation endpoints and what Cortex changes in what it forwards. Pure.
+
+Rules:
+
+* Three generation endpoints: OpenAI chat, OpenAI completions, SGLang ``/generate``. Each body
+  is parsed once (JSON object, else ``BadRequest``); the parsed dict serves routing, the raw
+  bytes are forwarded unchanged unless Cortex must add a field.
+* Inbound ``x-cortex-*`` headers are dropped (only Cortex says what Cortex decided), as are
+  hop-by-hop headers and ``host``/``content-length`` (the upstream client sets them).
+* Data-parallel rank (engine-endpoints.md §4): SGLang takes ``routed_dp_rank`` in the body
+  (the body is re-encoded only then); vLLM takes the ``x-data-parallel-rank`` header (vLLM's
+  ``_get_data_parallel_rank`` reads it case-insensitively). ``rank`` ``None``: the engine's
+  own DP balancer chooses.
+* Decision headers on the response: ``x-cortex-cache-hit-tokens``,
+  ``x-cortex-assigned-worker``, ``x-cortex-match-mode`` (the ``Mode`` value), plus
+  ``x-cortex-dp-rank`` when a rank was set and ``x-cortex-attempts`` after retries.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from cortex.errors import BadRequest
+from cortex.profile.chat_template import ChatTemplate
+from cortex.profile.request_text import (
+    RequestPrompt,
+    chat_prompt,
+    completions_prompt,
+    generate_prompt,
+)
+
+Headers = list[tuple[bytes, bytes]]
+
+_DROPPED_REQUEST_HEADERS = frozenset({
+    b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te",
+    b"trailer", b"upgrade", b"proxy-authorization", b"proxy-connection", b"expect",
+})
+_json_decoder = msgspec.json.Decoder()
+_json_encoder = msgspec.json.Encoder()
+
+
+class Endpoint(enum.Enum):
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+    GENERATE = "/generate"
+
+
+ENDPOINTS = {endpoint.value.encode(): endpoint for endpoint in Endpoint}
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; anything else is the client's error."""
+    if not raw:
+        raise BadRequest("request body must be a JSON object, got an empty body")
+    try:
+        body = _json_decoder.decode(raw)
+    except msgspec.DecodeError as error:
+        raise BadRequest(f"request body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def body_model(body: Mapping[str, Any]) -> str | None:
+    """The model the body names (``base`` of ``base:adapter``); ``None`` if it names none."""
+    model = body.get("model")
+    if model is None:
+        return None
+    if not isinstance(model, str) or not model:
+        raise BadRequest("model must be a non-empty string")
+    base, sep, adapter = model.partition(":")
+    return base if sep and base and adapter else model
+
+
+def request_prompt(
+    endpoint: Endpoint,
+    body: Mapping[str, Any],
+    template: ChatTemplate | None,
+    bos_token: str | None,
+    eos_token: str | None,
+) -> RequestPrompt | None:
+    """What to tokenize (or the ids sent); ``None`` when chat has no template to render with."""
+    if endpoint is Endpoint.CHAT:
+        if template is None:
+            return None
+        return chat_prompt(body, template, bos_token or "", eos_token or "")
+    if endpoint is Endpoint.COMPLETIONS:
+        return completions_prompt(body)
+    return generate_prompt(body)
+
+
+def forwarded_headers(headers: Headers) -> Headers:
+    """The client's headers minus ``x-cortex-*``, hop-by-hop and framing headers."""
+    return [(name, value) for name, value in headers
+            if name not in _DROPPED_REQUEST_HEADERS and not name.startswith(b"x-cortex-")]
+
+
+def with_dp_rank(
+    engine: str, body: dict[str, Any], raw: bytes, headers: Headers, rank: int | None
+) -> tuple[bytes, Headers]:
+    """Body and headers to send so the engine serves the request on DP ``rank``."""
+    if rank is None:
+        return raw, headers
+    if engine == "sglang":
+        return _json_encoder.encode({**body, "routed_dp_rank": rank}), headers
+    return raw, [*[(n, v) for n, v in headers if n != b"x-data-parallel-rank"],
+                 (b"x-data-parallel-rank", str(rank).encode())]
+
+
+def decision_headers(
+    worker: str, mode: str, cached_tokens: int, rank: int | None, attempts: int
+) -> Headers:
+    headers = [
+        (b"x-cortex-assigned-worker", worker.encode()),
+        (b"x-cortex-match-mode", mode.encode()),
+        (b"x-cortex-cache-hit-tokens", str(cached_tokens).encode()),
+    ]
+    if rank is not None:
+        headers.append((b"x-cortex-dp-rank", str(rank).encode()))
+    if attempts > 1:
+        headers.append((b"x-cortex-attempts", str(attempts).encode()))
+    return headers

@@ -1,0 +1,47 @@
+"""The request path's reports turned into ``cortex_*`` metrics and worker-breaker input.
+
+Upstream failures are labelled with the upstream client's phase (``acquire``, ``connect``,
+``send``, ``head``, ``body``); a worker's retryable status answer (502/503/504) counts as
+``head``, and so does a body that broke before its first byte reached the client (still
+retryable). A connect failure also counts toward the worker's circuit breaker; an HTTP answer of
+any status does not.
+"""
+
+from __future__ import annotations
+
+from cortex.gateway.observer import RouteObserver
+from cortex.gateway.pool import Route
+from cortex.metrics import CortexMetrics
+from cortex.workers.registry import WorkerRegistry
+
+
+
+class MetricsObserver(RouteObserver):
+    def __init__(self, metrics: CortexMetrics, registry: WorkerRegistry) -> None:
+        self.metrics = metrics
+        self.registry = registry
+
+    def tokenized(self, model: str, seconds: float) -> None:
+        self.metrics.observe_tokenize(seconds)
+
+    def decided(self, model: str, route: Route, seconds: float) -> None:
+        self.metrics.observe_route(route.decision.mode, seconds)
+        self.metrics.record_decision(model, route.decision)
+        hash_s = route.timings.get("hash_s")
+        if hash_s is not None:
+            self.metrics.observe_hash(hash_s)
+
+    def upstream_failed(
+        self, worker: str, error: Exception, retried: bool, after_first_byte: bool = False
+    ) -> None:
+        phase = getattr(error, "phase", "head")
+        if phase == "body" and not after_first_byte:
+            phase = "head"
+        self.metrics.record_upstream_error(worker, phase)
+        if retried:
+            self.metrics.record_retry(phase)
+        if phase == "connect" and worker in self.registry:
+            self.registry.upstream_connect_failed(worker, str(error))
+
+    def cached_tokens(self, model: str, route: Route, predicted: int, reported: int) -> None:
+        self.metrics.record_cached_tokens(model, predicted, reported)

@@ -1,0 +1,33 @@
+"""What the request path reports as it goes: decisions, timings, failures, ledger accuracy.
+
+``RouteObserver`` is the no-op base the gateway calls; the app passes a subclass that feeds
+Prometheus (``cortex.metrics``) and tests pass one that records. Keeping the hooks here keeps
+the gateway free of any metrics library.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cortex.gateway.pool import Route
+
+
+class RouteObserver:
+    def tokenized(self, model: str, seconds: float) -> None:
+        """The prompt of a request for ``model`` was tokenized in ``seconds``."""
+
+    def template_failed(self, model: str, error: Exception) -> None:
+        """The chat template could not render a request: it was routed on load only."""
+
+    def decided(self, model: str, route: Route, seconds: float) -> None:
+        """The first decision of a request, ``seconds`` after its body was in."""
+
+    def upstream_failed(
+        self, worker: str, error: Exception, retried: bool, after_first_byte: bool = False
+    ) -> None:
+        """An exchange with ``worker`` failed; ``retried`` if another worker gets the request;
+        ``after_first_byte`` if the client had already received part of the response."""
+
+    def cached_tokens(self, model: str, route: Route, predicted: int, reported: int) -> None:
+        """The engine reported how many prompt tokens it found cached for a routed request."""

@@ -1,0 +1,239 @@
+"""One served model's routing state: its workers, their pending work, its scheduler and profile.
+
+Rules:
+
+* A pool routes for one model name; the ledger registers that model's targets under the same
+  name, so the request's namespace (``request_block_keys(..., model)``) equals the ledger's.
+* The views the scheduler reads are kept current incrementally (``PendingWork.track``) when a
+  worker's health, load or ledger state changes (``refresh``), never rebuilt per decision.
+* ``exact_off`` (the profile set's reason: profile missing or not loaded, or a worker whose own
+  report disagrees with it) turns exact routing off for the whole model: the prompt is not
+  tokenized and every worker's ledger counts as unknown, so the chain falls to load-based
+  policies — never a guessed hit. A ``passthrough`` pool (another component schedules it) always
+  goes round robin over its live workers with Cortex's own KV decisions off.
+* ``route`` decides and returns a ``Route`` whose ``hold`` (in-flight accounting) the caller
+  enters for the life of the upstream exchange. ``exclude`` names workers that already failed
+  this request (retries before the first byte).
+* DP rank: the rank of the picked worker holding the longest hit; ``None`` (engine chooses)
+  without a hit.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from array import array
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from cortex.events.model import EngineFamily
+from cortex.ledger.book import LedgerBook
+from cortex.ledger.state import TargetState
+from cortex.profile.profile_set import ProfileSet
+from cortex.profile.request_keys import request_block_keys
+from cortex.profile.request_text import RequestPrompt
+from cortex.scheduling import (
+    BoundedLoad,
+    CostConfig,
+    Decision,
+    FastScheduler,
+    PendingWork,
+    RequestFacts,
+    Role,
+    Scheduler,
+    Watermarks,
+    WorkerView,
+)
+from cortex.scheduling.inflight import Hold
+from cortex.scheduling.round_robin import RoundRobin
+from cortex.workers.spec import WorkerSpec
+
+# Trust order of ledger states: a worker is as trusted as its least trusted DP rank.
+_DISTRUST = {TargetState.READY: 0, TargetState.SYNCING: 1, TargetState.STALE: 2,
+             TargetState.PARTIAL: 3}
+_FAMILIES = {"vllm": EngineFamily.VLLM, "sglang": EngineFamily.SGLANG}
+
+
+@dataclass(slots=True)
+class Route:
+    decision: Decision
+    worker: WorkerSpec
+    rank: int | None
+    hold: Hold
+    prompt_tokens: int | None  # None when the prompt was not tokenized
+    timings: dict[str, float] = field(default_factory=dict)  # tokenize_s, hash_s, decide_s
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFigures:
+    """What the registry knows about a worker right now (health and engine-reported load)."""
+
+    healthy: bool = True
+    engine_queue: int | None = None
+    kv_usage: float | None = None
+    prefill_tokens_per_s: float | None = None
+
+
+_NO_KEYS = array("Q")
+
+
+class ModelPool:
+    def __init__(
+        self,
+        model: str,
+        book: LedgerBook,
+        *,
+        profiles: ProfileSet,
+        passthrough: bool = False,
+        cost: CostConfig | None = None,
+        watermarks: Watermarks | None = None,
+        bounds: BoundedLoad = BoundedLoad(),
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        segment_cache_bytes: int = 64 << 20,
+    ) -> None:
+        self.model = model
+        self.book = book
+        self.profiles = profiles
+        self.profile = profiles.profile(model)
+        self.passthrough = passthrough
+        self.clock = clock
+        self.tokenizer = (None if self.profile is None or passthrough
+                          else self.profile.new_cached_tokenizer(segment_cache_bytes))
+        self.pending = PendingWork()
+        self.workers: dict[str, WorkerSpec] = {}
+        self.targets: dict[str, tuple[int, ...]] = {}
+        self._figures: dict[str, WorkerFigures] = {}
+        rng = rng or random.Random()
+        self.scheduler = FastScheduler(rng, cost, watermarks, bounds)
+        self.round_robin = Scheduler((RoundRobin(),), watermarks)
+
+    @property
+    def exact_off(self) -> str | None:
+        """Why exact routing is off for this model (``None``: on)."""
+        return self.profiles.exact_routing_off(self.model)
+
+    def note_report(self, name: str, model: str | None, block_size: int | None) -> str | None:
+        """Record what worker ``name`` says it serves; a disagreement with the profile turns
+        exact routing off for the model (visible reason) until the worker agrees again."""
+        before = self.exact_off
+        reason = self.profiles.note_worker(self.model, name, model, block_size)
+        if self.exact_off != before:
+            self.refresh_all()
+        return reason
+
+    # ------------------------------------------------------------------ membership
+
+    def set_worker(self, spec: WorkerSpec, targets: tuple[int, ...] = ()) -> None:
+        self.workers[spec.name] = spec
+        self.targets[spec.name] = targets
+        self.refresh(spec.name)
+
+    def remove_worker(self, name: str) -> None:
+        self.profiles.forget_worker(self.model, name)
+        self.workers.pop(name, None)
+        self.targets.pop(name, None)
+        self._figures.pop(name, None)
+        self.pending.untrack(name)
+
+    def set_figures(self, name: str, figures: WorkerFigures) -> None:
+        if name in self.workers:
+            self._figures[name] = figures
+            self.refresh(name)
+
+    def refresh(self, name: str) -> None:
+        """Re-read the worker's health, load and ledger state into its view."""
+        spec = self.workers.get(name)
+        if spec is None:
+            return
+        figures = self._figures.get(name, WorkerFigures())
+        self.pending.track(WorkerView(
+            spec.name, self.targets.get(name, ()), figures.healthy, self.ledger_state(name),
+            spec.role, 0, 0, figures.engine_queue, figures.kv_usage,
+            figures.prefill_tokens_per_s))
+
+    def refresh_all(self) -> None:
+        for name in self.workers:
+            self.refresh(name)
+
+    def ledger_state(self, name: str) -> TargetState | None:
+        """The least trusted state of the worker's ranks; ``None`` = no usable ledger."""
+        targets = self.targets.get(name)
+        if not targets or self.exact_off is not None or self.passthrough:
+            return None
+        states = [self.book.state(target) for target in targets]
+        return max(states, key=_DISTRUST.__getitem__)
+
+    def views(self) -> tuple[WorkerView, ...]:
+        return self.pending.views()
+
+    # ------------------------------------------------------------------ deciding
+
+    def keys_for(self, token_ids: Any, prompt: RequestPrompt) -> Any:
+        assert self.profile is not None
+        return request_block_keys(token_ids, self.profile.block_size, self.model,
+                                  prompt.lora_name, prompt.cache_salt)
+
+    def decide(
+        self,
+        token_ids: Any | None,
+        prompt: RequestPrompt | None,
+        exclude: Collection[str] = (),
+        role: Role = Role.BOTH,
+    ) -> Route:
+        """Pick a worker for a prompt already tokenized (``token_ids``) or not (``None``)."""
+        clock = self.clock
+        timings: dict[str, float] = {}
+        views = self.pending.views()
+        if exclude:
+            views = tuple(view for view in views if view.worker not in exclude)
+        if self.passthrough:
+            start = clock()
+            decision = self.round_robin.decide(RequestFacts(_NO_KEYS, 0, 1), views, {}, role)
+            timings["decide_s"] = clock() - start
+            return self._route(decision, None, None, 0, timings)
+        target_blocks: dict[int, int] = {}
+        token_count = 0
+        block_size = self.profile.block_size if self.profile is not None else 1
+        keys: Any = _NO_KEYS
+        if token_ids is not None and prompt is not None and self.exact_off is None:
+            start = clock()
+            keys = self.keys_for(token_ids, prompt)
+            timings["hash_s"] = clock() - start
+            token_count = len(token_ids)
+            target_blocks = self._match(keys, block_size)
+        start = clock()
+        decision = self.scheduler.decide(RequestFacts(keys, token_count, block_size), views,
+                                         target_blocks, role)
+        timings["decide_s"] = clock() - start
+        return self._route(decision, target_blocks, token_ids, token_count, timings)
+
+    def _match(self, keys: Any, block_size: int) -> dict[int, int]:
+        families = {spec.engine for spec in self.workers.values()}
+        if len(families) == 1:
+            return self.book.match(_FAMILIES[families.pop()], self.model, block_size, keys)
+        found: dict[int, int] = {}
+        for engine in sorted(families):
+            found.update(self.book.match(_FAMILIES[engine], self.model, block_size, keys))
+        return found
+
+    def _route(
+        self,
+        decision: Decision,
+        target_blocks: dict[int, int] | None,
+        token_ids: Any | None,
+        token_count: int,
+        timings: dict[str, float],
+    ) -> Route:
+        spec = self.workers[decision.worker]
+        rank = None
+        targets = self.targets.get(spec.name, ())
+        if target_blocks and len(targets) > 1:
+            best = max(range(len(targets)), key=lambda r: (target_blocks.get(targets[r], 0), -r))
+            if target_blocks.get(targets[best], 0):
+                rank = best
+        uncached = max(token_count - decision.predicted_cached_tokens, 0)
+        hold = self.pending.hold(spec.name, uncached)
+        return Route(decision, spec, rank, hold,
+                     None if token_ids is None else token_count, timings)

@@ -1,0 +1,240 @@
+"""The data plane handler: parse once, decide, forward, stream back untouched.
+
+Rules:
+
+* One ``Gateway.handle`` per HTTP request (``cortex.front.messages`` contract). Errors are
+  ``CortexError`` leaves; the front maps them to responses in one place.
+* Generation requests: body parsed once; the model's pool tokenizes (segment cache, cold
+  pieces off the trio thread) and decides; the request goes to the worker with Cortex's
+  decision headers on the response.
+* Retries happen only before the first response byte reaches the client: a connect failure, a
+  connection that breaks before the first body chunk, or a 502/503/504 head moves the request to
+  another worker (the failed ones excluded), up to ``retries`` more attempts. Once the head and
+  first chunk are in hand the response is committed: a later failure ends the client's stream
+  (the server closes the connection without the final chunk) and is never replayed.
+* Everything an attempt holds — its in-flight accounting and its upstream connection — lives in
+  one ``AsyncExitStack`` that the streamed body closes in its ``finally`` (the server always
+  ``aclose``s a streamed body), so a client that leaves aborts the engine's request and releases
+  the accounting; nothing leaks on any path.
+* The body is passed through as it arrives; ``CachedTokensSniffer`` only scans for the engine's
+  ``cached_tokens`` report to measure the ledger's accuracy (predicted vs reported).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+import msgspec
+import trio
+
+from cortex.control.readiness import Readiness, assess
+from cortex.errors import BadRequest, CortexError, NotFound, UpstreamError
+from cortex.front.messages import HttpRequest, HttpResponse, json_response
+from cortex.gateway.endpoints import (
+    ENDPOINTS,
+    Endpoint,
+    body_model,
+    decision_headers,
+    forwarded_headers,
+    parse_body,
+    request_prompt,
+    with_dp_rank,
+)
+from cortex.gateway.observer import RouteObserver
+from cortex.gateway.pool import ModelPool, Route
+from cortex.profile.trio_tokenize import encode_array
+from cortex.upstream.pool import UpstreamPool
+from cortex.upstream.sse import CachedTokensSniffer
+
+log = logging.getLogger("cortex.gateway")
+
+_RETRY_STATUSES = frozenset({502, 503, 504})
+_DROPPED_RESPONSE_HEADERS = frozenset({
+    b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
+    b"server", b"date",
+})
+
+
+class _RetryableStatus(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"worker answered {status}")
+        self.status = status
+
+
+class Gateway:
+    def __init__(
+        self,
+        pools: Mapping[str, ModelPool],
+        upstream: UpstreamPool,
+        *,
+        retries: int = 2,
+        observer: RouteObserver | None = None,
+        readiness: Callable[[], Readiness] | None = None,
+    ) -> None:
+        self.pools = pools
+        self.upstream = upstream
+        self.retries = retries
+        self.observer = observer or RouteObserver()
+        self.readiness = readiness or self._pool_readiness
+
+    async def handle(self, request: HttpRequest) -> HttpResponse:
+        path = request.path
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is not None:
+            if request.method != b"POST":
+                raise NotFound(f"{path.decode(errors='replace')} accepts POST only")
+            return await self.generate(endpoint, request)
+        if request.method == b"GET":
+            if path == b"/v1/models":
+                return self._models()
+            if path == b"/health/live":
+                return json_response(200, b'{"status":"live"}')
+            if path == b"/health/ready":
+                return self._ready()
+        raise NotFound(f"no route {request.method.decode(errors='replace')} "
+                       f"{path.decode(errors='replace')}")
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(self, endpoint: Endpoint, request: HttpRequest) -> HttpResponse:
+        started = trio.current_time()
+        body = parse_body(request.body)
+        pool = self._pool_for(body_model(body))
+        prompt, token_ids = None, None
+        if pool.tokenizer is not None and pool.exact_off is None and pool.profile is not None:
+            profile = pool.profile
+            try:
+                prompt = request_prompt(endpoint, body, profile.chat_template,
+                                        profile.bos_token, profile.eos_token)
+            except BadRequest:
+                raise
+            except Exception as error:  # a template that cannot render: route on load only
+                self.observer.template_failed(pool.model, error)
+                prompt = None
+            if prompt is not None:
+                if prompt.token_ids is not None:
+                    token_ids = prompt.token_ids
+                else:
+                    tokenize_start = trio.current_time()
+                    token_ids = await encode_array(pool.tokenizer, prompt.text or "",
+                                                   prompt.add_special_tokens)
+                    self.observer.tokenized(pool.model, trio.current_time() - tokenize_start)
+        headers = forwarded_headers(request.headers)
+        failed: list[str] = []
+        last_error: CortexError | None = None
+        for attempt in range(1, self.retries + 2):
+            route = pool.decide(token_ids, prompt, exclude=failed)
+            if attempt == 1:
+                self.observer.decided(pool.model, route, trio.current_time() - started)
+            try:
+                return await self._attempt(pool, route, endpoint, request, body, headers,
+                                           attempt)
+            except (UpstreamError, _RetryableStatus) as error:
+                failed.append(route.worker.name)
+                last_error = (error if isinstance(error, UpstreamError)
+                              else UpstreamError(f"{route.worker.name}: {error}"))
+                self.observer.upstream_failed(route.worker.name, error, retried=(
+                    attempt <= self.retries))
+                log.warning("attempt %d on %s failed before the first byte: %s", attempt,
+                            route.worker.name, error)
+                if attempt > self.retries or len(failed) >= len(pool.workers):
+                    break
+        assert last_error is not None
+        raise last_error
+
+    async def _attempt(
+        self,
+        pool: ModelPool,
+        route: Route,
+        endpoint: Endpoint,
+        request: HttpRequest,
+        body: dict,
+        headers: list[tuple[bytes, bytes]],
+        attempt: int,
+    ) -> HttpResponse:
+        worker = route.worker
+        raw, sent_headers = with_dp_rank(worker.engine, body, request.body, headers, route.rank)
+        stack = contextlib.AsyncExitStack()
+        try:
+            stack.enter_context(route.hold)
+            response = await stack.enter_async_context(self.upstream.request(
+                worker.origin, b"POST", request.target, sent_headers, raw))
+            if response.status in _RETRY_STATUSES and attempt <= self.retries:
+                raise _RetryableStatus(response.status)
+            chunks = response.body_chunks()
+            try:
+                first = await chunks.__anext__()
+            except StopAsyncIteration:
+                first = None
+            route.hold.prefill_done()
+        except BaseException:
+            await stack.aclose()
+            raise
+        decision = route.decision
+        out_headers = [(name, value) for name, value in response.headers
+                       if name not in _DROPPED_RESPONSE_HEADERS
+                       and not name.startswith(b"x-cortex-")]
+        out_headers += decision_headers(worker.name, decision.mode.value,
+                                        decision.predicted_cached_tokens, route.rank, attempt)
+        return HttpResponse(response.status, out_headers,
+                            self._stream(pool, route, first, chunks, stack))
+
+    async def _stream(
+        self,
+        pool: ModelPool,
+        route: Route,
+        first: bytes | None,
+        chunks: AsyncIterator[bytes],
+        stack: contextlib.AsyncExitStack,
+    ) -> AsyncIterator[bytes]:
+        sniffer = CachedTokensSniffer()
+        complete = False
+        try:
+            if first is not None:
+                sniffer.feed(first)
+                yield first
+                async for chunk in chunks:
+                    sniffer.feed(chunk)
+                    yield chunk
+            complete = True
+        except UpstreamError as error:
+            self.observer.upstream_failed(route.worker.name, error, retried=False,
+                                          after_first_byte=True)
+            raise
+        finally:
+            with trio.CancelScope(shield=True):
+                await stack.aclose()
+            if complete and sniffer.cached_tokens is not None:
+                self.observer.cached_tokens(pool.model, route,
+                                            route.decision.predicted_cached_tokens,
+                                            sniffer.cached_tokens)
+
+    # ------------------------------------------------------------------ other routes
+
+    def _pool_for(self, model: str | None) -> ModelPool:
+        if model is None:
+            if len(self.pools) == 1:
+                return next(iter(self.pools.values()))
+            raise BadRequest("model is required: more than one model is served")
+        pool = self.pools.get(model)
+        if pool is None:
+            raise NotFound(f"model {model!r} is not served here")
+        return pool
+
+    def _models(self) -> HttpResponse:
+        data = [{"id": name, "object": "model", "owned_by": "cortex"}
+                for name in sorted(self.pools)]
+        return json_response(200, msgspec.json.encode({"object": "list", "data": data}))
+
+    def _pool_readiness(self) -> Readiness:
+        views = [view for pool in self.pools.values() for view in pool.views()]
+        extra = [f"model {name}: exact routing off ({pool.exact_off})"
+                 for name, pool in sorted(self.pools.items())
+                 if pool.exact_off is not None and not pool.passthrough]
+        return assess(views, extra)
+
+    def _ready(self) -> HttpResponse:
+        state = self.readiness()
+        return json_response(state.http_status, msgspec.json.encode(state.as_json()))
+

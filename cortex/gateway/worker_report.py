@@ -1,0 +1,61 @@
+"""What a worker says about itself, for the model profile check. Pure parsers.
+
+engine-endpoints.md §2 and §6: SGLang's ``GET /server_info`` carries ``served_model_name`` (or
+``model_path``) and ``page_size``; vLLM's ``GET /v1/models`` lists the served model ids and its
+``GET /metrics`` has the ``vllm:cache_config_info`` gauge whose ``block_size`` label is the
+block size. Whatever a worker does not say stays ``None`` — the profile check then reports it
+as missing instead of assuming agreement.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+_CACHE_CONFIG_INFO = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.MULTILINE)
+_BLOCK_SIZE_LABEL = re.compile(r'(?:^|,)\s*block_size="(\d+)"')
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    models: tuple[str, ...]
+    block_size: int | None
+
+    def model_for(self, wanted: str) -> str | None:
+        """``wanted`` if the worker serves it, else the first model it names (or ``None``)."""
+        if wanted in self.models:
+            return wanted
+        return self.models[0] if self.models else None
+
+
+def sglang_server_info(body: bytes) -> WorkerReport:
+    try:
+        info = json.loads(body)
+    except ValueError:
+        return WorkerReport((), None)
+    if not isinstance(info, dict):
+        return WorkerReport((), None)
+    models = [name for name in (info.get("served_model_name"), info.get("model_path"))
+              if isinstance(name, str) and name]
+    page = info.get("page_size")
+    return WorkerReport(tuple(models), page if type(page) is int and page > 0 else None)
+
+
+def vllm_models(body: bytes) -> tuple[str, ...]:
+    try:
+        listing = json.loads(body)
+        data = listing["data"] if isinstance(listing, dict) else []
+        return tuple(entry["id"] for entry in data
+                     if isinstance(entry, dict) and isinstance(entry.get("id"), str)
+                     and entry.get("parent") is None)
+    except (ValueError, KeyError, TypeError):
+        return ()
+
+
+def vllm_block_size(metrics_text: str) -> int | None:
+    for match in _CACHE_CONFIG_INFO.finditer(metrics_text):
+        size = _BLOCK_SIZE_LABEL.search(match.group(1))
+        if size:
+            return int(size.group(1))
+    return None

@@ -1,0 +1,182 @@
+"""A simulated cluster behind a running Cortex gateway, over real sockets: the harness of the
+gateway's integration tests and benchmarks.
+
+``async with gateway_cluster(flavors) as cluster`` starts one ``SimEngine`` per flavor (real
+HTTP, real ZeroMQ events), then ``run_gateway`` with those engines as workers, and returns once
+every worker is live and every ledger READY (waiting on the registry's and the ledger's change
+listeners, never on a timer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from functools import cache
+from typing import Any
+
+import trio
+
+from cortex.app import Running, run_gateway
+from cortex.config.tree import (
+    ControlConfig,
+    CortexConfig,
+    HealthConfig,
+    ModelConfig,
+    ServerConfig,
+)
+from cortex.ledger.state import TargetState
+from cortex.profile.model_profile import ModelProfile, ProfileSpec, load_profile
+from cortex.sim.engine import SimEngine
+from cortex.sim.serving import TimingConfig
+from cortex.workers.spec import WorkerSpec
+from tests import deepseek_profile as ds
+from tests.front_http_client import RawClient, RawResponse
+
+MODEL = "deepseek"
+BLOCK = 16
+FAST = TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=0.0, max_running=64)
+SYSTEM_TEXT = "You are Cortex's test assistant. " * 30  # ~210 tokens: 13 full blocks
+
+
+@cache
+def template_path() -> str:
+    folder = tempfile.mkdtemp(prefix="cortex-test-template-")
+    path = os.path.join(folder, "chat.jinja")
+    with open(path, "w") as f:
+        f.write(ds.TEMPLATE)
+    return path
+
+
+@cache
+def model_profile() -> ModelProfile:
+    return load_profile(ProfileSpec(MODEL, ds.TOKENIZER_JSON, BLOCK, template_path(),
+                                    bos_token=ds.BOS, eos_token=ds.EOS))
+
+
+def model_config(**changes: Any) -> ModelConfig:
+    return replace(ModelConfig(name=MODEL, tokenizer=ds.TOKENIZER_JSON, block_size=BLOCK,
+                               chat_template=template_path(), bos_token=ds.BOS,
+                               eos_token=ds.EOS), **changes)
+
+
+@dataclass
+class Cluster:
+    engines: list[SimEngine]
+    running: Running
+    config: CortexConfig
+    scopes: dict[str, trio.CancelScope]
+
+    def stop_engine(self, name: str) -> None:
+        """Kill an engine (HTTP and events) at once, as a crashed process would vanish."""
+        self.scopes[name].cancel()
+
+    @property
+    def port(self) -> int:
+        return self.running.data_port
+
+    async def chat(self, messages: list[dict[str, Any]], **extra: Any) -> RawResponse:
+        body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 4, **extra})
+        client = await RawClient.connect(self.port)
+        try:
+            return await client.request(b"POST", b"/v1/chat/completions", body.encode(),
+                                        [(b"content-type", b"application/json")])
+        finally:
+            await client.aclose()
+
+    def holders(self, messages: list[dict[str, Any]]) -> dict[str, int]:
+        """Worker -> leading blocks the ledger credits it with for this chat's prompt."""
+        pool = self.running.pools[MODEL]
+        text = model_profile().chat_template.render(
+            messages, add_generation_prompt=True, bos_token=ds.BOS, eos_token=ds.EOS)
+        ids = model_profile().tokenizer.encode(text, add_special_tokens=False).ids
+        keys = pool.keys_for(ids, _plain_prompt())
+        found = pool._match(keys, BLOCK)
+        book = self.running.book
+        return {book.info(target).worker: blocks for target, blocks in found.items()}
+
+    async def until(self, condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+        """Wait until ``condition()`` holds, re-checking on every ledger or registry change and
+        every ingested event batch (woken by listeners, not by a timer)."""
+        await wait_for(self.running, condition, timeout_s)
+
+
+def _plain_prompt() -> Any:
+    from cortex.profile.request_text import RequestPrompt
+
+    return RequestPrompt("", None, False, None, None)
+
+
+async def wait_for(running: Running, condition: Callable[[], bool], timeout_s: float) -> None:
+    changed = trio.Event()
+
+    def wake(*_: object) -> None:
+        changed.set()
+
+    running.registry.on_change(wake)
+    running.book.on_state_change(wake)
+    with trio.fail_after(timeout_s):
+        while not condition():
+            changed = trio.Event()
+            # Ledger contents change without a state change (events applied): re-check after
+            # each batch of scheduler turns too.
+            with trio.move_on_after(0.02):
+                await changed.wait()
+
+
+def all_ready(running: Running) -> bool:
+    for pool in running.pools.values():
+        views = pool.views()
+        if not views or not all(v.healthy for v in views):
+            return False
+        if any(v.ledger_state is not None and v.ledger_state is not TargetState.READY
+               for v in views):
+            return False
+    return True
+
+
+async def _run_engine(engine: SimEngine, *,
+                      task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            task_status.started(scope)
+
+
+@asynccontextmanager
+async def gateway_cluster(
+    flavors: Sequence[str] = ("vllm-0.33", "sglang-0.5.23"),
+    *,
+    timing: TimingConfig = FAST,
+    timing_changes: dict[str, Any] | None = None,
+    capacity_blocks: int = 4096,
+    config_changes: dict[str, Any] | None = None,
+    dp_size: int = 1,
+) -> AsyncIterator[Cluster]:
+    async with trio.open_nursery() as nursery:
+        timing = replace(timing, **(timing_changes or {}))
+        engines = [SimEngine(f"e{i}", flavor, model_profile(), block_size=BLOCK,
+                             capacity_blocks=capacity_blocks, timing=timing, dp_size=dp_size)
+                   for i, flavor in enumerate(flavors)]
+        scopes: dict[str, trio.CancelScope] = {}
+        for engine in engines:
+            scopes[engine.name] = await nursery.start(_run_engine, engine)
+        workers = tuple(
+            WorkerSpec(engine.name, engine.url, engine="vllm" if "vllm" in flavor else "sglang",
+                       model=MODEL, dp_size=dp_size, events=engine.kv.endpoints(0).pub,
+                       replay=engine.kv.endpoints(0).replay)
+            for engine, flavor in zip(engines, flavors, strict=True))
+        config = CortexConfig(
+            server=ServerConfig(host="127.0.0.1", port=0),
+            control=ControlConfig(host="127.0.0.1", port=0, admin_token="test-token"),
+            models=(model_config(),), workers=workers,
+            health=HealthConfig(interval_s=0.2, timeout_s=2.0, load_interval_s=0.2),
+            **(config_changes or {}))
+        running = await nursery.start(run_gateway, config)
+        cluster = Cluster(engines, running, config, scopes)
+        await cluster.until(lambda: all_ready(running))
+        yield cluster
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,111 @@
+"""ModelPool: trust per worker, DP rank choice, exclusion of failed workers, passthrough, and
+exact routing switched off by a worker that disagrees with the profile."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cortex.errors import NoWorkerAvailable
+from cortex.events.model import BlockStored, EngineFamily, EventBatch
+from cortex.gateway.pool import ModelPool, WorkerFigures
+from cortex.ledger.book import LedgerBook
+from cortex.ledger.state import TargetState
+from cortex.profile.profile_set import ProfileSet
+from cortex.profile.request_text import RequestPrompt
+from cortex.scheduling import Mode
+from cortex.workers.spec import WorkerSpec
+from tests.gateway_cluster import BLOCK, MODEL, model_profile
+
+PROMPT = RequestPrompt("", None, False, None, None)
+TOKENS = list(range(1000, 1000 + 4 * BLOCK))
+
+
+def pool_with(book: LedgerBook, *, passthrough: bool = False, profiles=None) -> ModelPool:
+    profiles = profiles or ProfileSet({MODEL: model_profile()}, {})
+    return ModelPool(MODEL, book, profiles=profiles, passthrough=passthrough,
+                     rng=random.Random(1))
+
+
+def add(pool: ModelPool, book: LedgerBook, name: str, dp: int = 1, port: int = 1) -> tuple:
+    spec = WorkerSpec(name, f"http://127.0.0.1:{port}", engine="vllm", model=MODEL, dp_size=dp,
+                      events=f"tcp://127.0.0.1:{5000 + port}")
+    targets = tuple(book.register(name, r, EngineFamily.VLLM, MODEL) for r in range(dp))
+    for target in targets:
+        book.set_state(target, TargetState.READY)
+    pool.set_worker(spec, targets)
+    pool.set_figures(name, WorkerFigures(healthy=True))
+    return targets
+
+
+def store(book: LedgerBook, target: int, blocks: int) -> None:
+    tokens = TOKENS[: blocks * BLOCK]
+    book.apply(target, EventBatch(0.0, (BlockStored(list(range(1, blocks + 1)), None, tokens,
+                                                    BLOCK),), None))
+
+
+def test_the_rank_holding_the_prefix_is_named():
+    book = LedgerBook()
+    pool = pool_with(book)
+    add(pool, book, "a", port=1)
+    targets = add(pool, book, "b", dp=3, port=2)
+    store(book, targets[2], 3)
+    route = pool.decide(TOKENS, PROMPT)
+    assert (route.worker.name, route.rank) == ("b", 2)
+    assert route.decision.mode is Mode.EXACT_KV_EVENTS
+    assert route.decision.predicted_cached_tokens == 3 * BLOCK
+
+
+def test_a_state_change_is_seen_after_refresh_and_excluded_workers_are_skipped():
+    book = LedgerBook()
+    pool = pool_with(book)
+    a = add(pool, book, "a", port=1)
+    add(pool, book, "b", port=2)
+    store(book, a[0], 2)
+    assert pool.decide(TOKENS, PROMPT).worker.name == "a"
+    assert pool.decide(TOKENS, PROMPT, exclude={"a"}).worker.name == "b"
+    book.set_state(a[0], TargetState.STALE)
+    pool.refresh("a")
+    route = pool.decide(TOKENS, PROMPT)
+    assert route.decision.mode is not Mode.EXACT_KV_EVENTS
+    with pytest.raises(NoWorkerAvailable):
+        pool.decide(TOKENS, PROMPT, exclude={"a", "b"})
+
+
+def test_a_disagreeing_worker_turns_exact_routing_off_until_it_agrees():
+    book = LedgerBook()
+    pool = pool_with(book)
+    a = add(pool, book, "a", port=1)
+    store(book, a[0], 2)
+    assert pool.note_report("a", MODEL, BLOCK) is None
+    assert pool.decide(TOKENS, PROMPT).decision.mode is Mode.EXACT_KV_EVENTS
+    assert "page size" in pool.note_report("a", MODEL, 32)
+    assert "page size" in pool.exact_off
+    assert pool.views()[0].ledger_state is None
+    assert pool.decide(TOKENS, PROMPT).decision.mode is not Mode.EXACT_KV_EVENTS
+    assert pool.note_report("a", MODEL, BLOCK) is None
+    assert pool.decide(TOKENS, PROMPT).decision.mode is Mode.EXACT_KV_EVENTS
+
+
+def test_passthrough_goes_round_robin_without_looking_at_the_ledger():
+    book = LedgerBook()
+    pool = pool_with(book, passthrough=True)
+    a = add(pool, book, "a", port=1)
+    add(pool, book, "b", port=2)
+    store(book, a[0], 4)
+    picks = [pool.decide(TOKENS, PROMPT).worker.name for _ in range(4)]
+    assert sorted(picks) == ["a", "a", "b", "b"]
+    assert all(pool.decide(TOKENS, PROMPT).decision.predicted_cached_tokens == 0
+               for _ in range(2))
+
+
+def test_holds_count_in_flight_until_released():
+    book = LedgerBook()
+    pool = pool_with(book)
+    add(pool, book, "a", port=1)
+    route = pool.decide(TOKENS, PROMPT)
+    with route.hold:
+        assert pool.pending.in_flight("a") == 1
+        assert pool.views()[0].queued_prefill_tokens == len(TOKENS)
+    assert pool.pending.in_flight("a") == 0
