@@ -11,6 +11,7 @@ Rules:
   tokenized and every worker's ledger counts as unknown, so the chain falls to load-based
   policies — never a guessed hit. A ``passthrough`` pool (another component schedules it) always
   goes round robin over its live workers with Cortex's own KV decisions off.
+* ``policy`` other than ``"cortex"`` routes without the ledger (comparison baselines).
 * ``route`` decides and returns a ``Route`` whose ``hold`` (in-flight accounting) the caller
   enters for the life of the upstream exchange. ``exclude`` names workers that already failed
   this request (retries before the first byte).
@@ -25,7 +26,7 @@ import time
 from array import array
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from cortex.events.model import EngineFamily
 from cortex.ledger.book import LedgerBook
@@ -46,6 +47,8 @@ from cortex.scheduling import (
     WorkerView,
 )
 from cortex.scheduling.inflight import Hold
+from cortex.scheduling.chain import no_events_chain
+from cortex.scheduling.p2c import PowerOfTwo
 from cortex.scheduling.round_robin import RoundRobin
 from cortex.workers.spec import WorkerSpec
 
@@ -77,6 +80,11 @@ class WorkerFigures:
 
 _NO_KEYS = array("Q")
 
+# "cortex": the events chain on the ledger (exact_kv → load_aware → p2c → round_robin). The
+# others route without the ledger, for comparisons (benchmarks, the demo) and for engines that
+# publish no events: round robin, power of two choices, consistent hashing with bounded loads.
+PoolPolicy = Literal["cortex", "round_robin", "p2c", "consistent_hash"]
+
 
 class ModelPool:
     def __init__(
@@ -86,6 +94,7 @@ class ModelPool:
         *,
         profiles: ProfileSet,
         passthrough: bool = False,
+        policy: PoolPolicy = "cortex",
         cost: CostConfig | None = None,
         watermarks: Watermarks | None = None,
         bounds: BoundedLoad = BoundedLoad(),
@@ -107,7 +116,15 @@ class ModelPool:
         self._figures: dict[str, WorkerFigures] = {}
         rng = rng or random.Random()
         self.scheduler = FastScheduler(rng, cost, watermarks, bounds)
-        self.round_robin = Scheduler((RoundRobin(),), watermarks)
+        if passthrough:
+            policy = "round_robin"
+        self.policy = policy
+        self.fixed: Scheduler | None = {
+            "cortex": None,
+            "round_robin": Scheduler((RoundRobin(),), watermarks),
+            "p2c": Scheduler((PowerOfTwo(rng, cost), RoundRobin()), watermarks),
+            "consistent_hash": Scheduler(no_events_chain(), watermarks),
+        }[policy]
 
     @property
     def exact_off(self) -> str | None:
@@ -190,7 +207,8 @@ class ModelPool:
             views = tuple(view for view in views if view.worker not in exclude)
         if self.passthrough:
             start = clock()
-            decision = self.round_robin.decide(RequestFacts(_NO_KEYS, 0, 1), views, {}, role)
+            assert self.fixed is not None
+            decision = self.fixed.decide(RequestFacts(_NO_KEYS, 0, 1), views, {}, role)
             timings["decide_s"] = clock() - start
             return self._route(decision, None, None, 0, timings)
         target_blocks: dict[int, int] = {}
@@ -202,10 +220,14 @@ class ModelPool:
             keys = self.keys_for(token_ids, prompt)
             timings["hash_s"] = clock() - start
             token_count = len(token_ids)
-            target_blocks = self._match(keys, block_size)
+            if self.fixed is None:
+                target_blocks = self._match(keys, block_size)
         start = clock()
-        decision = self.scheduler.decide(RequestFacts(keys, token_count, block_size), views,
-                                         target_blocks, role)
+        request = RequestFacts(keys, token_count, block_size)
+        if self.fixed is None:
+            decision = self.scheduler.decide(request, views, target_blocks, role)
+        else:  # a comparison policy: no ledger
+            decision = self.fixed.decide(request, views, {}, role)
         timings["decide_s"] = clock() - start
         return self._route(decision, target_blocks, token_ids, token_count, timings)
 

@@ -109,3 +109,16 @@ def test_holds_count_in_flight_until_released():
         assert pool.pending.in_flight("a") == 1
         assert pool.views()[0].queued_prefill_tokens == len(TOKENS)
     assert pool.pending.in_flight("a") == 0
+
+
+def test_comparison_policies_ignore_the_ledger():
+    book = LedgerBook()
+    profiles = ProfileSet({MODEL: model_profile()}, {})
+    for policy in ("round_robin", "p2c", "consistent_hash"):
+        pool = ModelPool(MODEL, book, profiles=profiles, policy=policy, rng=random.Random(1))
+        a = add(pool, book, f"a-{policy}", port=1)
+        add(pool, book, f"b-{policy}", port=2)
+        store(book, a[0], 4)
+        decisions = [pool.decide(TOKENS, PROMPT).decision for _ in range(4)]
+        assert all(d.predicted_cached_tokens == 0 for d in decisions)
+        assert all(d.mode is not Mode.EXACT_KV_EVENTS for d in decisions)
