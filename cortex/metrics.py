@@ -2,45 +2,61 @@
 
 Rules:
 
-* One ``CortexMetrics`` per process (tests make many): each owns its registry, so nothing is
-  registered globally and two instances never collide.
+* One ``CortexMetrics`` per process (tests make many); nothing is global, two instances never
+  share a value. ``render()`` is the ``/metrics`` body (text format 0.0.4); passing a
+  ``prometheus_client.CollectorRegistry`` also exposes the same families through it.
 * Names carry their unit (``_seconds``, ``_bytes``, ``_tokens``, ``_ratio``) and counters end in
   ``_total``; every metric has a HELP line.
-* What Cortex already counts elsewhere is *read at scrape time* by a custom collector, never
-  mirrored: event-stream counters (``IngestCounters`` per worker/rank), ledger state and sizes
-  (``LedgerFigures``), worker load (``WorkerView``s, i.e. ``PendingWork.views``) and the data
-  plane's HTTP counters. A source is a zero-argument callable returning the live objects; it
-  runs on the scraping thread, which is the trio thread that owns them (the control plane's
-  ASGI app runs there), so no lock is needed.
+* What Cortex already counts elsewhere is *read at scrape time*, never mirrored: event-stream
+  counters (``IngestCounters`` per worker/rank), ledger state and sizes (``LedgerFigures``),
+  worker load (``WorkerView``s, i.e. ``PendingWork.views``), the data plane's ``ServerCounters``,
+  the worker monitor's counters and the upstream pool's stats. A source is a zero-argument
+  callable returning the live objects; ``watch_*`` registers it without calling it.
 * What only the request path knows (decisions, timings, cached-token accuracy, upstream errors,
-  retries) is recorded through the methods here. Label values come from small fixed
-  vocabularies (mode, ``REASONS``, ``PHASES``) or configured names (model, worker), so
-  cardinality stays bounded; a free sentence never becomes a label.
-* No trio, no I/O: this module only shapes numbers.
+  retries) is recorded through the methods here, at well under a microsecond each
+  (``metrics_text``: plain dicts, no locks). Label values come from small fixed vocabularies
+  (mode, ``REASONS``, ``PHASES``) or configured names (model, worker), so cardinality stays
+  bounded; a free sentence never becomes a label.
+* Single thread: recording, sources and rendering all run on the trio thread that owns the
+  request path (the control plane's ASGI app runs there too). No trio, no I/O here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, get_args
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from cortex import __version__
 from cortex.events.counters import IngestCounters
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.state import TargetState
+from cortex.metrics_text import (
+    CONTENT_TYPE,
+    CounterFamily,
+    GaugeFamily,
+    HistogramFamily,
+    TextWriter,
+    format_labels,
+)
 from cortex.scheduling.decision import Decision, Mode
 from cortex.scheduling.view import WorkerView
+from cortex.upstream.errors import Phase
+
+__all__ = ["CONTENT_TYPE", "CortexMetrics", "LedgerFigures", "TargetFigures", "ledger_figures",
+           "reason_code", "REASONS", "PHASES", "RETRY_PHASES"]
 
 # Why a decision went where it went: the scheduler's sentence, reduced to a fixed word.
 REASONS = ("longest_hit", "least_cost", "over_cap", "no_hit", "p2c", "round_robin", "ring",
            "ring_spill", "other")
-# Where an upstream exchange failed: before connecting, while sending the request, before the
-# response head (all retryable), or after the first byte went to the client (never retried).
-PHASES = ("connect", "request", "response_head", "stream")
+# Where an upstream exchange failed (``cortex.upstream.errors.Phase``): waiting for a connection
+# slot, connecting, sending, waiting for the response head — all before the first response byte,
+# so retryable — or reading the body (never retried).
+PHASES: tuple[str, ...] = get_args(Phase)
+RETRY_PHASES = tuple(phase for phase in PHASES if phase != "body")
 
 _LATENCY_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
                     50e-3, 0.1, 0.25, 1.0)
@@ -155,113 +171,179 @@ class HttpFigures(Protocol):
     responses_by_status: Mapping[int, int]
 
 
+class ProbeFigures(Protocol):
+    """What the worker monitor counts per worker (its ``WorkerCounters``)."""
+
+    probes: int
+    probe_failures: int
+    upstream_failures: int
+    breaker_opens: int
+    load_polls: int
+    load_failures: int
+    load_parse_errors: int
+
+
+class PoolFigures(Protocol):
+    """The upstream pool's figures for one worker (its ``PoolStats``)."""
+
+    open: int
+    idle: int
+    busy: int
+    created: int
+    reused: int
+    discarded: int
+
+
 IngestSource = Callable[[], Iterable[tuple[str, int, IngestCounters]]]
 LedgerSource = Callable[[], LedgerFigures]
 WorkerSource = Callable[[], Iterable[WorkerView]]
 HttpSource = Callable[[], HttpFigures]
+ProbeSource = Callable[[], Iterable[tuple[str, ProbeFigures]]]
+PoolSource = Callable[[], Iterable[tuple[str, PoolFigures]]]
 
 
-class _SourceCollector:
-    """A collector built from one source and a function turning it into metric families."""
-
-    def __init__(self, build: Callable[[bool], list[Metric]]) -> None:
-        self._build = build
-
-    def describe(self) -> list[Metric]:
-        return self._build(False)  # families without samples: registering reads no source
-
-    def collect(self) -> list[Metric]:
-        return self._build(True)
+Writer = Callable[[TextWriter], None]
 
 
-def _ingest_families(source: IngestSource, read: bool) -> list[Metric]:
-    families = {name: CounterMetricFamily(f"cortex_events_{name}", text,
-                                          labels=("worker", "rank"))
-                for name, text in INGEST_HELP.items()}
-    if read:
-        for worker, rank, counters in source():
-            labels = (worker, str(rank))
-            for name, family in families.items():
-                family.add_metric(labels, getattr(counters, name))
-    return list(families.values())
+def _ingest_writer(source: IngestSource) -> Writer:
+    def write(out: TextWriter) -> None:
+        rows = [(format_labels(("worker", "rank"), (worker, str(rank))), counters)
+                for worker, rank, counters in source()]
+        for field, text in INGEST_HELP.items():
+            name = f"cortex_events_{field}_total"
+            out.header(name, "counter", text)
+            for labels, counters in rows:
+                out.sample(name, labels, getattr(counters, field))
+    return write
 
 
-def _ledger_families(source: LedgerSource, read: bool) -> list[Metric]:
-    state = GaugeMetricFamily("cortex_ledger_state",
-                              "Trust state of a worker rank's ledger (1 for the current state)",
-                              labels=("worker", "rank", "state"))
-    target_entries = GaugeMetricFamily("cortex_ledger_target_entries",
-                                       "Ledger entries held by a worker rank",
-                                       labels=("worker", "rank"))
-    entries = GaugeMetricFamily("cortex_ledger_entries", "Ledger entries (block, worker rank)")
-    nodes = GaugeMetricFamily("cortex_ledger_nodes", "Ledger tree nodes (distinct blocks)")
-    memory = GaugeMetricFamily("cortex_ledger_memory_bytes", "Memory held by the ledger trees")
-    if read:
+def _ledger_writer(source: LedgerSource) -> Writer:
+    def write(out: TextWriter) -> None:
         figures = source()
+        out.header("cortex_ledger_state", "gauge",
+                   "Trust state of a worker rank's ledger (1 for the current state)")
         for t in figures.targets:
-            rank = str(t.rank)
             for each in TargetState:
-                state.add_metric((t.worker, rank, each.value), 1 if each is t.state else 0)
-            target_entries.add_metric((t.worker, rank), t.entries)
-        entries.add_metric((), figures.entries)
-        nodes.add_metric((), figures.nodes)
-        memory.add_metric((), figures.memory_bytes)
-    return [state, target_entries, entries, nodes, memory]
+                out.sample("cortex_ledger_state", format_labels(
+                    ("worker", "rank", "state"), (t.worker, str(t.rank), each.value)),
+                    1 if each is t.state else 0)
+        out.header("cortex_ledger_target_entries", "gauge", "Ledger entries of a worker rank")
+        for t in figures.targets:
+            out.sample("cortex_ledger_target_entries",
+                       format_labels(("worker", "rank"), (t.worker, str(t.rank))), t.entries)
+        for name, text, value in (
+                ("cortex_ledger_entries", "Ledger entries (block, worker rank)", figures.entries),
+                ("cortex_ledger_nodes", "Ledger tree nodes (distinct blocks)", figures.nodes),
+                ("cortex_ledger_memory_bytes", "Memory held by the ledger trees",
+                 figures.memory_bytes)):
+            out.header(name, "gauge", text)
+            out.sample(name, "", value)
+    return write
 
 
-def _worker_families(source: WorkerSource, read: bool) -> list[Metric]:
-    labels = ("worker",)
-    in_flight = GaugeMetricFamily("cortex_worker_in_flight",
-                                  "Requests Cortex has in flight on the worker", labels=labels)
-    queued = GaugeMetricFamily("cortex_worker_queued_prefill_tokens",
-                               "Uncached prompt tokens Cortex sent and the worker has not "
-                               "prefilled yet", labels=labels)
-    healthy = GaugeMetricFamily("cortex_worker_healthy", "1 if the worker is healthy",
-                                labels=labels)
-    engine_queue = GaugeMetricFamily("cortex_worker_engine_queue",
-                                     "Requests the engine reports waiting (absent if unknown)",
-                                     labels=labels)
-    kv_usage = GaugeMetricFamily("cortex_worker_kv_usage_ratio",
-                                 "KV-cache usage the engine reports, 0..1 (absent if unknown)",
-                                 labels=labels)
-    if read:
-        for view in source():
-            name = (view.worker,)
-            in_flight.add_metric(name, view.in_flight)
-            queued.add_metric(name, view.queued_prefill_tokens)
-            healthy.add_metric(name, 1 if view.healthy else 0)
-            if view.engine_queue is not None:
-                engine_queue.add_metric(name, view.engine_queue)
-            if view.kv_usage is not None:
-                kv_usage.add_metric(name, view.kv_usage)
-    return [in_flight, queued, healthy, engine_queue, kv_usage]
+def _per_worker(rows: list[tuple[str, object]], out: TextWriter,
+                table: tuple[tuple[str, str, str, str], ...]) -> None:
+    for attr, name, kind, text in table:
+        out.header(name, kind, text)
+        for labels, obj in rows:
+            value = getattr(obj, attr)
+            if value is not None:  # an engine figure not reported is absent, never 0
+                out.sample(name, labels, value)
 
 
-_HTTP_COUNTERS = (
-    ("connections_opened", "cortex_http_connections_opened", "Client connections accepted"),
-    ("requests", "cortex_http_requests", "Requests read completely"),
-    ("bad_requests", "cortex_http_bad_requests", "Malformed requests answered 400"),
-    ("too_large", "cortex_http_too_large", "Requests refused for their size (413/431)"),
-    ("header_timeouts", "cortex_http_header_timeouts", "Connections closed waiting for a head"),
-    ("body_timeouts", "cortex_http_body_timeouts", "Connections closed waiting for a body"),
-    ("client_gone", "cortex_http_client_disconnects", "Clients gone before their response ended"),
-    ("handler_errors", "cortex_http_handler_errors", "Requests answered 500 because of a bug"),
+_WORKER_GAUGES = (
+    ("in_flight", "cortex_worker_in_flight", "gauge", "Requests Cortex has in flight on it"),
+    ("queued_prefill_tokens", "cortex_worker_queued_prefill_tokens", "gauge",
+     "Uncached prompt tokens Cortex sent it that are not prefilled yet"),
+    ("healthy", "cortex_worker_healthy", "gauge", "1 if the worker is healthy"),
+    ("engine_queue", "cortex_worker_engine_queue", "gauge",
+     "Requests the engine reports waiting (absent if unknown)"),
+    ("kv_usage", "cortex_worker_kv_usage_ratio", "gauge",
+     "KV-cache usage the engine reports, 0..1 (absent if unknown)"),
+)
+_PROBE_COUNTERS = (
+    ("probes", "cortex_worker_probes_total", "counter", "Health probes finished"),
+    ("probe_failures", "cortex_worker_probe_failures_total", "counter",
+     "Health probes that failed"),
+    ("upstream_failures", "cortex_worker_connect_failures_total", "counter",
+     "Upstream connections to the worker that could not be opened"),
+    ("breaker_opens", "cortex_worker_breaker_opens_total", "counter",
+     "Times the worker's circuit breaker opened"),
+    ("load_polls", "cortex_worker_load_polls_total", "counter", "Load polls finished"),
+    ("load_failures", "cortex_worker_load_poll_failures_total", "counter",
+     "Load polls whose request failed"),
+    ("load_parse_errors", "cortex_worker_load_parse_errors_total", "counter",
+     "Load reports that did not parse"),
+)
+_POOL_FIGURES = (
+    ("open", "cortex_upstream_connections_open", "gauge",
+     "Upstream connections open (idle + busy)"),
+    ("idle", "cortex_upstream_connections_idle", "gauge", "Idle keep-alive upstream connections"),
+    ("busy", "cortex_upstream_connections_busy", "gauge",
+     "Upstream connections carrying an exchange"),
+    ("created", "cortex_upstream_connections_created_total", "counter",
+     "Upstream connections opened"),
+    ("reused", "cortex_upstream_connections_reused_total", "counter",
+     "Exchanges that ran on an already used connection"),
+    ("discarded", "cortex_upstream_connections_discarded_total", "counter",
+     "Upstream connections closed by the pool (broken, incomplete, reaped, over cap)"),
+)
+_HTTP_FIGURES = (
+    ("connections_opened", "cortex_http_connections_opened_total", "counter",
+     "Client connections accepted"),
+    ("connections_open", "cortex_http_connections_open", "gauge", "Client connections open"),
+    ("requests", "cortex_http_requests_total", "counter", "Requests read completely"),
+    ("bad_requests", "cortex_http_bad_requests_total", "counter",
+     "Malformed requests answered 400"),
+    ("too_large", "cortex_http_too_large_total", "counter",
+     "Requests refused for their size (413/431)"),
+    ("header_timeouts", "cortex_http_header_timeouts_total", "counter",
+     "Connections closed waiting for a request head"),
+    ("body_timeouts", "cortex_http_body_timeouts_total", "counter",
+     "Connections closed waiting for a request body"),
+    ("client_gone", "cortex_http_client_disconnects_total", "counter",
+     "Clients gone before their response ended"),
+    ("handler_errors", "cortex_http_handler_errors_total", "counter",
+     "Requests answered 500 because of a bug"),
 )
 
 
-def _http_families(source: HttpSource, read: bool) -> list[Metric]:
-    counters = [(attr, CounterMetricFamily(name, text)) for attr, name, text in _HTTP_COUNTERS]
-    open_now = GaugeMetricFamily("cortex_http_connections_open", "Client connections open")
-    responses = CounterMetricFamily("cortex_http_responses", "Responses sent, by status code",
-                                    labels=("code",))
-    if read:
+def _worker_writer(source: WorkerSource) -> Writer:
+    def write(out: TextWriter) -> None:
+        rows = [(format_labels(("worker",), (v.worker,)), v) for v in source()]
+        _per_worker(rows, out, _WORKER_GAUGES)
+    return write
+
+
+def _named_writer(source: Callable[[], Iterable[tuple[str, object]]],
+                  table: tuple[tuple[str, str, str, str], ...]) -> Writer:
+    def write(out: TextWriter) -> None:
+        rows = [(format_labels(("worker",), (worker,)), obj) for worker, obj in source()]
+        _per_worker(rows, out, table)
+    return write
+
+
+def _http_writer(source: HttpSource) -> Writer:
+    def write(out: TextWriter) -> None:
         figures = source()
-        for attr, family in counters:
-            family.add_metric((), getattr(figures, attr))
-        open_now.add_metric((), figures.connections_open)
+        _per_worker([("", figures)], out, _HTTP_FIGURES)
+        out.header("cortex_http_responses_total", "counter", "Responses sent, by status code")
         for code, count in sorted(figures.responses_by_status.items()):
-            responses.add_metric((str(code),), count)
-    return [family for _, family in counters] + [open_now, responses]
+            out.sample("cortex_http_responses_total", f'{{code="{code}"}}', count)
+    return write
+
+
+class _RegistryView:
+    """Exposes a ``CortexMetrics`` through a ``prometheus_client`` registry (compatibility)."""
+
+    def __init__(self, metrics: CortexMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list:
+        return []  # registering reads nothing
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        return text_string_to_metric_families(self._metrics.render().decode())
 
 
 # ---------------------------------------------------------------------- the metrics
@@ -269,113 +351,121 @@ def _http_families(source: HttpSource, read: bool) -> list[Metric]:
 
 class CortexMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
-        Gauge("cortex_build_info", "Cortex build (value is always 1)", ("version",),
-              registry=r).labels(__version__).set(1)
-        self._route = Histogram("cortex_route_seconds",
-                                "Time from parsed request to routing decision, by mode",
-                                ("mode",), buckets=_LATENCY_BUCKETS, registry=r)
-        self._tokenize = Histogram("cortex_tokenize_seconds",
-                                   "Time to render and tokenize one prompt",
-                                   buckets=_TOKENIZE_BUCKETS, registry=r)
-        self._hash = Histogram("cortex_hash_seconds", "Time to compute one prompt's block keys",
-                               buckets=_HASH_BUCKETS, registry=r)
-        self._decisions = Counter("cortex_decisions_total",
-                                  "Routing decisions by model, mode and reason",
-                                  ("model", "mode", "reason"), registry=r)
-        self._no_worker = Counter("cortex_no_worker_total",
-                                  "Requests refused because no worker could take them",
-                                  ("model",), registry=r)
-        self._predicted = Counter("cortex_cached_tokens_predicted_total",
-                                  "Prompt tokens the ledger predicted cached, for requests "
-                                  "whose engine reported cached tokens", ("model",), registry=r)
-        self._reported = Counter("cortex_cached_tokens_reported_total",
-                                 "Prompt tokens the engines reported cached", ("model",),
-                                 registry=r)
-        self._error = Histogram("cortex_cached_tokens_error",
-                                "Predicted minus engine-reported cached tokens, per request "
-                                "(no _sum: the bias is predicted_total - reported_total)",
-                                ("model",), buckets=_TOKEN_ERROR_BUCKETS, registry=r)
-        self._exact = Counter("cortex_cached_tokens_exact_total",
-                              "Requests whose predicted cached tokens equal the reported ones",
-                              ("model",), registry=r)
-        self._upstream_errors = Counter("cortex_upstream_errors_total",
-                                        "Failed upstream exchanges by worker and phase",
-                                        ("worker", "phase"), registry=r)
-        self._retries = Counter("cortex_retries_total",
-                                "Requests sent to another worker after a failure before the "
-                                "first byte, by the phase that failed", ("phase",), registry=r)
-        self._children: dict[tuple[object, ...], object] = {}
+        self._route = HistogramFamily("cortex_route_seconds",
+                                      "Time from parsed request to routing decision, by mode",
+                                      _LATENCY_BUCKETS, ("mode",))
+        self._tokenize = HistogramFamily("cortex_tokenize_seconds",
+                                         "Time to render and tokenize one prompt",
+                                         _TOKENIZE_BUCKETS)
+        self._hash = HistogramFamily("cortex_hash_seconds",
+                                     "Time to compute one prompt's block keys", _HASH_BUCKETS)
+        self._decisions = CounterFamily("cortex_decisions_total",
+                                        "Routing decisions by model, mode and reason",
+                                        ("model", "mode", "reason"))
+        self._no_worker = CounterFamily("cortex_no_worker_total",
+                                        "Requests refused because no worker could take them",
+                                        ("model",))
+        self._predicted = CounterFamily("cortex_cached_tokens_predicted_total",
+                                        "Prompt tokens the ledger predicted cached, for "
+                                        "requests whose engine reported cached tokens",
+                                        ("model",))
+        self._reported = CounterFamily("cortex_cached_tokens_reported_total",
+                                       "Prompt tokens the engines reported cached", ("model",))
+        self._error = HistogramFamily("cortex_cached_tokens_error",
+                                      "Predicted minus engine-reported cached tokens, per "
+                                      "request (no _sum: the bias is predicted_total - "
+                                      "reported_total)", _TOKEN_ERROR_BUCKETS, ("model",))
+        self._exact = CounterFamily("cortex_cached_tokens_exact_total",
+                                    "Requests whose predicted cached tokens equal the reported",
+                                    ("model",))
+        self._upstream_errors = CounterFamily("cortex_upstream_errors_total",
+                                              "Failed upstream exchanges by worker and phase",
+                                              ("worker", "phase"))
+        self._retries = CounterFamily("cortex_retries_total",
+                                      "Requests sent to another worker after a failure before "
+                                      "the first byte, by the phase that failed", ("phase",))
+        build = GaugeFamily("cortex_build_info", "Cortex build (value is always 1)", ("version",))
+        build.set((__version__,), 1)
+        self._families = (build, self._route, self._tokenize, self._hash, self._decisions,
+                          self._no_worker, self._predicted, self._reported, self._error,
+                          self._exact, self._upstream_errors, self._retries)
+        self._writers: list[Writer] = []
+        if registry is not None:
+            registry.register(_RegistryView(self))
+
+    def render(self) -> bytes:
+        """The ``/metrics`` body, text format 0.0.4 (``CONTENT_TYPE``)."""
+        out = TextWriter()
+        for family in self._families:
+            family.write(out)
+        for write in self._writers:
+            write(out)
+        return out.text().encode()
 
     # ------------------------------------------------------------- request path
 
     def observe_route(self, mode: Mode | str, seconds: float) -> None:
         """Decision latency; ``mode`` is the decision's mode, or ``"none"`` if none was found."""
-        label = mode.value if isinstance(mode, Mode) else mode
-        self._child(("route", label), self._route, label).observe(seconds)
+        self._route.observe((mode.value if isinstance(mode, Mode) else mode,), seconds)
 
     def observe_tokenize(self, seconds: float) -> None:
-        self._tokenize.observe(seconds)
+        self._tokenize.observe((), seconds)
 
     def observe_hash(self, seconds: float) -> None:
-        self._hash.observe(seconds)
+        self._hash.observe((), seconds)
 
     def record_decision(self, model: str, decision: Decision) -> None:
-        mode, reason = decision.mode.value, reason_code(decision)
-        self._child(("decision", model, mode, reason), self._decisions, model, mode,
-                    reason).inc()
+        self._decisions.inc((model, decision.mode.value, reason_code(decision)))
 
     def record_no_worker(self, model: str) -> None:
-        self._no_worker.labels(model).inc()
+        self._no_worker.inc((model,))
 
     def record_cached_tokens(self, model: str, predicted: int, reported: int) -> None:
         """One request whose engine reported its cached prompt tokens."""
-        self._predicted.labels(model).inc(predicted)
-        self._reported.labels(model).inc(reported)
-        self._error.labels(model).observe(predicted - reported)
+        labels = (model,)
+        self._predicted.inc(labels, predicted)
+        self._reported.inc(labels, reported)
+        self._error.observe(labels, predicted - reported)
         if predicted == reported:
-            self._exact.labels(model).inc()
+            self._exact.inc(labels)
 
     def record_upstream_error(self, worker: str, phase: str) -> None:
         if phase not in PHASES:
             raise ValueError(f"unknown upstream phase {phase!r}; one of {PHASES}")
-        self._upstream_errors.labels(worker, phase).inc()
+        self._upstream_errors.inc((worker, phase))
 
     def record_retry(self, phase: str) -> None:
-        if phase not in PHASES[:3]:
+        if phase not in RETRY_PHASES:
             raise ValueError(f"a retry follows a failure before the first byte, not {phase!r}")
-        self._retries.labels(phase).inc()
+        self._retries.inc((phase,))
 
     def forget_worker(self, worker: str) -> None:
         """Drop a removed worker's upstream-error series."""
         for phase in PHASES:
-            try:
-                self._upstream_errors.remove(worker, phase)
-            except KeyError:
-                pass
-
-    def _child(self, key: tuple[object, ...], metric, *labels: str):  # type: ignore[no-untyped-def]
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+            self._upstream_errors.remove((worker, phase))
 
     # ------------------------------------------------------------- scrape-time sources
 
     def watch_ingest(self, source: IngestSource) -> None:
         """Export ``(worker, rank, IngestCounters)`` triples as ``cortex_events_*_total``."""
-        self.registry.register(_SourceCollector(lambda read: _ingest_families(source, read)))
+        self._writers.append(_ingest_writer(source))
 
     def watch_ledger(self, source: LedgerSource) -> None:
         """Export ledger states per worker/rank and the ledger's sizes."""
-        self.registry.register(_SourceCollector(lambda read: _ledger_families(source, read)))
+        self._writers.append(_ledger_writer(source))
 
     def watch_workers(self, source: WorkerSource) -> None:
         """Export worker load and health from views (e.g. ``PendingWork.views``)."""
-        self.registry.register(_SourceCollector(lambda read: _worker_families(source, read)))
+        self._writers.append(_worker_writer(source))
 
     def watch_http(self, source: HttpSource) -> None:
         """Export the data plane's server counters."""
-        self.registry.register(_SourceCollector(lambda read: _http_families(source, read)))
+        self._writers.append(_http_writer(source))
 
+    def watch_probes(self, source: ProbeSource) -> None:
+        """Export the worker monitor's per-worker counters (probes, breaker, load polls)."""
+        self._writers.append(_named_writer(source, _PROBE_COUNTERS))
+
+    def watch_upstream_pool(self, source: PoolSource) -> None:
+        """Export the upstream pool's per-worker connection figures."""
+        self._writers.append(_named_writer(source, _POOL_FIGURES))

@@ -2,7 +2,7 @@
 
 Routes:
 
-* ``GET /metrics`` — Prometheus exposition of the registry (OpenMetrics when asked for).
+* ``GET /metrics`` — Prometheus text exposition (0.0.4) of ``CortexMetrics``.
 * ``GET /health/live`` — 200 while the process runs.
 * ``GET /health/ready`` — from the injected readiness callable: 200 ready, 200 with
   ``"degraded": true`` and its reasons, or 503 not ready (``readiness.Readiness``).
@@ -33,14 +33,11 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-
 from cortex.control.admin import AdminOps, WorkerHostPolicy, parse_worker_spec, spec_as_json
 from cortex.control.auth import BearerAuth
 from cortex.control.readiness import Readiness
 from cortex.errors import BadRequest, ConfigError, CortexError, NotFound, PayloadTooLarge
-from cortex.metrics import LedgerFigures
+from cortex.metrics import CONTENT_TYPE, CortexMetrics, LedgerFigures
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +48,7 @@ Headers = list[tuple[bytes, bytes]]
 
 ADMIN_MAX_BODY_BYTES = 64 * 1024
 _JSON = (b"content-type", b"application/json")
+_METRICS_TYPE = CONTENT_TYPE.encode()
 
 
 class MethodNotAllowed(CortexError):
@@ -91,7 +89,7 @@ class ControlApp:
     def __init__(
         self,
         *,
-        registry: CollectorRegistry,
+        metrics: CortexMetrics,
         readiness: Callable[[], Readiness],
         auth: BearerAuth,
         admin: AdminOps | None = None,
@@ -99,7 +97,7 @@ class ControlApp:
         worker_hosts: WorkerHostPolicy | None = None,
         max_body_bytes: int = ADMIN_MAX_BODY_BYTES,
     ) -> None:
-        self.registry = registry
+        self.metrics = metrics
         self.readiness = readiness
         self.auth = auth
         self.admin = admin
@@ -134,10 +132,7 @@ class ControlApp:
             self.auth.check(_header(scope, b"authorization"))
         if path == "/metrics":
             _allow(method, "GET")
-            encoder, content_type = choose_encoder(_header(scope, b"accept", b"").decode(
-                "latin-1"))
-            return _Reply(200, encoder(self.registry),
-                          [(b"content-type", content_type.encode())])
+            return _Reply(200, self.metrics.render(), [(b"content-type", _METRICS_TYPE)])
         if path == "/health/live":
             _allow(method, "GET")
             return _json(200, {"status": "live"})

@@ -54,7 +54,7 @@ def make_app(token: str | None = TOKEN, readiness: Readiness = Readiness(True), 
     state = {"readiness": readiness}
     figures = LedgerFigures((TargetFigures("w1", 0, TargetState.SYNCING, "registered", 0),),
                             0, 0, 0)
-    app = ControlApp(registry=metrics.registry, readiness=lambda: state["readiness"],
+    app = ControlApp(metrics=metrics, readiness=lambda: state["readiness"],
                      auth=BearerAuth(token), admin=admin, ledger=lambda: figures, **kw)
     return app, admin, metrics, state
 
@@ -97,16 +97,13 @@ async def test_lifespan_completes():
     assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
 
 
-async def test_metrics_text_and_openmetrics():
+async def test_metrics_text():
     app, _, metrics, _ = make_app()
     metrics.record_no_worker("m")
     status, head, body = await call(app, "GET", "/metrics")
-    assert status == 200 and head[b"content-type"].startswith(b"text/plain; version=0.0.4")
-    assert b'cortex_no_worker_total{model="m"} 1.0' in body
-    status, head, body = await call(app, "GET", "/metrics",
-                                    [(b"accept", b"application/openmetrics-text; version=1.0.0")])
-    assert head[b"content-type"].startswith(b"application/openmetrics-text")
-    assert body.endswith(b"# EOF\n")
+    assert status == 200 and head[b"content-type"] == b"text/plain; version=0.0.4; charset=utf-8"
+    assert b'cortex_no_worker_total{model="m"} 1\n' in body
+    assert b"# HELP cortex_no_worker_total " in body
 
 
 async def test_health_live_and_readiness_states():
@@ -219,7 +216,7 @@ async def test_a_bug_is_a_500_and_logged(caplog):
         raise RuntimeError("bug")
 
     metrics = CortexMetrics()
-    app = ControlApp(registry=metrics.registry, readiness=broken, auth=BearerAuth(TOKEN))
+    app = ControlApp(metrics=metrics, readiness=broken, auth=BearerAuth(TOKEN))
     with caplog.at_level(logging.ERROR, logger="cortex.control.app"):
         status, _, body = await call(app, "GET", "/health/ready")
     assert status == 500 and b"bug" not in body

@@ -96,7 +96,7 @@ def build(token: str | None = TOKEN):
     metrics.watch_workers(lambda: views)
     metrics.watch_ingest(lambda: [(v.worker, 0, counters) for v in views])
     admin = MemoryAdmin()
-    app = ControlApp(registry=metrics.registry, readiness=lambda: assess(views),
+    app = ControlApp(metrics=metrics, readiness=lambda: assess(views),
                      auth=BearerAuth(token), admin=admin)
     return app, metrics, views, counters, admin
 
@@ -128,8 +128,8 @@ async def test_serves_metrics_health_and_admin_over_loopback(caplog):
             assert head[b"content-type"] == b"text/plain; version=0.0.4; charset=utf-8"
             text = body.decode()
             assert "# HELP cortex_worker_in_flight " in text
-            assert 'cortex_worker_in_flight{worker="w1"} 2.0' in text
-            assert 'cortex_events_gaps_total{rank="0",worker="w1"} 4.0' in text
+            assert 'cortex_worker_in_flight{worker="w1"} 2\n' in text
+            assert 'cortex_events_gaps_total{worker="w1",rank="0"} 4\n' in text
             names = {f.name for f in text_string_to_metric_families(text)}
             assert all(name.startswith("cortex_") for name in names)
 
@@ -196,7 +196,7 @@ async def test_two_servers_get_their_own_ports_and_stop_independently():
 
 async def test_readiness_object_is_served_as_is():
     metrics = CortexMetrics()
-    app = ControlApp(registry=metrics.registry, auth=BearerAuth(TOKEN),
+    app = ControlApp(metrics=metrics, auth=BearerAuth(TOKEN),
                      readiness=lambda: Readiness(False, reasons=("starting",)))
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:

@@ -6,7 +6,7 @@ from array import array
 from dataclasses import dataclass, field, fields
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cortex.events.counters import IngestCounters
@@ -29,7 +29,7 @@ from cortex.scheduling.view import RequestFacts, WorkerView
 
 
 def scrape(metrics: CortexMetrics) -> str:
-    return generate_latest(metrics.registry).decode()
+    return metrics.render().decode()
 
 
 def samples(metrics: CortexMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -172,17 +172,17 @@ def test_cached_tokens_predicted_vs_reported():
 def test_upstream_errors_and_retries_use_fixed_phases():
     m = CortexMetrics()
     m.record_upstream_error("w0", "connect")
-    m.record_upstream_error("w0", "stream")
+    m.record_upstream_error("w0", "body")
     m.record_retry("connect")
     assert value(m, "cortex_upstream_errors_total", worker="w0", phase="connect") == 1
     assert value(m, "cortex_retries_total", phase="connect") == 1
     with pytest.raises(ValueError):
         m.record_upstream_error("w0", "connection refused by peer")
     with pytest.raises(ValueError):
-        m.record_retry("stream")  # never retried after the first byte
+        m.record_retry("body")  # never retried after the first byte
     m.forget_worker("w0")
     assert value(m, "cortex_upstream_errors_total", worker="w0", phase="connect") is None
-    assert set(PHASES) >= {"connect", "stream"}
+    assert set(PHASES) == {"acquire", "connect", "send", "head", "body"}
 
 
 def test_every_ingest_counter_is_exported():
@@ -212,6 +212,8 @@ def test_registering_a_source_does_not_read_it():
     m.watch_ledger(boom)
     m.watch_workers(boom)
     m.watch_http(boom)
+    m.watch_probes(boom)
+    m.watch_upstream_pool(boom)
 
 
 def test_ledger_state_and_sizes_from_a_real_book():
@@ -262,3 +264,39 @@ def test_http_server_counters_read_at_scrape():
     assert value(m, "cortex_http_responses_total", code="503") == 1
     assert value(m, "cortex_http_client_disconnects_total") == 2
     assert value(m, "cortex_http_connections_open") == 5
+
+
+@dataclass
+class FakeProbeCounters:
+    probes: int = 0
+    probe_failures: int = 0
+    upstream_failures: int = 0
+    breaker_opens: int = 0
+    load_polls: int = 0
+    load_failures: int = 0
+    load_parse_errors: int = 0
+
+
+@dataclass
+class FakePoolStats:
+    open: int = 0
+    idle: int = 0
+    busy: int = 0
+    created: int = 0
+    reused: int = 0
+    discarded: int = 0
+
+
+def test_probe_and_pool_figures_per_worker():
+    m = CortexMetrics()
+    probes = {"a": FakeProbeCounters(probes=10, probe_failures=2, breaker_opens=1)}
+    pools = {"a": FakePoolStats(open=3, idle=2, busy=1, created=5, reused=40, discarded=2)}
+    m.watch_probes(lambda: probes.items())
+    m.watch_upstream_pool(lambda: pools.items())
+    assert value(m, "cortex_worker_probes_total", worker="a") == 10
+    assert value(m, "cortex_worker_probe_failures_total", worker="a") == 2
+    assert value(m, "cortex_worker_breaker_opens_total", worker="a") == 1
+    assert value(m, "cortex_upstream_connections_open", worker="a") == 3
+    assert value(m, "cortex_upstream_connections_reused_total", worker="a") == 40
+    probes["a"].probes = 11
+    assert value(m, "cortex_worker_probes_total", worker="a") == 11
