@@ -1,0 +1,115 @@
+"""The operator's path, as processes: ``cortex sim`` starts two engines, ``cortex serve`` routes
+to them on their KV events; a shared prefix lands on its holder with the hit in the headers; a
+SIGTERM lets an in-flight streamed request finish before Cortex exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import trio
+
+from tests import deepseek_profile as ds
+from tests.front_http_client import RawClient
+from tests.gateway_cluster import SYSTEM_TEXT, template_path
+
+MODEL = "deepseek"
+
+
+async def read_line(process: trio.Process, buffer: bytearray) -> str:
+    while b"\n" not in buffer:
+        data = await process.stdout.receive_some(4096)
+        if not data:
+            raise EOFError(f"process ended: {bytes(buffer)!r}")
+        buffer += data
+    line, _, rest = bytes(buffer).partition(b"\n")
+    buffer[:] = rest
+    return line.decode()
+
+
+async def request(port: int, body: dict, *, stream: bool = False) -> tuple[int, dict, bytes]:
+    client = await RawClient.connect(port)
+    try:
+        response = await client.request(b"POST", b"/v1/chat/completions",
+                                        json.dumps(body).encode())
+    finally:
+        await client.aclose()
+    return response.status, dict(response.headers), response.body
+
+
+async def test_cortex_serve_in_front_of_cortex_sim_processes():
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    common = ["--model", MODEL, "--tokenizer", ds.TOKENIZER_JSON, "--chat-template",
+              template_path(), "--bos-token", ds.BOS, "--eos-token", ds.EOS]
+    sim = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "cortex", "sim", "--engine", "sglang", "--count", "2",
+         "--port", "0", "--block-size", "16", "--decode-ms-per-token", "20", *common],
+        stdout=subprocess.PIPE, env=env)
+    serve = None
+    try:
+        with trio.fail_after(60):
+            buffer = bytearray()
+            lines = [await read_line(sim, buffer) for _ in range(2)]
+            workers = []
+            for line in lines:
+                name, _profile, url, _events, rank0, replay0 = line.split()[:6]
+                workers += ["--worker", f"{url},name={name},engine=sglang,model={MODEL},"
+                            f"events={rank0.split('=', 1)[1]},replay={replay0.split('=', 1)[1]}"]
+            serve = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "cortex", "serve", "--server-host", "127.0.0.1",
+                 "--server-port", "0", "--control-port", "0", "--health-interval-s", "0.2",
+                 "--model", f"{MODEL},tokenizer={ds.TOKENIZER_JSON},block_size=16,"
+                 f"chat_template={template_path()},bos_token={ds.BOS},eos_token={ds.EOS}",
+                 *workers], stdout=subprocess.PIPE, env=env)
+            serve_buffer = bytearray()
+            started = await read_line(serve, serve_buffer)
+            port = int(started.split("data plane on ")[1].split(",")[0].rsplit(":", 1)[1])
+            ready = False
+            while not ready:  # a separate process: poll its readiness endpoint
+                client = await RawClient.connect(port)
+                answer = await client.request(b"GET", b"/health/ready")
+                await client.aclose()
+                ready = answer.status == 200 and not json.loads(answer.body)["degraded"]
+                if not ready:
+                    await trio.sleep(0.1)
+
+            def body(question: str, **extra: object) -> dict:
+                return {"model": MODEL, "max_tokens": 3, "messages": [
+                    {"role": "system", "content": SYSTEM_TEXT},
+                    {"role": "user", "content": question}], **extra}
+
+            status, headers, _ = await request(port, body("first"))
+            assert status == 200
+            holder = headers[b"x-cortex-assigned-worker"]
+            while True:  # the holder's KV events reach Cortex asynchronously
+                status, headers, raw = await request(port, body("next"))
+                if headers[b"x-cortex-match-mode"] == b"exact_kv_events":
+                    break
+                await trio.sleep(0.05)
+            assert headers[b"x-cortex-assigned-worker"] == holder
+            assert int(headers[b"x-cortex-cache-hit-tokens"]) == json.loads(raw)["usage"][
+                "prompt_tokens_details"]["cached_tokens"] > 0
+
+            # Graceful shutdown: a streamed request in flight finishes after SIGTERM.
+            client = await RawClient.connect(port)
+            payload = json.dumps(body("long", stream=True, max_tokens=30)).encode()
+            await client.send(b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n"
+                              b"content-length: %d\r\n\r\n" % len(payload) + payload)
+            status, _, _ = await client.read_head()
+            assert status == 200
+            assert await client.read_chunk()
+            serve.send_signal(signal.SIGTERM)
+            chunks = []
+            while chunk := await client.read_chunk():
+                chunks.append(chunk)
+            assert b"".join(chunks).endswith(b"data: [DONE]\n\n")
+            await client.aclose()
+            assert await serve.wait() == 0
+    finally:
+        for process in (serve, sim):
+            if process is not None and process.returncode is None:
+                process.kill()
+                await process.wait()
