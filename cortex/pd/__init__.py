@@ -1,0 +1,2 @@
+"""Prefill/decode disaggregation: pure planning of both legs (``plan``) and their trio
+orchestration."""
