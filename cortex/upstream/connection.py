@@ -73,59 +73,68 @@ class UpstreamConnection:
             raise self._broken("send", exc) from None
 
     async def receive_head(self, timeout_s: float) -> h11.Response:
-        """Wait for the final response head (1xx heads are skipped)."""
+        """Wait for the final response head (1xx heads are skipped), ``timeout_s`` in all."""
         with trio.move_on_after(timeout_s) as scope:
             while True:
-                event = await self._next_event("head")
-                if isinstance(event, h11.Response):
+                event = self._buffered_event("head")
+                if event is h11.NEED_DATA:
+                    await self._receive("head")
+                elif isinstance(event, h11.Response):
                     return event
-                if isinstance(event, h11.InformationalResponse):
-                    continue
-                raise UpstreamBroken(f"unexpected {type(event).__name__} before the head",
-                                     origin=self.origin, phase="head",
-                                     response_started=self.response_started)
+                elif not isinstance(event, h11.InformationalResponse):
+                    raise UpstreamBroken(f"unexpected {type(event).__name__} before the head",
+                                         origin=self.origin, phase="head",
+                                         response_started=self.response_started)
         assert scope.cancelled_caught
         raise UpstreamTimeout(f"no response head within {timeout_s:g} s", origin=self.origin,
                               phase="head", response_started=self.response_started)
 
     async def receive_body(self, timeout_s: float) -> bytes | None:
-        """The next body bytes as they arrive, ``None`` at the end of the response."""
-        with trio.move_on_after(timeout_s) as scope:
-            while True:
-                event = await self._next_event("body")
-                if isinstance(event, h11.Data):
-                    if event.data:
-                        return bytes(event.data)
-                    continue
-                if isinstance(event, h11.EndOfMessage):
-                    return None
+        """The next body bytes, ``None`` at the end of the response.
+
+        Bytes already received are returned without waiting; otherwise each wait for the
+        socket is bounded by ``timeout_s`` (the gap between two chunks of a stream).
+        """
+        while True:
+            event = self._buffered_event("body")
+            if event is h11.NEED_DATA:
+                with trio.move_on_after(timeout_s) as scope:
+                    await self._receive("body")
+                if scope.cancelled_caught:
+                    raise UpstreamTimeout(f"no body bytes for {timeout_s:g} s",
+                                          origin=self.origin, phase="body",
+                                          response_started=True)
+            elif isinstance(event, h11.Data):
+                if event.data:
+                    return bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return None
+            else:
                 raise UpstreamBroken(f"unexpected {type(event).__name__} in the body",
                                      origin=self.origin, phase="body", response_started=True)
-        assert scope.cancelled_caught
-        raise UpstreamTimeout(f"no body bytes for {timeout_s:g} s", origin=self.origin,
-                              phase="body", response_started=True)
 
-    async def _next_event(self, phase: Phase) -> object:
-        conn = self._h11
-        while True:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise self._broken(phase, exc) from None
-            if event is not h11.NEED_DATA:
-                if isinstance(event, h11.ConnectionClosed):
-                    raise self._broken(phase, "connection closed")
-                return event
-            try:
-                data = await self.stream.receive_some(RECEIVE_SIZE)
-            except _SOCKET_ERRORS as exc:
-                raise self._broken(phase, exc) from None
-            if data:
-                self.response_started = True
-            try:
-                conn.receive_data(data)
-            except RuntimeError as exc:  # data after EOF: the connection is unusable
-                raise self._broken(phase, exc) from None
+    def _buffered_event(self, phase: Phase) -> object:
+        """The next h11 event from bytes already received, or ``h11.NEED_DATA``."""
+        try:
+            event = self._h11.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise self._broken(phase, exc) from None
+        if isinstance(event, h11.ConnectionClosed):
+            raise self._broken(phase, "connection closed")
+        return event
+
+    async def _receive(self, phase: Phase) -> None:
+        """One read from the socket into h11 (EOF included)."""
+        try:
+            data = await self.stream.receive_some(RECEIVE_SIZE)
+        except _SOCKET_ERRORS as exc:
+            raise self._broken(phase, exc) from None
+        if data:
+            self.response_started = True
+        try:
+            self._h11.receive_data(data)
+        except RuntimeError as exc:  # data after EOF: the connection is unusable
+            raise self._broken(phase, exc) from None
 
     def drain_buffered(self) -> bool:
         """Consume body events already received, without I/O: did the response end?"""

@@ -31,7 +31,7 @@ All bookkeeping is synchronous on the trio thread; no locks.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -41,8 +41,9 @@ from cortex.upstream.connection import UpstreamConnection, open_connection
 from cortex.upstream.errors import UpstreamBroken, UpstreamTimeout
 from cortex.upstream.limits import PoolLimits
 from cortex.upstream.request_head import Headers, Origin, parse_origin, upstream_headers
+from cortex.upstream.response import UpstreamResponse
 
-MiB = 1024 * 1024
+__all__ = ["PoolStats", "UpstreamPool", "UpstreamResponse"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,82 +79,6 @@ class _OriginPool:
         self.created = 0
         self.reused = 0
         self.discarded = 0
-
-
-class UpstreamResponse:
-    """The head of a worker's response; the body is read with ``body_chunks`` or ``read``."""
-
-    __slots__ = ("status", "headers", "http_version", "reason", "reused",
-                 "_conn", "_read_timeout_s", "_complete")
-
-    def __init__(self, conn: UpstreamConnection, status: int, headers: Headers,
-                 http_version: bytes, reason: bytes, read_timeout_s: float) -> None:
-        self.status = status
-        self.headers = headers  # lower-case names, as h11 gives them
-        self.http_version = http_version
-        self.reason = reason
-        self.reused = conn.exchanges > 0  # ran on a kept-alive connection
-        self._conn = conn
-        self._read_timeout_s = read_timeout_s
-        self._complete = False
-
-    @property
-    def complete(self) -> bool:
-        """The whole body has been received."""
-        return self._complete
-
-    def header(self, name: bytes) -> bytes | None:
-        """The first value of header ``name`` (lower-case), or ``None``."""
-        for key, value in self.headers:
-            if key == name:
-                return value
-        return None
-
-    def body_chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive (de-chunked), each wait bounded by ``read_timeout_s``."""
-        return _BodyChunks(self)
-
-    async def read(self, limit: int = 64 * MiB) -> bytes:
-        """The whole body; more than ``limit`` bytes is ``UpstreamBroken`` (phase ``body``)."""
-        parts: list[bytes] = []
-        total = 0
-        while (chunk := await self._next_chunk()) is not None:
-            total += len(chunk)
-            if total > limit:
-                raise UpstreamBroken(f"response body larger than {limit} bytes",
-                                     origin=self._conn.origin, phase="body",
-                                     response_started=True)
-            parts.append(chunk)
-        return b"".join(parts)
-
-    async def _next_chunk(self) -> bytes | None:
-        if self._complete:
-            return None
-        chunk = await self._conn.receive_body(self._read_timeout_s)
-        if chunk is None:
-            self._complete = True
-        return chunk
-
-
-class _BodyChunks:
-    """Async iterator over a response body (a class, not a generator: nothing to finalize)."""
-
-    __slots__ = ("_response",)
-
-    def __init__(self, response: UpstreamResponse) -> None:
-        self._response = response
-
-    def __aiter__(self) -> _BodyChunks:
-        return self
-
-    async def __anext__(self) -> bytes:
-        chunk = await self._response._next_chunk()
-        if chunk is None:
-            raise StopAsyncIteration
-        return chunk
-
-    async def aclose(self) -> None:
-        """Nothing to release: the exchange's context manager owns the connection."""
 
 
 class UpstreamPool:
@@ -231,13 +156,17 @@ class UpstreamPool:
         return pool
 
     async def _acquire(self, pool: _OriginPool, fresh: bool) -> UpstreamConnection:
-        """An idle connection (unless ``fresh``), else a new one within the cap, else wait."""
+        """An idle connection (unless ``fresh``), else a new one within the cap, else wait.
+
+        The caller owns the result at once: no checkpoint may lie between taking a connection
+        and the caller's ``try`` that discards it on any exception.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
         while pool.idle and not fresh:
             conn = pool.idle.pop()
             if not conn.looks_closed():
                 pool.reused += 1
-                await trio.lowlevel.checkpoint()
-                return conn
+                return conn  # no checkpoint here: the caller's send is the next one
             conn.close()  # the worker closed it while idle: reuse its slot for a new one
             pool.discarded += 1
             return await self._connect(pool)

@@ -532,3 +532,54 @@ async def test_close_origin_closes_idle_and_retires_busy_connections():
             await server.conns[0].saw_eof.wait()
             assert await get(pool, origin, b"again") == b"again"  # the origin still works
             nursery.cancel_scope.cancel()
+
+
+async def test_waiters_cancelled_or_handed_a_slot_leave_the_books_straight():
+    release = trio.Event()
+    holding = trio.Event()
+
+    async def hold_then_close(conn: ServerConn) -> None:
+        request = await conn.read_request()
+        assert request is not None
+        if request.body == b"hold":
+            holding.set()
+            await release.wait()
+            await conn.respond(200, b"held", [(b"connection", b"close")])
+            return
+        await keep_alive_ok_after(conn, request)
+
+    pool = UpstreamPool(PoolLimits(max_connections_per_worker=1, max_idle_per_worker=1))
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            origin, server = await start_server(nursery, hold_then_close)
+            await nursery.start(pool.run)
+            results: list[bytes] = []
+
+            async def call(body: bytes) -> None:
+                results.append(await get(pool, origin, body))
+
+            async with trio.open_nursery() as calls:
+                calls.start_soon(call, b"hold")
+                await holding.wait()
+                gone = trio.CancelScope()
+
+                async def impatient() -> None:
+                    with gone:
+                        await get(pool, origin, b"never")
+
+                calls.start_soon(impatient)
+                calls.start_soon(call, b"patient")
+                await trio.testing.wait_all_tasks_blocked()
+                gone.cancel()  # leaves the queue before anything was handed over
+                await trio.testing.wait_all_tasks_blocked()
+                release.set()  # the holder's connection closes: its slot goes to "patient"
+            assert results == [b"held", b"patient"]
+            assert len(server.conns) == 2
+            assert [r.body for c in server.conns for r in c.requests] == [b"hold", b"patient"]
+            assert pool.stats(origin) == PoolStats(1, 1, 0, created=2, reused=0, discarded=1)
+            nursery.cancel_scope.cancel()
+
+
+async def keep_alive_ok_after(conn: ServerConn, first) -> None:
+    await conn.respond(200, first.body)
+    await keep_alive_ok(conn)
