@@ -50,7 +50,7 @@ class CircuitBreaker:
         self._open_s = open_s
         self._clock = clock
         self._opened_at: float | None = None  # None: CLOSED
-        self._failures = 0  # consecutive failures while CLOSED
+        self._failures = 0  # consecutive failures counted (none while OPEN), 0 after a success
         self._trial_out = False
 
     @property
@@ -94,16 +94,9 @@ class CircuitBreaker:
         state = self.state
         if state is BreakerState.OPEN:
             return False
-        if state is BreakerState.HALF_OPEN:
-            self._open()
-            return True
         self._failures += 1
-        if self._failures >= self._failures_to_open:
-            self._open()
+        if state is BreakerState.HALF_OPEN or self._failures >= self._failures_to_open:
+            self._opened_at = self._clock()
+            self._trial_out = False
             return True
         return False
-
-    def _open(self) -> None:
-        self._opened_at = self._clock()
-        self._trial_out = False
-        self._failures = 0

@@ -8,15 +8,17 @@ registry, which decides everything (``registry.py``, rules in ``health.py``, ``b
   While the worker's breaker is open no probe goes; when it turns half-open the next probe is
   its one trial. A probe that does not finish within ``timeout_s`` is cut and is a failure,
   whatever ``fetch`` does about its own timeout.
-* load: every ``load_interval_s`` while the worker is healthy and its breaker closed — vLLM
-  ``GET /metrics``; SGLang ``GET /v1/loads``, and on ``404`` the older ``/get_load`` (the path
-  that answered is remembered; a ``404`` there switches back). Failed polls and unparsable
-  reports make the load unknown and are counted; they do not touch health.
+* load: right after the first probe, then every ``load_interval_s``, while the worker is
+  healthy and its breaker closed (draining included) — vLLM ``GET /metrics``; SGLang
+  ``GET /v1/loads``, and on ``404`` the older ``/get_load`` (the path that answered is
+  remembered; a ``404`` there switches back). Failed polls and unparsable reports make the load
+  unknown and are counted; they do not touch health.
 
 ``fetch(origin, path, timeout_s) -> (status, body)`` is injected (the app builds it on the
-upstream pool). It raises ``UpstreamError`` or ``OSError`` when the exchange fails; those are
-failures of the probe or poll. Anything else it raises is a bug and ends the monitor.
-Cancellation passes through untouched.
+upstream pool). It raises ``UpstreamError`` or ``OSError`` when the exchange fails, or
+``trio.TooSlowError`` when a ``fail_after`` of its own fires before the monitor's cut; all of
+those are failures of the probe or poll. Anything else it raises is a bug and ends the
+monitor. Cancellation passes through untouched.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from cortex.workers.registry import ChangeKind, WorkerRegistry
 from cortex.workers.spec import WorkerSpec
 
 Fetch = Callable[[str, str, float], Awaitable[tuple[int, bytes]]]
+
+FETCH_FAILURES = (UpstreamError, OSError, trio.TooSlowError)
 
 HEALTH_PATH = "/health"
 VLLM_LOAD_PATH = "/metrics"
@@ -77,13 +81,14 @@ async def _watch_worker(registry: WorkerRegistry, fetch: Fetch, settings: Health
         if name not in registry:
             return
         spec = registry.spec(name)
+        first_probe = trio.Event()  # load polling starts once health is known
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_probe_loop, registry, fetch, settings, spec)
-            nursery.start_soon(_load_loop, registry, fetch, settings, spec)
+            nursery.start_soon(_probe_loop, registry, fetch, settings, spec, first_probe)
+            nursery.start_soon(_load_loop, registry, fetch, settings, spec, first_probe)
 
 
 async def _probe_loop(registry: WorkerRegistry, fetch: Fetch, settings: HealthSettings,
-                      spec: WorkerSpec) -> None:
+                      spec: WorkerSpec, first_probe: trio.Event) -> None:
     while True:
         wait = registry.probe_wait(spec.name)
         if wait is None:
@@ -93,6 +98,7 @@ async def _probe_loop(registry: WorkerRegistry, fetch: Fetch, settings: HealthSe
             continue
         started = trio.current_time()
         registry.probe_result(spec.name, await probe(fetch, spec.origin, settings.timeout_s))
+        first_probe.set()
         await trio.sleep_until(started + settings.interval_s)
 
 
@@ -101,15 +107,16 @@ async def probe(fetch: Fetch, origin: str, timeout_s: float) -> str | None:
     with trio.move_on_after(timeout_s):
         try:
             status, _ = await fetch(origin, HEALTH_PATH, timeout_s)
-        except (UpstreamError, OSError) as error:
-            return f"{HEALTH_PATH}: {error or type(error).__name__}"
+        except FETCH_FAILURES as error:
+            return f"{HEALTH_PATH}: {_describe(error, timeout_s)}"
         return probe_verdict(status)
-    return f"{HEALTH_PATH}: no answer within {timeout_s} s"
+    return f"{HEALTH_PATH}: {_describe(None, timeout_s)}"
 
 
 async def _load_loop(registry: WorkerRegistry, fetch: Fetch, settings: HealthSettings,
-                     spec: WorkerSpec) -> None:
+                     spec: WorkerSpec, first_probe: trio.Event) -> None:
     poller = LoadPoller(spec, fetch, settings.timeout_s)
+    await first_probe.wait()
     while True:
         started = trio.current_time()
         if spec.name not in registry:
@@ -144,8 +151,8 @@ class LoadPoller:
                     self.path = (SGLANG_OLD_LOAD_PATH if self.path == SGLANG_LOAD_PATH
                                  else SGLANG_LOAD_PATH)
                     status, body = await self._fetch(self._origin, self.path, self._timeout_s)
-            except (UpstreamError, OSError) as error:
-                return f"{self.path}: {error or type(error).__name__}", False
+            except FETCH_FAILURES as error:
+                return f"{self.path}: {_describe(error, self._timeout_s)}", False
             if status != 200:
                 return f"{self.path} answered {status}", False
             try:
@@ -154,4 +161,11 @@ class LoadPoller:
                 return parse_sglang_loads(body)
             except LoadParseError as error:
                 return f"{self.path}: {error}", True
-        return f"{self.path}: no answer within {self._timeout_s} s", False
+        return f"{self.path}: {_describe(None, self._timeout_s)}", False
+
+
+def _describe(error: BaseException | None, timeout_s: float) -> str:
+    """Why a fetch failed, for ``last_error``: a timeout (ours or the fetch's) or the error."""
+    if error is None or isinstance(error, trio.TooSlowError):
+        return f"no answer within {timeout_s} s"
+    return str(error) or type(error).__name__

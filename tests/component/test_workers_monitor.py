@@ -80,8 +80,8 @@ async def test_probes_every_interval_and_load_only_when_healthy(
         await trio.sleep(5.5)
         nursery.cancel_scope.cancel()
     assert engines.times(VLLM, "/health", start) == [0.0, 2.0, 4.0]
-    # The first load tick comes before the first probe answered: skipped, not polled.
-    assert engines.times(VLLM, "/metrics", start) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    # Load polling starts as soon as the first probe answered.
+    assert engines.times(VLLM, "/metrics", start) == [0.01, 1.01, 2.01, 3.01, 4.01, 5.01]
     assert registry.status("v").loads == {0: RankLoad(2, 5, 0.5)}
     [view] = registry.views(lambda name: None, lambda name: (0,))
     assert view.healthy and view.engine_queue == 5 and view.kv_usage == 0.5
@@ -165,8 +165,8 @@ async def test_sglang_falls_back_to_get_load_and_remembers(autojump_clock, regis
         await nursery.start(run_monitor, registry, engines.fetch, SETTINGS)
         await trio.sleep(3.5)
         nursery.cancel_scope.cancel()
-    assert engines.times(SGLANG, "/v1/loads", start) == [1.0]
-    assert len(engines.times(SGLANG, "/get_load")) == 3
+    assert engines.times(SGLANG, "/v1/loads", start) == [0.01]
+    assert len(engines.times(SGLANG, "/get_load")) == 4  # 0.02, 1.01, 2.01, 3.01
     assert registry.status("s").loads == {0: RankLoad(2, 1), 1: RankLoad(0, 4)}
     [view] = registry.views(lambda name: None, lambda name: (0, 1))
     assert view.engine_queue == 5 and view.kv_usage is None
@@ -240,3 +240,26 @@ async def test_removed_mid_probe_is_harmless(autojump_clock, registry, engines) 
         await trio.sleep(0.5)
         assert registry.is_live("v")
         nursery.cancel_scope.cancel()
+
+
+async def test_a_fetch_enforcing_a_timeout_itself_is_a_failure_not_a_crash(
+        autojump_clock, registry, engines) -> None:
+    """A fetch whose own ``fail_after`` fires first raises ``TooSlowError`` through the
+    monitor's scope: a failure like any other."""
+    engines.set(VLLM, "/health", HANG)
+    engines.set(VLLM, "/metrics", HANG)
+
+    async def strict_fetch(origin: str, path: str, timeout_s: float) -> tuple[int, bytes]:
+        with trio.fail_after(timeout_s / 2):
+            return await engines.fetch(origin, path, timeout_s)
+
+    registry.add(VLLM)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_monitor, registry, strict_fetch, SETTINGS)
+        await trio.sleep(5.5)
+        nursery.cancel_scope.cancel()
+    status = registry.status("v")
+    assert status.last_error == "/health: no answer within 1.0 s"
+    assert registry.counters("v").probe_failures == 3
+    poller = LoadPoller(VLLM, strict_fetch, 1.0)
+    assert await poller.poll() == ("/metrics: no answer within 1.0 s", False)

@@ -63,8 +63,9 @@ def test_failed_trial_reopens_for_another_period(breaker: CircuitBreaker,
         breaker.record_failure()
     clock.now += 10.0
     assert breaker.allow()
+    assert breaker.consecutive_failures == 3
     assert breaker.record_failure()  # the trial failed: open again, at once
-    assert breaker.state is BreakerState.OPEN
+    assert breaker.state is BreakerState.OPEN and breaker.consecutive_failures == 4
     assert breaker.retry_at() == clock.now + 10.0
     clock.now += 10.0
     assert breaker.state is BreakerState.HALF_OPEN and breaker.allow()

@@ -34,7 +34,7 @@ vllm:kv_cache_usage_perc{engine="1",model_name="Qwen/Qwen3-0.6B"} 0.0625
 # TYPE vllm:prompt_tokens_total counter
 vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 8192.0
 vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="Qwen/Qwen3-0.6B"} 0.0
-vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",enable_prefix_caching="True"} 1.0
+vllm:cache_config_info{block_size="16",engine="0",enable_prefix_caching="True"} 1.0
 """
 
 # vLLM <= 0.11: the old KV usage name, no engine label on a single-engine server.
@@ -122,7 +122,7 @@ def test_load_parse_error_is_a_value_error() -> None:
     assert issubclass(LoadParseError, ValueError)
 
 
-# SGLang 0.5.23 /v1/loads, two DP ranks (fields as in engine-endpoints.md §3, optional ones left out).
+# SGLang 0.5.23 /v1/loads, two DP ranks (engine-endpoints.md §3; optional sections left out).
 SGLANG_V1 = {
     "timestamp": "2026-11-30T12:00:00Z",
     "version": "0.5.23",
