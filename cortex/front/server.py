@@ -1,0 +1,136 @@
+"""The lean HTTP/1.1 server: h11 over trio streams, no ASGI on the hot path.
+
+``HttpServer(handler, limits).serve(host, port, task_status=...)`` binds one listening socket
+(port 0 = ephemeral), reports ``(host, bound_port)`` through ``task_status`` and accepts
+connections, each served by ``HttpConnection`` (rules in ``cortex.front.connection``).
+
+Rules:
+
+* At most ``limits.max_connections`` connections are open: past that the accept loop waits on
+  a ``trio.CapacityLimiter`` and further clients wait in the listen backlog.
+* Every accepted socket gets ``TCP_NODELAY`` (a streamed event must not wait for an ACK).
+* ``drain()`` is graceful shutdown: the accept loop stops and the listening socket closes (new
+  connections are refused), idle keep-alive connections close at once, requests already
+  arriving or in flight are answered with ``connection: close``. After
+  ``limits.drain_timeout_s`` whatever still runs is cancelled. ``serve`` returns when every
+  connection is closed.
+* Counters are plain ints (``ServerCounters``), read by the metrics layer.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import trio
+
+from cortex.front.connection import HttpConnection, ServerCounters, ServerShared
+from cortex.front.limits import ServerLimits
+from cortex.front.messages import Handler
+
+__all__ = ["HttpServer", "ServerCounters"]
+
+log = logging.getLogger("cortex.front")
+
+_ACCEPT_BACKOFF_S = 0.1  # after an accept error such as EMFILE
+
+
+class HttpServer:
+    def __init__(self, handler: Handler, limits: ServerLimits = ServerLimits(),
+                 server_header: bytes = b"cortex") -> None:
+        self.counters = ServerCounters()
+        self._shared = ServerShared(handler, limits, self.counters, server_header)
+        self._limiter = trio.CapacityLimiter(limits.max_connections)
+        self._accept_scope = trio.CancelScope()
+        self._drain_deadline: float | None = None
+        self.connections: set[HttpConnection] = set()  # open ones (tests, debugging)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests whose handler runs or whose response is being sent."""
+        return self._shared.in_flight
+
+    @property
+    def draining(self) -> bool:
+        return self._shared.draining
+
+    async def serve(self, host: str, port: int, *,
+                    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+                    ) -> None:
+        listener = await _open_listener(host, port)
+        try:
+            async with trio.open_nursery() as connections:
+                task_status.started((host, listener.socket.getsockname()[1]))
+                with self._accept_scope:
+                    await self._accept_loop(listener, connections)
+                await listener.aclose()
+                assert self._drain_deadline is not None
+                connections.cancel_scope.deadline = self._drain_deadline
+        finally:
+            await trio.aclose_forcefully(listener)
+
+    def drain(self) -> None:
+        """Starts graceful shutdown (idempotent; call from the trio thread)."""
+        shared = self._shared
+        if shared.draining:
+            return
+        shared.draining = True
+        self._drain_deadline = trio.current_time() + shared.limits.drain_timeout_s
+        self._accept_scope.cancel()
+        for scope in list(shared.idle_scopes):
+            scope.cancel()
+
+    async def _accept_loop(self, listener: trio.SocketListener,
+                           connections: trio.Nursery) -> None:
+        while True:
+            borrower = object()
+            await self._limiter.acquire_on_behalf_of(borrower)
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                self._limiter.release_on_behalf_of(borrower)
+                log.warning("accept failed: %r", exc)
+                await trio.sleep(_ACCEPT_BACKOFF_S)
+                continue
+            except BaseException:
+                self._limiter.release_on_behalf_of(borrower)
+                raise
+            connections.start_soon(self._serve_connection, stream, borrower)
+
+    async def _serve_connection(self, stream: trio.SocketStream, borrower: object) -> None:
+        counters = self.counters
+        counters.connections_opened += 1
+        counters.connections_open += 1
+        try:
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        except OSError:
+            pass  # the peer already reset; the connection fails on its first read
+        try:
+            peer = stream.socket.getpeername()
+            client: tuple[str, int] | None = (peer[0], peer[1])
+        except OSError:
+            client = None
+        connection = HttpConnection(stream, self._shared, client)
+        self.connections.add(connection)
+        try:
+            await connection.run()
+        finally:
+            self.connections.discard(connection)
+            counters.connections_open -= 1
+            self._limiter.release_on_behalf_of(borrower)
+
+
+async def _open_listener(host: str, port: int) -> trio.SocketListener:
+    """One listening TCP socket on the first address ``host`` resolves to."""
+    infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                          flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    sock = trio.socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        await sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketListener(sock)

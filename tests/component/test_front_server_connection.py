@@ -1,0 +1,116 @@
+"""One server connection over trio memory streams on a virtual clock: the read deadlines are
+exact and absolute (a dribbling client cannot extend them), idle keep-alive ends quietly."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from cortex.front.connection import HttpConnection, ServerCounters, ServerShared
+from cortex.front.limits import ServerLimits
+from cortex.front.messages import HttpRequest, HttpResponse, json_response
+from tests.front_http_client import RawClient, build_request
+
+LIMITS = ServerLimits(header_timeout_s=10, body_timeout_s=30, keepalive_idle_s=75)
+
+
+async def ok(request: HttpRequest) -> HttpResponse:
+    return json_response(200, b"{}")
+
+
+async def serve_one(nursery: trio.Nursery, limits: ServerLimits = LIMITS
+                    ) -> tuple[RawClient, ServerShared, trio.Event]:
+    client_stream, server_stream = trio.testing.memory_stream_pair()
+    shared = ServerShared(ok, limits, ServerCounters(), b"cortex")
+    closed = trio.Event()
+
+    async def run() -> None:
+        await HttpConnection(server_stream, shared).run()
+        closed.set()
+
+    nursery.start_soon(run)
+    return RawClient(client_stream), shared, closed
+
+
+@pytest.fixture
+def clock(autojump_clock):
+    return autojump_clock
+
+
+async def test_first_head_is_due_header_timeout_after_the_accept(clock):
+    async with trio.open_nursery() as nursery:
+        client, shared, closed = await serve_one(nursery)
+        response = await client.read_response()
+        assert response.status == 408
+        assert trio.current_time() == pytest.approx(10)
+        assert shared.counters.header_timeouts == 1
+        await client.stream.aclose()
+        await closed.wait()
+
+
+async def test_dribbling_client_does_not_extend_the_head_deadline(clock):
+    async with trio.open_nursery() as nursery:
+        client, shared, closed = await serve_one(nursery)
+
+        async def dribble() -> None:
+            for byte in b"GET / HTTP/1.1\r\nhost: t\r\nx-slow: " + b"s" * 100:
+                await client.send(bytes([byte]))
+                await trio.sleep(0.5)
+
+        nursery.start_soon(dribble)
+        response = await client.read_response()
+        assert response.status == 408
+        assert trio.current_time() == pytest.approx(10, abs=0.5)
+        nursery.cancel_scope.cancel()
+
+
+async def test_body_is_due_body_timeout_after_the_head(clock):
+    async with trio.open_nursery() as nursery:
+        client, shared, closed = await serve_one(nursery)
+        await trio.sleep(4)
+        await client.send(b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 10\r\n\r\n")
+        for _ in range(40):  # a byte a second would take 10 s, but stops after 9
+            if trio.current_time() > 12:
+                break
+            await client.send(b"x")
+            await trio.sleep(1)
+        response = await client.read_response()
+        assert response.status == 408
+        assert trio.current_time() == pytest.approx(34, abs=1)
+        assert shared.counters.body_timeouts == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_idle_keep_alive_closes_quietly_after_keepalive_idle(clock):
+    async with trio.open_nursery() as nursery:
+        client, shared, closed = await serve_one(nursery)
+        assert (await client.request(b"GET", b"/")).status == 200
+        answered = trio.current_time()
+        assert await client.read_until_eof() == b""  # no 408 for an idle connection
+        await closed.wait()
+        assert trio.current_time() - answered == pytest.approx(75)
+        assert shared.counters.header_timeouts == 0
+
+
+async def test_later_head_is_due_header_timeout_after_its_first_byte(clock):
+    async with trio.open_nursery() as nursery:
+        client, shared, closed = await serve_one(nursery)
+        assert (await client.request(b"GET", b"/")).status == 200
+        await trio.sleep(50)  # idle, within keepalive_idle_s
+        started = trio.current_time()
+        await client.send(b"GET /second HTTP/1.1\r\n")
+        response = await client.read_response()
+        assert response.status == 408
+        assert trio.current_time() - started == pytest.approx(10)
+        nursery.cancel_scope.cancel()
+
+
+async def test_pipelined_request_after_a_slow_one_gets_its_own_deadline(clock):
+    async with trio.open_nursery() as nursery:
+        client, shared, closed = await serve_one(nursery)
+        await client.send(build_request(b"GET", b"/1") + build_request(b"GET", b"/2"))
+        assert (await client.read_response()).status == 200
+        assert (await client.read_response()).status == 200
+        assert trio.current_time() == 0
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,134 @@
+"""A raw HTTP/1.1 test client over a real trio stream: bytes out exactly as the test writes them,
+responses parsed by a small independent reader (not h11, so the server's framing is checked by
+different code than the one producing it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trio
+
+
+@dataclass
+class RawResponse:
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    raw_head: bytes
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    def header_values(self, name: bytes) -> list[bytes]:
+        return [value for key, value in self.headers if key == name]
+
+
+class RawClient:
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.buffer = b""
+        self.eof = False
+
+    @classmethod
+    async def connect(cls, port: int, host: str = "127.0.0.1") -> RawClient:
+        return cls(await trio.open_tcp_stream(host, port))
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+    async def _fill(self) -> bool:
+        if self.eof:
+            return False
+        try:
+            data = await self.stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            data = b""
+        if not data:
+            self.eof = True
+            return False
+        self.buffer += data
+        return True
+
+    async def read_exactly(self, count: int) -> bytes:
+        while len(self.buffer) < count:
+            if not await self._fill():
+                raise EOFError(f"EOF after {len(self.buffer)} of {count} bytes")
+        data, self.buffer = self.buffer[:count], self.buffer[count:]
+        return data
+
+    async def read_line(self) -> bytes:
+        """Up to and including the next CRLF."""
+        while b"\r\n" not in self.buffer:
+            if not await self._fill():
+                raise EOFError(f"EOF before end of line: {self.buffer!r}")
+        line, self.buffer = self.buffer.split(b"\r\n", 1)
+        return line + b"\r\n"
+
+    async def read_head(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        while b"\r\n\r\n" not in self.buffer:
+            if not await self._fill():
+                raise EOFError(f"EOF before end of head: {self.buffer!r}")
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        headers = []
+        for line in lines[1:]:
+            name, value = line.split(b":", 1)
+            headers.append((name.strip().lower(), value.strip()))
+        return status, headers, head
+
+    async def read_chunk(self) -> bytes:
+        """One chunk of a chunked body (``b""`` for the terminating chunk, trailers read)."""
+        size = int((await self.read_line()).split(b";")[0], 16)
+        if size == 0:
+            while await self.read_line() != b"\r\n":
+                pass
+            return b""
+        data = await self.read_exactly(size)
+        assert await self.read_exactly(2) == b"\r\n"
+        return data
+
+    async def read_until_eof(self) -> bytes:
+        while await self._fill():
+            pass
+        data, self.buffer = self.buffer, b""
+        return data
+
+    async def read_response(self, *, head_request: bool = False) -> RawResponse:
+        status, headers, raw_head = await self.read_head()
+        while 100 <= status < 200:
+            status, headers, raw_head = await self.read_head()
+        response = RawResponse(status, headers, b"", raw_head)
+        if head_request or status in (204, 304):
+            return response
+        if response.header(b"transfer-encoding") == b"chunked":
+            parts = []
+            while chunk := await self.read_chunk():
+                parts.append(chunk)
+            response.body = b"".join(parts)
+        elif (length := response.header(b"content-length")) is not None:
+            response.body = await self.read_exactly(int(length))
+        else:
+            response.body = await self.read_until_eof()
+        return response
+
+    async def request(self, method: bytes, target: bytes, body: bytes = b"",
+                      headers: list[tuple[bytes, bytes]] | None = None) -> RawResponse:
+        await self.send(build_request(method, target, body, headers))
+        return await self.read_response(head_request=method == b"HEAD")
+
+
+def build_request(method: bytes, target: bytes, body: bytes = b"",
+                  headers: list[tuple[bytes, bytes]] | None = None,
+                  version: bytes = b"1.1") -> bytes:
+    lines = [b"%s %s HTTP/%s" % (method, target, version), b"host: test"]
+    lines += [b"%s: %s" % pair for pair in headers or []]
+    if body or method in (b"POST", b"PUT"):
+        lines.append(b"content-length: %d" % len(body))
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body

@@ -1,0 +1,351 @@
+"""The lean HTTP server's handler contract over real loopback sockets: streamed bodies flushed
+chunk by chunk, client disconnects cancelling the handler, failures after the head, handler
+errors, and graceful drain."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+import trio.testing
+
+from cortex.errors import ConfigError, NotFound, UpstreamError
+from cortex.front.messages import HttpRequest, HttpResponse, json_response
+from tests.front_http_client import build_request
+from tests.integration.test_front_server import TIMEOUT, serving
+
+
+class Script:
+    """Events and flags shared by a test and its handler."""
+
+    def __init__(self) -> None:
+        self.release = trio.Event()
+        self.handler_started = trio.Event()
+        self.handler_finally = trio.Event()
+        self.body_closed = trio.Event()
+        self.handler_cancelled = False
+        self.body_cancelled = False
+
+
+async def test_streamed_body_is_flushed_chunk_by_chunk():
+    script = Script()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            yield b"data: one\n\n"
+            await script.release.wait()
+            yield b""  # empty chunks are skipped, never a premature terminator
+            yield b"data: two\n\n"
+        finally:
+            script.body_closed.set()
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, [(b"content-type", b"text/event-stream")], chunks())
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            await client.send(build_request(b"GET", b"/stream"))
+            status, headers, _ = await client.read_head()
+            assert status == 200 and (b"transfer-encoding", b"chunked") in headers
+            # chunk one arrives while the handler still holds chunk two
+            assert await client.read_chunk() == b"data: one\n\n"
+            assert not script.release.is_set()
+            script.release.set()
+            assert await client.read_chunk() == b"data: two\n\n"
+            assert await client.read_chunk() == b""
+            await script.body_closed.wait()
+            # the connection is kept for the next request (released: it runs straight through)
+            response = await client.request(b"GET", b"/stream")
+            assert response.body == b"data: one\n\ndata: two\n\n"
+
+
+async def test_streamed_body_with_content_length_is_not_chunked():
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"abc"
+        yield b"def"
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, [(b"content-length", b"6")], chunks())
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            response = await client.request(b"GET", b"/")
+            assert response.header(b"transfer-encoding") is None
+            assert response.header(b"content-length") == b"6" and response.body == b"abcdef"
+            assert (await client.request(b"GET", b"/")).body == b"abcdef"
+
+
+async def test_streamed_body_to_http_10_client_is_close_delimited():
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"abc"
+        yield b"def"
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, [], chunks())
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            await client.send(b"GET / HTTP/1.0\r\n\r\n")
+            response = await client.read_response()
+            assert response.header(b"transfer-encoding") is None
+            assert response.body == b"abcdef" and client.eof
+
+
+async def test_client_leaving_while_the_handler_runs_cancels_it():
+    script = Script()
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        script.handler_started.set()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            script.handler_cancelled = True
+            raise
+        finally:
+            script.handler_finally.set()
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            await client.send(build_request(b"POST", b"/v1/chat/completions", b"{}"))
+            await script.handler_started.wait()
+            assert served.server.in_flight == 1
+            await client.aclose()
+            await script.handler_finally.wait()
+            assert script.handler_cancelled
+            await trio.testing.wait_all_tasks_blocked()
+            assert served.counters.client_gone == 1
+            assert served.server.in_flight == 0 and served.counters.connections_open == 0
+
+
+async def test_client_leaving_while_the_body_streams_cancels_and_closes_it():
+    script = Script()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            yield b"first"
+            await trio.sleep_forever()
+            yield b"never"
+        except trio.Cancelled:
+            script.body_cancelled = True
+            raise
+        finally:
+            script.body_closed.set()
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, [], chunks())
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            await client.send(build_request(b"GET", b"/stream"))
+            await client.read_head()
+            assert await client.read_chunk() == b"first"
+            await client.aclose()
+            await script.body_closed.wait()
+            assert script.body_cancelled
+            await trio.testing.wait_all_tasks_blocked()
+            assert served.counters.client_gone == 1
+
+
+async def test_body_iterator_failing_after_the_head_closes_without_the_last_chunk():
+    script = Script()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            yield b"partial"
+            raise UpstreamError("worker died mid-stream")
+        finally:
+            script.body_closed.set()
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, [], chunks())
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            await client.send(build_request(b"GET", b"/stream"))
+            await client.read_head()
+            assert await client.read_chunk() == b"partial"
+            rest = await client.read_until_eof()
+            assert rest == b""  # closed: no terminating 0-chunk
+            assert script.body_closed.is_set()
+
+
+async def test_body_iterator_bug_after_the_head_is_logged_and_counted(caplog):
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"partial"
+        raise KeyError("bug")
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, [], chunks())
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            await client.send(build_request(b"GET", b"/stream"))
+            await client.read_head()
+            assert await client.read_chunk() == b"partial"
+            assert await client.read_until_eof() == b""
+            assert served.counters.handler_errors == 1
+    assert any(r.name == "cortex.front" and r.exc_info for r in caplog.records)
+
+
+async def test_cortex_errors_become_json_answers_and_keep_the_connection():
+    async def handler(request: HttpRequest) -> HttpResponse:
+        if request.path == b"/missing":
+            raise NotFound("no route GET /missing")
+        if request.path == b"/config":
+            raise ConfigError(["a is wrong", "b is wrong"])
+        return json_response(200, b"{}")
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            response = await client.request(b"GET", b"/missing")
+            assert response.status == 404
+            assert response.header(b"content-type") == b"application/json"
+            assert json.loads(response.body) == {"error": {
+                "message": "no route GET /missing", "type": "not_found", "code": 404}}
+            response = await client.request(b"GET", b"/config")
+            error = json.loads(response.body)["error"]
+            assert response.status == 500 and error["type"] == "config_error"
+            assert error["problems"] == ["a is wrong", "b is wrong"]
+            assert (await client.request(b"GET", b"/ok")).status == 200
+            assert served.counters.handler_errors == 0
+            assert served.counters.connections_opened == 1
+
+
+async def test_cortex_error_raised_from_a_handler_nursery_is_unwrapped():
+    async def failing() -> None:
+        raise UpstreamError("upstream refused")
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(failing)
+        return json_response(200, b"{}")
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            response = await client.request(b"GET", b"/")
+            assert response.status == 502
+            assert json.loads(response.body)["error"]["type"] == "upstream_error"
+
+
+async def test_handler_bug_is_a_logged_counted_500_and_closes(caplog):
+    async def handler(request: HttpRequest) -> HttpResponse:
+        raise ZeroDivisionError("bug")
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            with caplog.at_level(logging.ERROR, logger="cortex.front"):
+                response = await client.request(b"GET", b"/boom")
+            assert response.status == 500
+            assert json.loads(response.body) == {"error": {
+                "message": "internal server error", "type": "internal_server_error",
+                "code": 500}}
+            assert response.header(b"connection") == b"close"
+            assert await client.read_until_eof() == b""
+            assert served.counters.handler_errors == 1
+    (record,) = [r for r in caplog.records if r.name == "cortex.front"]
+    assert record.exc_info[0] is ZeroDivisionError
+
+
+async def test_drain_finishes_in_flight_refuses_new_and_closes_idle():
+    script = Script()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"one"
+        await script.release.wait()
+        yield b"two"
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        if request.path == b"/stream":
+            return HttpResponse(200, [], chunks())
+        return json_response(200, b'{"ok":true}')
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            server = served.server
+            idle = await served.connect()
+            assert (await idle.request(b"GET", b"/")).status == 200
+            busy = await served.connect()
+            await busy.send(build_request(b"GET", b"/stream"))
+            await busy.read_head()
+            assert await busy.read_chunk() == b"one"
+            # a pipelined request behind the stream, answered after it
+            await busy.send(build_request(b"GET", b"/after"))
+
+            server.drain()
+            assert server.draining
+            assert await idle.read_until_eof() == b""  # idle keep-alive closed at once
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(OSError):
+                await trio.open_tcp_stream("127.0.0.1", served.port)
+
+            script.release.set()
+            assert await busy.read_chunk() == b"two"
+            assert await busy.read_chunk() == b""
+            after = await busy.read_response()
+            assert after.status == 200 and after.header(b"connection") == b"close"
+            assert await busy.read_until_eof() == b""
+            assert server.in_flight == 0
+
+
+async def test_serve_returns_after_drain_and_cancels_stragglers_at_the_deadline():
+    script = Script()
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        script.handler_started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            script.handler_finally.set()
+
+    from cortex.front.limits import ServerLimits
+    from cortex.front.server import HttpServer
+    from tests.front_http_client import RawClient
+
+    server = HttpServer(handler, ServerLimits(drain_timeout_s=0.2))
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            _, port = await nursery.start(server.serve, "127.0.0.1", 0)
+            client = await RawClient.connect(port)
+            await client.send(build_request(b"GET", b"/hang"))
+            await script.handler_started.wait()
+            server.drain()
+        # serve() returned: the hanging handler was cancelled at the drain deadline
+        assert script.handler_finally.is_set()
+        assert await client.read_until_eof() == b""
+        await client.aclose()
+
+
+@pytest.mark.parametrize("bad", [
+    HttpResponse(200, [(b"x-bad", b"line\r\nbreak")], b"{}"),
+    HttpResponse(99, [], b"{}"),
+    HttpResponse(200, [(b"x-bad", b"line\r\nbreak")], None),
+])
+async def test_unsendable_response_from_the_handler_is_a_500(bad, caplog):
+    if bad.body is None:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"x"
+        bad.body = chunks()
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return bad
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            response = await client.request(b"GET", b"/")
+            assert response.status == 500
+            assert await client.read_until_eof() == b""
+            assert served.counters.handler_errors == 1
