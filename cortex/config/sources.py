@@ -11,8 +11,8 @@ Rules:
 * Overlays put ``Text`` leaves into the raw tree; typing and checking happen in one place
   (``walk.build``), so a bad flag is reported with every other problem instead of aborting.
 * An environment variable ``CORTEX_*`` that is not a key is a problem when it names a config
-  section or is close to a key (a typo); other ``CORTEX_*`` variables (build switches, test
-  settings) are left alone.
+  section or is close to a key (a typo); other ``CORTEX_*`` variables are left alone, and those
+  of ``FOREIGN_PREFIXES`` (``cortex sim``'s own twins, build switches, test settings) always.
 * Flags default to ``None`` so that only what the user typed overrides the lower layers.
 """
 
@@ -35,6 +35,7 @@ ENV_PREFIX = "CORTEX_"
 CONFIG_ENV = "CORTEX_CONFIG"
 LISTS = {"workers": ("CORTEX_WORKERS", "worker", "url", WorkerSpec),
          "models": ("CORTEX_MODELS", "model", "name", ModelConfig)}
+FOREIGN_PREFIXES = ("CORTEX_SIM_", "CORTEX_CYTHON_", "CORTEX_SHARED_")
 FLAG_DEST = "cfg."  # namespace attribute of a scalar flag: "cfg.server.limits.max_body_bytes"
 
 
@@ -102,9 +103,9 @@ def overlay_env(raw: dict[str, Any], env: Mapping[str, str], problems: list[str]
     known = set(table) | {CONFIG_ENV} | {names[0] for names in LISTS.values()}
     sections = {f"{ENV_PREFIX}{name.upper()}_" for name in type_hints(CortexConfig)}
     for name in sorted(env):
-        if not name.startswith(ENV_PREFIX) or name in known:
+        if not name.startswith(ENV_PREFIX) or name in known or name.startswith(FOREIGN_PREFIXES):
             continue
-        close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.8)
+        close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.85)
         if close or name.startswith(tuple(sections)):
             problems.append(f"unknown environment variable {name}{suggest(name, list(known))}")
     for name, path in table.items():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import types
 import typing
 from collections.abc import Iterator, Mapping
@@ -208,14 +209,18 @@ def _scalar(value: Any, tp: Any) -> Any:
             return value
         raise ValueError(f"expected an integer, got {_show(text if text is not None else value)}")
     if tp is float:
+        number = None
         if text is not None:
             try:
-                return float(text)
+                number = float(text)
             except ValueError:
                 pass
         elif isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        raise ValueError(f"expected a number, got {_show(text if text is not None else value)}")
+            number = float(value)
+        if number is None or math.isnan(number):
+            raise ValueError(
+                f"expected a number, got {_show(text if text is not None else value)}")
+        return number
     if tp is str:
         if isinstance(value, Text):
             return value.value

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.machinery
+import os
+import subprocess
 import sys
 import tomllib
 import types
@@ -23,8 +25,6 @@ TOKEN = "s3cret-token-of-the-admin-api"
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch):
     """The commands read os.environ: no CORTEX_* variable of the machine leaks in."""
-    import os
-
     for name in list(os.environ):
         if name.startswith("CORTEX_"):
             monkeypatch.delenv(name)
@@ -122,12 +122,43 @@ def test_help_lists_every_flag_its_env_twin_and_default(capsys, command):
     assert TOKEN not in out
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cortex.sim.cli") is not None,
-                    reason="cortex.sim.cli exists")
-def test_sim_without_its_module_says_so(capsys):
+def test_sim_without_its_module_says_so(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cortex.sim.cli", None)  # as if it were not installed
     assert main(["sim", "--anything"]) == 2
     assert "cortex.sim.cli is missing" in capsys.readouterr().err
 
 
+def test_sim_hands_its_arguments_to_the_sim_module(monkeypatch):
+    seen = []
+    sim = types.ModuleType("cortex.sim.cli")
+    sim.__spec__ = importlib.machinery.ModuleSpec("cortex.sim.cli", None)
+    sim.add_sim_arguments = lambda parser: parser.add_argument("--count", type=int)
+    sim.run_sim = lambda args: seen.append(args.count) or 0
+    monkeypatch.setitem(sys.modules, "cortex.sim.cli", sim)
+    assert main(["sim", "--count", "3"]) == 0
+    assert seen == [3]
+
+
 def test_defaults_validate():
     assert load_config(env={}) == CortexConfig()
+
+
+def test_a_bool_flag_alone_means_true(capsys):
+    assert main(["check-config", "--print-config", "--control-allow-remote",
+                 "--log-json", "false"]) == 0
+    out = capsys.readouterr().out
+    assert "allow_remote = true" in out and "json = false" in out
+
+
+def test_the_installed_entry_point_exits_with_the_code():
+    """``python -m cortex`` in a real process: the code reaches the shell."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("CORTEX_")}
+    ok = subprocess.run([sys.executable, "-m", "cortex", "check-config", "--config", EXAMPLE,
+                         "--no-file-checks"], capture_output=True, text=True, env=env, timeout=60)
+    assert (ok.returncode, ok.stdout) == (0, "ok\n")
+    env["CORTEX_SERVER_PORT"] = "eighty"
+    bad = subprocess.run([sys.executable, "-m", "cortex", "check-config"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2
+    assert "server.port: expected an integer, got 'eighty' (from env CORTEX_SERVER_PORT)" \
+        in bad.stderr

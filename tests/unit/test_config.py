@@ -148,7 +148,8 @@ def test_problems_from_every_layer_are_reported_together(tmp_path):
 
 
 def test_foreign_cortex_variables_are_left_alone():
-    env = {"CORTEX_SHARED_DIR": "/tmp", "CORTEX_CYTHON_DEBUG": "1", "PATH": "/bin"}
+    env = {"CORTEX_SHARED_DIR": "/tmp", "CORTEX_CYTHON_DEBUG": "1", "PATH": "/bin",
+           "CORTEX_SIM_PORT": "8000", "CORTEX_SIM_HOST": "0.0.0.0", "CORTEX_SIM_SERVER": "x"}
     assert load_config(env=env) == CortexConfig()
     assert "unknown environment variable CORTEX_SERVER_PROT" in problems_of(
         env={"CORTEX_SERVER_PROT": "1"})[0]
@@ -343,3 +344,9 @@ def _sample(key):
     if isinstance(key.default, float):
         return key.default * 2, repr(key.default * 2)
     raise AssertionError(f"no sample for {name}")
+
+
+def test_nan_is_never_a_number():
+    assert problems_of(flags("--scheduler-cost-affinity-tolerance-s", "nan"), env={}) == [
+        "scheduler.cost.affinity_tolerance_s: expected a number, got 'nan' "
+        "(from --scheduler-cost-affinity-tolerance-s)"]
