@@ -9,6 +9,11 @@ Rules:
 * Graceful shutdown: setting ``shutdown`` stops accepting; requests in progress get
   ``graceful_timeout_s`` to finish, then the function returns. Cancelling the caller's scope
   stops it at once.
+* Slow clients: a connection without a complete request head within ``idle_timeout_s`` (also
+  the keep-alive idle limit) is closed, however slowly it drips bytes; a read that brings
+  nothing for ``read_timeout_s`` ends the connection. Header blocks are capped by hypercorn
+  (16 KiB); admin bodies by the app (64 KiB). There is no connection cap: the control plane
+  listens on loopback unless configured otherwise.
 * Hypercorn logs through the ``cortex.control.hypercorn`` logger; no access log (it would
   hold request lines of every scrape; nothing here ever logs a header).
 """
@@ -27,14 +32,16 @@ from cortex.control.app import ControlApp
 LOGGER = "cortex.control.hypercorn"
 
 
-def hypercorn_config(host: str, port: int, graceful_timeout_s: float) -> Config:
+def hypercorn_config(host: str, port: int, graceful_timeout_s: float = 5.0,
+                     idle_timeout_s: float = 10.0, read_timeout_s: float = 30.0) -> Config:
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
     config.errorlog = logging.getLogger(LOGGER)
     config.graceful_timeout = graceful_timeout_s
     config.include_server_header = False
-    config.keep_alive_timeout = 30.0  # seconds; scrapers reuse their connection
+    config.keep_alive_timeout = idle_timeout_s  # hypercorn runs it until a head is complete
+    config.read_timeout = read_timeout_s
     return config
 
 
@@ -50,9 +57,11 @@ async def serve_control(
     *,
     shutdown: trio.Event | None = None,
     graceful_timeout_s: float = 5.0,
+    idle_timeout_s: float = 10.0,
+    read_timeout_s: float = 30.0,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    config = hypercorn_config(host, port, graceful_timeout_s)
+    config = hypercorn_config(host, port, graceful_timeout_s, idle_timeout_s, read_timeout_s)
     trigger = shutdown.wait if shutdown is not None else None
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(partial(serve, app, config, shutdown_trigger=trigger,

@@ -207,3 +207,27 @@ async def test_readiness_object_is_served_as_is():
             assert (await client.request("GET", "/debug/ledger", AUTH))[0] == 404
             await client.aclose()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_slowloris_head_is_cut_at_the_idle_timeout():
+    app, *_ = build()
+    with trio.fail_after(TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(partial(serve_control, app, "127.0.0.1", 0,
+                                               idle_timeout_s=0.5))
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            started = trio.current_time()
+            closed_after = None
+            try:
+                await stream.send_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n")
+                for _ in range(200):  # one header line every 50 ms: 10 s if never cut
+                    await stream.send_all(b"x-drip: 1\r\n")
+                    with trio.move_on_after(0.05):
+                        if await stream.receive_some(1024) == b"":
+                            closed_after = trio.current_time() - started
+                            break
+            except trio.BrokenResourceError:
+                closed_after = trio.current_time() - started
+            assert closed_after is not None and closed_after < 8
+            await stream.aclose()
+            nursery.cancel_scope.cancel()

@@ -6,7 +6,6 @@ from array import array
 from dataclasses import dataclass, field, fields
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cortex.events.counters import IngestCounters
@@ -26,6 +25,8 @@ from cortex.scheduling.exact_kv import ExactKv
 from cortex.scheduling.load_aware import LoadAware
 from cortex.scheduling.round_robin import RoundRobin
 from cortex.scheduling.view import RequestFacts, WorkerView
+from cortex.upstream.pool import PoolStats
+from cortex.workers.health import WorkerCounters
 
 
 def scrape(metrics: CortexMetrics) -> str:
@@ -266,31 +267,10 @@ def test_http_server_counters_read_at_scrape():
     assert value(m, "cortex_http_connections_open") == 5
 
 
-@dataclass
-class FakeProbeCounters:
-    probes: int = 0
-    probe_failures: int = 0
-    upstream_failures: int = 0
-    breaker_opens: int = 0
-    load_polls: int = 0
-    load_failures: int = 0
-    load_parse_errors: int = 0
-
-
-@dataclass
-class FakePoolStats:
-    open: int = 0
-    idle: int = 0
-    busy: int = 0
-    created: int = 0
-    reused: int = 0
-    discarded: int = 0
-
-
 def test_probe_and_pool_figures_per_worker():
     m = CortexMetrics()
-    probes = {"a": FakeProbeCounters(probes=10, probe_failures=2, breaker_opens=1)}
-    pools = {"a": FakePoolStats(open=3, idle=2, busy=1, created=5, reused=40, discarded=2)}
+    probes = {"a": WorkerCounters(probes=10, probe_failures=2, breaker_opens=1)}
+    pools = {"a": PoolStats(open=3, idle=2, busy=1, created=5, reused=40, discarded=2)}
     m.watch_probes(lambda: probes.items())
     m.watch_upstream_pool(lambda: pools.items())
     assert value(m, "cortex_worker_probes_total", worker="a") == 10
@@ -300,3 +280,10 @@ def test_probe_and_pool_figures_per_worker():
     assert value(m, "cortex_upstream_connections_reused_total", worker="a") == 40
     probes["a"].probes = 11
     assert value(m, "cortex_worker_probes_total", worker="a") == 11
+
+
+def test_every_monitor_and_pool_figure_is_exported():
+    from cortex.metrics import _POOL_FIGURES, _PROBE_COUNTERS
+
+    assert {attr for attr, *_ in _PROBE_COUNTERS} == {f.name for f in fields(WorkerCounters)}
+    assert {attr for attr, *_ in _POOL_FIGURES} == {f.name for f in fields(PoolStats)}
