@@ -11,6 +11,9 @@ Pure builders (plain dicts and bytes); ``cortex.sim.http_engine`` serves them. S
   event and null before; streamed ``text``/``output_ids`` are cumulative (SGLang's default,
   ``--stream-output`` off).
 * vLLM metrics carry the labels ``model_name`` and ``engine`` (the DP rank).
+* KV usage (vLLM ``kv_cache_usage_perc``, SGLang ``token_usage``/``num_used_tokens``) counts
+  the tokens of running requests, as the engines do (evictable cached blocks are free space);
+  the cache fill is ``num_cached_tokens`` in ``/v1/loads`` (a simulator extra).
 """
 
 from __future__ import annotations
@@ -129,8 +132,8 @@ def models_body(engine: SimEngine) -> dict[str, Any]:
 
 def _load_fields(engine: SimEngine, rank: int) -> dict[str, Any]:
     queue, counters = engine.queues[rank], engine.counters[rank]
-    used = engine.kv.used_blocks(rank) * engine.block_size
     total = engine.kv.capacity_blocks * engine.block_size
+    used = min(engine.active_tokens(rank), total)
     hit_rate = counters.cached_tokens / counters.prompt_tokens if counters.prompt_tokens else 0.0
     return {
         "dp_rank": rank,
@@ -139,6 +142,7 @@ def _load_fields(engine: SimEngine, rank: int) -> dict[str, Any]:
         "num_waiting_uncached_tokens": 0,
         "num_used_tokens": used,
         "num_total_tokens": total,
+        "num_cached_tokens": engine.kv.used_blocks(rank) * engine.block_size,
         "max_total_num_tokens": total,
         "max_running_requests": engine.timing.max_running,
         "token_usage": used / total if total else 0.0,
@@ -256,8 +260,8 @@ def vllm_metrics_text(engine: SimEngine) -> str:
     per_rank = []
     for rank in range(engine.dp_size):
         queue, counters = engine.queues[rank], engine.counters[rank]
-        usage_perc = engine.kv.used_blocks(rank) / engine.kv.capacity_blocks \
-            if engine.kv.capacity_blocks else 0.0
+        total = engine.kv.capacity_blocks * engine.block_size
+        usage_perc = min(engine.active_tokens(rank) / total, 1.0) if total else 0.0
         per_rank.append((
             f'{{engine="{rank}",model_name="{model}"}}',
             (queue.running, queue.waiting, usage_perc),

@@ -185,6 +185,7 @@ class SimEngine:
         self.tokenizer = SimTokenizer(model_profile)
         self.queues = [RankQueue(timing.max_running) for _ in range(dp_size)]
         self.counters = [RankCounters() for _ in range(dp_size)]
+        self.running: list[dict[int, Generation]] = [{} for _ in range(dp_size)]
         self.lora_names = frozenset(a.name for a in hashing.lora_adapters)
         self.url: str | None = None
         self._ids = itertools.count(1)
@@ -257,7 +258,7 @@ class SimEngine:
             counters.prompt_tokens += len(token_ids)
             counters.cached_tokens += result.cached_tokens
             uncached = len(token_ids) - result.cached_tokens
-            yield Generation(
+            gen = Generation(
                 request_id,
                 rank,
                 len(token_ids),
@@ -265,8 +266,11 @@ class SimEngine:
                 plan(self.timing, trio.current_time(), uncached, output_tokens),
                 _counters=counters,
             )
+            self.running[rank][request_id] = gen
+            yield gen
             finished = True
         finally:
+            self.running[rank].pop(request_id, None)
             if not finished:
                 counters.aborted += 1
             if lease is not None:
@@ -277,6 +281,12 @@ class SimEngine:
     def _signal(self, started: list[int]) -> None:
         for request_id in started:
             self._start_signals[request_id].set()
+
+    def active_tokens(self, rank: int) -> int:
+        """KV tokens the rank's running requests use (prompt + output so far; shared prefixes
+        counted per request): the load the engines report, unlike the cache fill, which also
+        counts evictable blocks."""
+        return sum(g.prompt_tokens + g.produced for g in self.running[rank].values())
 
     def busy(self) -> bool:
         return any(q.running or q.waiting for q in self.queues)

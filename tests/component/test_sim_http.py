@@ -264,7 +264,7 @@ async def test_vllm_information_routes(tmp_path):
         for rank in "01":
             assert samples[(name, rank)].labels == {"engine": rank, "model_name": "deepseek"}
     assert samples[("vllm:num_requests_running", "0")].value == 0
-    assert samples[("vllm:kv_cache_usage_perc", "0")].value == 4 / 4096
+    assert samples[("vllm:kv_cache_usage_perc", "0")].value == 0  # nothing runs
     assert samples[("vllm:prompt_tokens_total", "0")].value == 64
     assert samples[("vllm:generation_tokens_total", "0")].value == 2
 
@@ -287,10 +287,39 @@ async def test_sglang_information_routes(tmp_path):
     assert [entry["dp_rank"] for entry in loads["loads"]] == [0, 1]
     rank0 = loads["loads"][0]
     assert (rank0["num_running_reqs"], rank0["num_waiting_reqs"]) == (0, 0)
-    assert rank0["num_used_tokens"] == 16
-    assert rank0["token_usage"] == 16 / (4096 * 8)
+    assert (rank0["num_used_tokens"], rank0["token_usage"]) == (0, 0)  # nothing runs
+    assert rank0["num_cached_tokens"] == 16
     assert [entry["dp_rank"] for entry in one["loads"]] == [1]
     assert models["data"][0]["owned_by"] == "sglang"
+
+
+@pytest.mark.parametrize("flavor", ["vllm-0.33", "sglang-0.5.23"])
+async def test_load_endpoints_count_running_requests_and_their_tokens(tmp_path, flavor):
+    engine = make(tmp_path, flavor,
+                  timing=TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=10.0))
+    total = 4096 * 16
+    async with kv_running(engine):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(engine.handler, post("/v1/completions", {
+                "prompt": list(range(40)), "max_tokens": 3}))
+            while not engine.running[0]:
+                await trio.sleep(0.001)
+            if flavor.startswith("vllm"):
+                response = await engine.handler(get("/metrics"))
+                assert isinstance(response.body, bytes)
+                values = {s.name: s.value
+                          for f in text_string_to_metric_families(response.body.decode())
+                          for s in f.samples}
+                running, waiting = (values["vllm:num_requests_running"],
+                                    values["vllm:num_requests_waiting"])
+                used = values["vllm:kv_cache_usage_perc"] * total
+            else:
+                (load,) = payload(await engine.handler(get("/v1/loads")))["loads"]
+                running, waiting = load["num_running_reqs"], load["num_waiting_reqs"]
+                used = load["num_used_tokens"]
+            nursery.cancel_scope.cancel()
+    assert (running, waiting) == (1, 0)
+    assert 40 <= round(used) <= 41  # the prompt, and the first token once it is out
 
 
 async def test_flush_cache_clears_when_idle_and_refuses_while_busy(tmp_path):
