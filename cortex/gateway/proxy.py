@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
+from functools import partial
 from collections.abc import AsyncIterator, Callable, Mapping
 import msgspec
 import trio
@@ -45,6 +47,7 @@ from cortex.gateway.observer import RouteObserver
 from cortex.gateway.pool import ModelPool, Route
 from cortex.profile.trio_tokenize import encode_array
 from cortex.upstream.pool import UpstreamPool
+from cortex.upstream.response import UpstreamResponse
 from cortex.upstream.sse import CachedTokensSniffer
 
 log = logging.getLogger("cortex.gateway")
@@ -54,6 +57,15 @@ _DROPPED_RESPONSE_HEADERS = frozenset({
     b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
     b"server", b"date",
 })
+
+
+@dataclass(slots=True)
+class Leg:
+    """One upstream exchange whose head and first body chunk are in hand."""
+
+    response: UpstreamResponse
+    first: bytes | None
+    chunks: AsyncIterator[bytes]
 
 
 class _RetryableStatus(Exception):
@@ -158,57 +170,87 @@ class Gateway:
         stack = contextlib.AsyncExitStack()
         try:
             stack.enter_context(route.hold)
-            response = await stack.enter_async_context(self.upstream.request(
-                worker.origin, b"POST", request.target, sent_headers, raw))
-            if response.status in _RETRY_STATUSES and attempt <= self.retries:
-                raise _RetryableStatus(response.status)
-            chunks = response.body_chunks()
-            try:
-                first = await chunks.__anext__()
-            except StopAsyncIteration:
-                first = None
+            leg = await self.open_leg(stack, worker.origin, request.target, sent_headers, raw,
+                                      retry_statuses=attempt <= self.retries)
             route.hold.prefill_done()
         except BaseException:
             await stack.aclose()
             raise
         decision = route.decision
-        out_headers = [(name, value) for name, value in response.headers
-                       if name not in _DROPPED_RESPONSE_HEADERS
-                       and not name.startswith(b"x-cortex-")]
-        out_headers += decision_headers(worker.name, decision.mode.value,
-                                        decision.predicted_cached_tokens, route.rank, attempt)
-        return HttpResponse(response.status, out_headers,
-                            self._stream(pool, route, first, chunks, stack))
+        extra = decision_headers(worker.name, decision.mode.value,
+                                 decision.predicted_cached_tokens, route.rank, attempt)
+        return self.respond(leg, stack, extra, worker.name,
+                            partial(self.observer.cached_tokens, pool.model, route,
+                                    decision.predicted_cached_tokens))
+
+    async def open_leg(
+        self,
+        stack: contextlib.AsyncExitStack,
+        origin: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        raw: bytes,
+        *,
+        retry_statuses: bool,
+    ) -> Leg:
+        """Send one request and wait for its head and first body chunk (the last moment a
+        failure can still be retried). The exchange is closed by ``stack``."""
+        response = await stack.enter_async_context(self.upstream.request(
+            origin, b"POST", target, headers, raw))
+        if retry_statuses and response.status in _RETRY_STATUSES:
+            raise _RetryableStatus(response.status)
+        chunks = response.body_chunks()
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            first = None
+        return Leg(response, first, chunks)
+
+    def respond(
+        self,
+        leg: Leg,
+        stack: contextlib.AsyncExitStack,
+        extra_headers: list[tuple[bytes, bytes]],
+        worker: str,
+        on_cached_tokens: Callable[[int], None] | None = None,
+        transform: Callable[[bytes], bytes] | None = None,
+    ) -> HttpResponse:
+        """The client's response: the leg's head (minus hop-by-hop and ``x-cortex-*``) plus
+        Cortex's headers, and its body streamed as it arrives."""
+        headers = [(name, value) for name, value in leg.response.headers
+                   if name not in _DROPPED_RESPONSE_HEADERS
+                   and not name.startswith(b"x-cortex-")]
+        if transform is not None:
+            headers = [(n, v) for n, v in headers if n != b"content-length"]
+        return HttpResponse(leg.response.status, headers + extra_headers,
+                            self._stream(leg, stack, worker, on_cached_tokens, transform))
 
     async def _stream(
         self,
-        pool: ModelPool,
-        route: Route,
-        first: bytes | None,
-        chunks: AsyncIterator[bytes],
+        leg: Leg,
         stack: contextlib.AsyncExitStack,
+        worker: str,
+        on_cached_tokens: Callable[[int], None] | None,
+        transform: Callable[[bytes], bytes] | None,
     ) -> AsyncIterator[bytes]:
         sniffer = CachedTokensSniffer()
         complete = False
         try:
-            if first is not None:
-                sniffer.feed(first)
-                yield first
-                async for chunk in chunks:
+            if leg.first is not None:
+                sniffer.feed(leg.first)
+                yield leg.first if transform is None else transform(leg.first)
+                async for chunk in leg.chunks:
                     sniffer.feed(chunk)
-                    yield chunk
+                    yield chunk if transform is None else transform(chunk)
             complete = True
         except UpstreamError as error:
-            self.observer.upstream_failed(route.worker.name, error, retried=False,
-                                          after_first_byte=True)
+            self.observer.upstream_failed(worker, error, retried=False, after_first_byte=True)
             raise
         finally:
             with trio.CancelScope(shield=True):
                 await stack.aclose()
-            if complete and sniffer.cached_tokens is not None:
-                self.observer.cached_tokens(pool.model, route,
-                                            route.decision.predicted_cached_tokens,
-                                            sniffer.cached_tokens)
+            if complete and on_cached_tokens is not None and sniffer.cached_tokens is not None:
+                on_cached_tokens(sniffer.cached_tokens)
 
     # ------------------------------------------------------------------ other routes
 
