@@ -105,6 +105,7 @@ def test_vllm_other_malformed_lines_are_not_read() -> None:
     "vllm:num_requests_running{engine=\"0\" 1\nvllm:num_requests_waiting 0\n",
     'vllm:num_requests_running{engine="0",} one\nvllm:num_requests_waiting 0\n',
     'vllm:num_requests_running{engine="x"} 1\nvllm:num_requests_waiting{engine="x"} 0\n',
+    'vllm:num_requests_running{engine="\u00b2"} 1\nvllm:num_requests_waiting 0\n',
     "vllm:num_requests_running -1\nvllm:num_requests_waiting 0\n",
     "vllm:num_requests_running NaN\nvllm:num_requests_waiting 0\n",
     "vllm:num_requests_running +Inf\nvllm:num_requests_waiting 0\n",
@@ -198,7 +199,7 @@ def test_sglang_garbage_raises_only_load_parse_error(body: bytes) -> None:
 _PIECES = st.sampled_from([
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
     "vllm:gpu_cache_usage_perc", "{", "}", ",", "=", '"', "\\", "engine", "model_name", " ",
-    "\t", "\n", "0", "1", "-", ".", "e", "NaN", "Inf", "+", "#", "x",
+    "\t", "\n", "\r", "0", "1", "-", ".", "e", "NaN", "Inf", "+", "#", "x", "\u00b2", "_",
 ])
 
 
