@@ -12,8 +12,8 @@ from cortex.control.app import ControlApp
 from cortex.control.auth import BearerAuth
 from cortex.control.readiness import Readiness
 from cortex.errors import ConfigError, NotFound
-from cortex.metrics import CortexMetrics, LedgerFigures, TargetFigures
 from cortex.ledger.state import TargetState
+from cortex.metrics import CortexMetrics, LedgerFigures, TargetFigures
 from cortex.workers.spec import WorkerSpec
 
 TOKEN = "tok-0123456789abcdef"

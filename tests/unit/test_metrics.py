@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from array import array
 from dataclasses import dataclass, field, fields
 
@@ -20,9 +21,11 @@ from cortex.metrics import (
     ledger_figures,
     reason_code,
 )
+from cortex.scheduling.consistent_hash import ConsistentHash
 from cortex.scheduling.decision import Decision, Mode
-from cortex.scheduling.exact_kv import ExactKv
+from cortex.scheduling.exact_kv import ExactKv, exact_verdict
 from cortex.scheduling.load_aware import LoadAware
+from cortex.scheduling.p2c import PowerOfTwo
 from cortex.scheduling.round_robin import RoundRobin
 from cortex.scheduling.view import RequestFacts, WorkerView
 from cortex.upstream.pool import PoolStats
@@ -126,7 +129,17 @@ def test_reason_codes_of_real_policy_decisions():
     views = _views("w0", "w1")
     hit = ExactKv().decide(_facts(), views, {"w0": 3})
     assert hit is not None and reason_code(hit) == "least_cost"
+    facts = _facts()
+    # every branch of the exact_kv verdict, as the policy and the compiled path word it
+    assert reason_code(exact_verdict(facts, 0.1, "w1", 1.0, 0, "w0", 1.05, 3)) == "longest_hit"
+    assert reason_code(exact_verdict(facts, 0.1, "w1", 1.0, 1, "w0", 2.0, 3)) == "least_cost"
+    assert reason_code(exact_verdict(facts, 0.1, "w1", 1.0, 0, None, 0.0, 0)) == "over_cap"
+    assert reason_code(exact_verdict(facts, 0.1, "w1", 1.0, 2, None, 0.0, 0)) == "least_cost"
     assert reason_code(LoadAware().decide(_facts(), views, {})) == "no_hit"
+    loaded = [WorkerView("w0", engine_queue=1), WorkerView("w1", engine_queue=0)]
+    assert reason_code(PowerOfTwo(random.Random(0)).decide(_facts(), loaded, {})) == "p2c"
+    ring = ConsistentHash().decide(_facts(), [WorkerView("w0"), WorkerView("w1")], {})
+    assert ring is not None and reason_code(ring) == "ring"
     assert reason_code(RoundRobin().decide(_facts(), views, {})) == "round_robin"
 
 
