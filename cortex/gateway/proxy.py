@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 from functools import partial
 from collections.abc import AsyncIterator, Callable, Mapping
 import msgspec
@@ -43,35 +42,20 @@ from cortex.gateway.endpoints import (
     request_prompt,
     with_dp_rank,
 )
+from cortex.gateway.legs import RETRY_STATUSES, Leg, RetryableStatus
 from cortex.gateway.observer import RouteObserver
 from cortex.gateway.pool import ModelPool, Route
+from cortex.pd.orchestrate import PdOrchestrator, PdSettings
 from cortex.profile.trio_tokenize import encode_array
 from cortex.upstream.pool import UpstreamPool
-from cortex.upstream.response import UpstreamResponse
 from cortex.upstream.sse import CachedTokensSniffer
 
 log = logging.getLogger("cortex.gateway")
 
-_RETRY_STATUSES = frozenset({502, 503, 504})
 _DROPPED_RESPONSE_HEADERS = frozenset({
     b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
     b"server", b"date",
 })
-
-
-@dataclass(slots=True)
-class Leg:
-    """One upstream exchange whose head and first body chunk are in hand."""
-
-    response: UpstreamResponse
-    first: bytes | None
-    chunks: AsyncIterator[bytes]
-
-
-class _RetryableStatus(Exception):
-    def __init__(self, status: int) -> None:
-        super().__init__(f"worker answered {status}")
-        self.status = status
 
 
 class Gateway:
@@ -83,12 +67,14 @@ class Gateway:
         retries: int = 2,
         observer: RouteObserver | None = None,
         readiness: Callable[[], Readiness] | None = None,
+        pd: PdSettings | None = None,
     ) -> None:
         self.pools = pools
         self.upstream = upstream
         self.retries = retries
         self.observer = observer or RouteObserver()
         self.readiness = readiness or self._pool_readiness
+        self.pd = PdOrchestrator(self, pd)
 
     async def handle(self, request: HttpRequest) -> HttpResponse:
         path = request.path
@@ -133,6 +119,8 @@ class Gateway:
                                                    prompt.add_special_tokens)
                     self.observer.tokenized(pool.model, trio.current_time() - tokenize_start)
         headers = forwarded_headers(request.headers)
+        if self.pd is not None and self.pd.enabled(pool):
+            return await self.pd.serve(pool, endpoint, request, body, headers, token_ids, prompt)
         failed: list[str] = []
         last_error: CortexError | None = None
         for attempt in range(1, self.retries + 2):
@@ -142,7 +130,7 @@ class Gateway:
             try:
                 return await self._attempt(pool, route, endpoint, request, body, headers,
                                            attempt)
-            except (UpstreamError, _RetryableStatus) as error:
+            except (UpstreamError, RetryableStatus) as error:
                 failed.append(route.worker.name)
                 last_error = (error if isinstance(error, UpstreamError)
                               else UpstreamError(f"{route.worker.name}: {error}"))
@@ -197,8 +185,8 @@ class Gateway:
         failure can still be retried). The exchange is closed by ``stack``."""
         response = await stack.enter_async_context(self.upstream.request(
             origin, b"POST", target, headers, raw))
-        if retry_statuses and response.status in _RETRY_STATUSES:
-            raise _RetryableStatus(response.status)
+        if retry_statuses and response.status in RETRY_STATUSES:
+            raise RetryableStatus(response.status)
         chunks = response.body_chunks()
         try:
             first = await chunks.__anext__()

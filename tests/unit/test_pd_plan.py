@@ -96,3 +96,15 @@ def test_wants_logprobs_and_bypass():
     assert not wants_logprobs("/v1/completions", {})
     assert bypass_prefill(1000, 990, 16) and not bypass_prefill(1000, 900, 16)
     assert not bypass_prefill(0, 0, 16)
+
+
+def test_sse_event_transform_sees_whole_events_however_the_stream_is_cut():
+    from cortex.pd.orchestrate import SseEventTransform
+
+    stream = b'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'
+    for cut in range(1, len(stream)):
+        seen = []
+        transform = SseEventTransform(lambda event: (seen.append(event), event.upper())[1])
+        out = transform(stream[:cut]) + transform(stream[cut:])
+        assert out == stream.upper()
+        assert seen == [b'data: {"a": 1}\n\n', b'data: {"b": 2}\n\n', b"data: [DONE]\n\n"]

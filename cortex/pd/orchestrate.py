@@ -1,0 +1,371 @@
+"""Both legs of a prefill/decode request, under one set of failure rules (trio).
+
+Rules (issue 6, protocols/pd-disaggregation.md):
+
+* A model's pool is PD-enabled while it has a live ``prefill`` and a live ``decode`` worker.
+  Prefill is chosen by the scheduler on ledger overlap and load; decode by the same scheduler
+  (ledger credit counts when the decode engine publishes events). ``both`` workers never take
+  a PD leg; they are the fallback.
+* SGLang: both legs get the same body with ``bootstrap_host/port/room`` and are sent at once;
+  a leg that fails while the two heads are awaited cancels the other (one nursery). Prefill's
+  body is read to the end (the engine frees its slot; logprobs merged from it when asked), then
+  decode's answer streams to the client.
+* vLLM: prefill first (``max_tokens`` 1, not streamed, ``do_remote_decode``), its
+  ``kv_transfer_params`` go unchanged into the decode request, whose answer streams.
+* Before the first byte reaches the client, a failed pair is retried (the failed worker
+  excluded, a new room) up to ``retries`` times; then, if ``fallback_to_both``, one ``both``
+  worker serves the request alone; otherwise the client gets a clear upstream error. Nothing is
+  replayed after the first byte: a decode that dies mid-stream ends the client's stream with an
+  error, and closing the exchanges aborts whatever an engine still runs.
+* Bypass (vLLM): when the decode worker already holds all but ``bypass_max_uncached_tokens``
+  of the prompt, decode serves alone (it prefills the rest itself). SGLang decode servers need
+  a bootstrap peer, so there is no bypass for them.
+* Every outcome is counted in ``PdCounters``; response headers name both workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import trio
+
+from cortex.errors import ConfigError, CortexError, NoWorkerAvailable, UpstreamError
+from cortex.front.messages import HttpRequest, HttpResponse
+from cortex.gateway.endpoints import Endpoint, decision_headers
+from cortex.gateway.legs import Leg, RetryableStatus
+from cortex.gateway.pool import ModelPool, Route
+from cortex.pd.plan import (
+    batch_items,
+    bypass_prefill,
+    merge_logprobs_event,
+    merge_logprobs_json,
+    prefill_input_logprobs,
+    sglang_leg_body,
+    vllm_decode_body,
+    vllm_prefill_body,
+    vllm_transfer_params,
+    wants_logprobs,
+)
+from cortex.scheduling import Role
+from cortex.scheduling.inflight import Hold
+
+if TYPE_CHECKING:
+    from cortex.gateway.proxy import Gateway
+
+log = logging.getLogger("cortex.pd")
+
+MAX_PREFILL_ANSWER_BYTES = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class PdSettings:
+    retries: int = 1  # more prefill/decode pairs tried before the first byte
+    fallback_to_both: bool = True  # then a `both` worker serves alone, if there is one
+    bypass_max_uncached_tokens: int = 64  # vLLM: decode holds all but this many → no prefill
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.retries < 0:
+            problems.append("pd.retries must be >= 0")
+        if self.bypass_max_uncached_tokens < 0:
+            problems.append("pd.bypass_max_uncached_tokens must be >= 0")
+        if problems:
+            raise ConfigError(problems)
+
+
+@dataclass(slots=True)
+class PdCounters:
+    served: int = 0  # answered through a prefill/decode pair
+    bypassed: int = 0  # decode alone (it held the prefix)
+    retried_prefill: int = 0  # a pair given up because its prefill leg failed
+    retried_decode: int = 0  # ... because its decode leg failed
+    fallback_both: int = 0  # served by a `both` worker after PD failed
+    failed: int = 0  # the client got an error before its first byte
+    by_engine: dict[str, int] = field(default_factory=dict)
+
+
+class LegFailed(Exception):
+    """One leg failed before the first byte reached the client."""
+
+    def __init__(self, leg: str, worker: str, error: BaseException) -> None:
+        super().__init__(f"{leg} leg on {worker}: {error}")
+        self.leg = leg
+        self.worker = worker
+        self.error = error
+
+
+class PdOrchestrator:
+    def __init__(self, gateway: Gateway, settings: PdSettings | None = None,
+                 new_request_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> None:
+        self.gateway = gateway
+        self.settings = settings or PdSettings()
+        self.counters = PdCounters()
+        self.new_request_id = new_request_id
+
+    @staticmethod
+    def enabled(pool: ModelPool) -> bool:
+        roles = {view.role for view in pool.views() if view.healthy}
+        return Role.PREFILL in roles and Role.DECODE in roles
+
+    async def serve(
+        self,
+        pool: ModelPool,
+        endpoint: Endpoint,
+        request: HttpRequest,
+        body: dict[str, Any],
+        headers: list[tuple[bytes, bytes]],
+        token_ids: Any,
+        prompt: Any,
+    ) -> HttpResponse:
+        views = pool.views()
+        both = {view.worker for view in views if view.role is Role.BOTH}
+        failed_prefill: set[str] = set()
+        failed_decode: set[str] = set()
+        last: BaseException | None = None
+        for _ in range(self.settings.retries + 1):
+            try:
+                prefill = pool.decide(token_ids, prompt, exclude=both | failed_prefill,
+                                      role=Role.PREFILL)
+                decode = pool.decide(token_ids, prompt, exclude=both | failed_decode,
+                                     role=Role.DECODE)
+            except NoWorkerAvailable as error:
+                last = last or error
+                break
+            engine = decode.worker.engine
+            try:
+                if engine == "vllm" and token_ids is not None and bypass_prefill(
+                        len(token_ids), decode.decision.predicted_cached_tokens,
+                        self.settings.bypass_max_uncached_tokens):
+                    response = await self.gateway._attempt(pool, decode, endpoint, request,
+                                                           body, headers, 1)
+                    self.counters.bypassed += 1
+                    return response
+                if engine == "sglang":
+                    response = await self._sglang(pool, prefill, decode, endpoint, request,
+                                                  body, headers)
+                else:
+                    response = await self._vllm(pool, prefill, decode, request, body,
+                                                headers)
+            except LegFailed as error:
+                last = error
+                log.warning("PD: %s", error)
+                if error.leg == "prefill":
+                    failed_prefill.add(error.worker)
+                    self.counters.retried_prefill += 1
+                else:
+                    failed_decode.add(error.worker)
+                    self.counters.retried_decode += 1
+                self.gateway.observer.upstream_failed(error.worker, error.error, retried=True)
+                continue
+            self.counters.served += 1
+            self.counters.by_engine[engine] = self.counters.by_engine.get(engine, 0) + 1
+            return response
+        if self.settings.fallback_to_both and both:
+            pd_workers = {view.worker for view in views if view.role is not Role.BOTH}
+            try:
+                route = pool.decide(token_ids, prompt, exclude=pd_workers, role=Role.BOTH)
+                response = await self.gateway._attempt(pool, route, endpoint, request, body,
+                                                       headers, 1)
+            except CortexError as error:
+                last = error
+            else:
+                self.counters.fallback_both += 1
+                return response
+        self.counters.failed += 1
+        if isinstance(last, LegFailed):
+            error = last.error
+            raise error if isinstance(error, CortexError) else UpstreamError(str(last))
+        raise last if last is not None else NoWorkerAvailable("no prefill/decode pair")
+
+    # ------------------------------------------------------------------ SGLang
+
+    async def _sglang(self, pool: ModelPool, prefill: Route, decode: Route, endpoint: Endpoint,
+                      request: HttpRequest, body: dict[str, Any],
+                      headers: list[tuple[bytes, bytes]]) -> HttpResponse:
+        gateway = self.gateway
+        path = endpoint.value
+        host = urlsplit(prefill.worker.url).hostname or ""
+        raw, _rooms = sglang_leg_body(body, host, prefill.worker.bootstrap_port,
+                                      batch_items(path, body))
+        legs: dict[str, Leg] = {}
+        decode_stack = contextlib.AsyncExitStack()
+        prefill_stack = contextlib.AsyncExitStack()
+
+        async def open_leg(name: str, route: Route, stack: contextlib.AsyncExitStack) -> None:
+            try:
+                legs[name] = await gateway.open_leg(stack, route.worker.origin, request.target,
+                                                    headers, raw, retry_statuses=True)
+            except (UpstreamError, OSError, RetryableStatus) as error:
+                raise LegFailed(name, route.worker.name, error) from None
+
+        try:
+            prefill_stack.enter_context(prefill.hold)
+            decode_stack.enter_context(_decode_hold(pool, decode))
+            await _first_failure(open_leg, ("prefill", prefill, prefill_stack),
+                                 ("decode", decode, decode_stack))
+            prefill_leg = legs["prefill"]
+            if prefill_leg.response.status >= 400:  # the engine refused the request itself
+                await decode_stack.aclose()
+                return gateway.respond(prefill_leg, prefill_stack,
+                                       self._headers(prefill, decode, "sglang"),
+                                       prefill.worker.name)
+            try:
+                prefill_answer = await _read_rest(prefill_leg)
+            except UpstreamError as error:
+                raise LegFailed("prefill", prefill.worker.name, error) from None
+            await prefill_stack.aclose()
+            decode_leg = legs["decode"]
+            transform = None
+            extra = self._headers(prefill, decode, "sglang")
+            if wants_logprobs(path, body):
+                logprobs = prefill_input_logprobs(prefill_answer)
+                if logprobs:
+                    if not _is_sse(decode_leg):
+                        try:
+                            whole = await _read_rest(decode_leg)
+                        except UpstreamError as error:
+                            raise LegFailed("decode", decode.worker.name, error) from None
+                        merged = merge_logprobs_json(whole, logprobs)
+                        await decode_stack.aclose()
+                        return HttpResponse(decode_leg.response.status, [
+                            (n, v) for n, v in decode_leg.response.headers
+                            if n not in (b"content-length", b"transfer-encoding",
+                                         b"connection")] + extra, merged)
+                    transform = SseEventTransform(
+                        lambda event: merge_logprobs_event(event, logprobs))
+            return gateway.respond(decode_leg, decode_stack, extra, decode.worker.name,
+                                   transform=transform)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await prefill_stack.aclose()
+                await decode_stack.aclose()
+            raise
+
+    # ------------------------------------------------------------------ vLLM
+
+    async def _vllm(self, pool: ModelPool, prefill: Route, decode: Route, request: HttpRequest,
+                    body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> HttpResponse:
+        gateway = self.gateway
+        request_id = _header(headers, b"x-request-id") or self.new_request_id().encode()
+        leg_headers = [(n, v) for n, v in headers if n != b"x-request-id"]
+        leg_headers.append((b"x-request-id", request_id))
+        prefill_stack = contextlib.AsyncExitStack()
+        decode_stack = contextlib.AsyncExitStack()
+        try:
+            prefill_stack.enter_context(prefill.hold)
+            try:
+                leg = await gateway.open_leg(prefill_stack, prefill.worker.origin,
+                                             request.target, leg_headers,
+                                             vllm_prefill_body(body), retry_statuses=True)
+                if leg.response.status >= 500:
+                    raise UpstreamError(f"prefill answered {leg.response.status}")
+                if leg.response.status >= 400:
+                    return gateway.respond(leg, prefill_stack,
+                                           self._headers(prefill, decode, "vllm"),
+                                           prefill.worker.name)
+                answer = await _read_rest(leg)
+                params = vllm_transfer_params(answer)
+            except (UpstreamError, OSError, RetryableStatus) as error:
+                raise LegFailed("prefill", prefill.worker.name, error) from None
+            await prefill_stack.aclose()
+            decode_stack.enter_context(_decode_hold(pool, decode))
+            try:
+                leg = await gateway.open_leg(decode_stack, decode.worker.origin,
+                                             request.target, leg_headers,
+                                             vllm_decode_body(body, params), retry_statuses=True)
+            except (UpstreamError, OSError, RetryableStatus) as error:
+                raise LegFailed("decode", decode.worker.name, error) from None
+            return gateway.respond(leg, decode_stack, self._headers(prefill, decode, "vllm"),
+                                   decode.worker.name)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await prefill_stack.aclose()
+                await decode_stack.aclose()
+            raise
+
+    @staticmethod
+    def _headers(prefill: Route, decode: Route, engine: str) -> list[tuple[bytes, bytes]]:
+        decision = prefill.decision
+        headers = decision_headers(decode.worker.name, decision.mode.value,
+                                   decision.predicted_cached_tokens, decode.rank, 1)
+        headers += [(b"x-cortex-prefill-worker", prefill.worker.name.encode()),
+                    (b"x-cortex-decode-worker", decode.worker.name.encode()),
+                    (b"x-cortex-pd", engine.encode())]
+        return headers
+
+
+class SseEventTransform:
+    """Applies a function to whole SSE events of a byte stream cut anywhere."""
+
+    def __init__(self, change: Callable[[bytes], bytes]) -> None:
+        self.change = change
+        self.pending = b""
+
+    def __call__(self, chunk: bytes) -> bytes:
+        data = self.pending + chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self.pending = data
+            return b""
+        complete, self.pending = data[: end + 2], data[end + 2:]
+        events = complete.split(b"\n\n")[:-1]
+        return b"".join(self.change(event + b"\n\n") for event in events)
+
+
+def _decode_hold(pool: ModelPool, decode: Route) -> Hold:
+    """Decode receives the prompt's KV: it counts in flight, with no prefill work queued."""
+    return pool.pending.hold(decode.worker.name, 0)
+
+
+async def _first_failure(open_leg: Callable[..., Any], *legs: tuple[Any, ...]) -> None:
+    """Open every leg at once; the first failure cancels the others and is raised alone."""
+    try:
+        async with trio.open_nursery() as nursery:
+            for leg in legs:
+                nursery.start_soon(open_leg, *leg)
+    except BaseExceptionGroup as group:
+        failed = [e for e in _leaves(group) if isinstance(e, LegFailed)]
+        if failed:
+            raise failed[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    found: list[BaseException] = []
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            found += _leaves(error)
+        else:
+            found.append(error)
+    return found
+
+
+async def _read_rest(leg: Leg) -> bytes:
+    parts = [leg.first or b""]
+    size = len(parts[0])
+    async for chunk in leg.chunks:
+        size += len(chunk)
+        if size > MAX_PREFILL_ANSWER_BYTES:
+            raise UpstreamError("a prefill/decode answer exceeded its size limit")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _is_sse(leg: Leg) -> bool:
+    for name, value in leg.response.headers:
+        if name == b"content-type":
+            return value.startswith(b"text/event-stream")
+    return False
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
