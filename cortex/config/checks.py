@@ -3,8 +3,10 @@
 Rules:
 
 * ``cross_checks`` is pure (no I/O) and returns every problem: duplicate worker or model names,
-  a worker naming a model that is not configured (when models are), an admin token exposed on
-  a non-loopback control host without ``control.allow_remote``, data and control plane on the
+  two workers on one url, a worker naming a model that is not configured (when models are), DP
+  ranks whose KV-event or replay endpoints cannot be derived (port + rank past 65535, an ipc://
+  endpoint with several ranks) or collide with another rank's, an admin token exposed on a
+  non-loopback control host without ``control.allow_remote``, data and control plane on the
   same port.
 * ``file_checks`` looks at the disk: the files the models and the admin token point to exist
   and are readable. ``check-config`` runs it; ``load_config`` does not (the app reads the files
@@ -18,6 +20,8 @@ import os
 from collections import Counter
 
 from cortex.config.tree import CortexConfig
+from cortex.errors import ConfigError
+from cortex.events.source import rank_endpoint
 
 ANY_HOSTS = ("0.0.0.0", "::", "")
 
@@ -39,6 +43,10 @@ def cross_checks(config: CortexConfig) -> list[str]:
     for name, count in Counter(model.name for model in config.models).items():
         if count > 1:
             problems.append(f"models: name {name!r} is configured {count} times")
+    for url, count in Counter(worker.url.rstrip("/") for worker in config.workers).items():
+        if count > 1:
+            problems.append(f"workers: url {url} is used by {count} workers")
+    problems.extend(_endpoint_problems(config))
     if config.models:
         served = {model.name for model in config.models}
         for worker in config.workers:
@@ -54,6 +62,30 @@ def cross_checks(config: CortexConfig) -> list[str]:
             server.host == control.host or server.host in ANY_HOSTS
             or control.host in ANY_HOSTS):
         problems.append(f"server and control both listen on port {server.port}")
+    return problems
+
+
+def _endpoint_problems(config: CortexConfig) -> list[str]:
+    """Every (worker, rank) gets its own events and replay endpoint (rank r: port + r)."""
+    problems: list[str] = []
+    owners: dict[str, str] = {}
+    for worker in config.workers:
+        for field_name in ("events", "replay"):
+            base = getattr(worker, field_name)
+            if base is None:
+                continue
+            for rank in range(worker.dp_size):
+                try:
+                    endpoint = rank_endpoint(base, rank)
+                except ConfigError as error:
+                    problems.extend(f"worker {worker.name}: {field_name}: {problem}"
+                                    for problem in error.problems)
+                    break
+                owner = f"worker {worker.name} rank {rank} {field_name}"
+                if endpoint in owners:
+                    problems.append(f"{owner} and {owners[endpoint]} are both {endpoint}")
+                else:
+                    owners[endpoint] = owner
     return problems
 
 

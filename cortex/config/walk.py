@@ -178,6 +178,9 @@ def _scalar(value: Any, tp: Any) -> Any:
     if typing.get_origin(tp) is typing.Literal:
         allowed = typing.get_args(tp)
         candidate = text if text is not None else value
+        if isinstance(candidate, str):  # "INFO" is "info"
+            candidate = next((choice for choice in allowed if isinstance(choice, str)
+                              and choice.lower() == candidate.lower()), candidate)
         if candidate not in allowed:
             raise ValueError(f"must be one of {', '.join(map(repr, allowed))}, "
                              f"not {_show(candidate)}")

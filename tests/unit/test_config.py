@@ -350,3 +350,26 @@ def test_nan_is_never_a_number():
     assert problems_of(flags("--scheduler-cost-affinity-tolerance-s", "nan"), env={}) == [
         "scheduler.cost.affinity_tolerance_s: expected a number, got 'nan' "
         "(from --scheduler-cost-affinity-tolerance-s)"]
+
+
+def test_dp_rank_endpoints_are_derived_and_never_shared():
+    problems = problems_of(flags(
+        "--worker", "http://h:1,dp_size=2,events=tcp://h:5557,replay=tcp://h:5567",
+        "--worker", "http://h:2,events=tcp://h:5558",  # rank 1 of the first worker
+        "--worker", "http://h:3,dp_size=2,events=ipc:///run/ev",  # cannot be offset
+        "--worker", "http://h:4,dp_size=3,events=tcp://h:65534",  # rank 2 past 65535
+        "--worker", "http://h:1/,name=again",  # the first worker's url again
+    ), env={})
+    text = "\n".join(problems)
+    assert len(problems) == 4, problems
+    assert "worker h:2 rank 0 events and worker h:1 rank 1 events are both tcp://h:5558" in text
+    assert "worker h:3: events: cannot offset endpoint 'ipc:///run/ev' by DP rank 1" in text
+    assert "worker h:4: events: tcp://h:65534: rank 2 gives port 65536 > 65535" in text
+    assert "workers: url http://h:1 is used by 2 workers" in text
+
+
+def test_choices_are_case_insensitive():
+    config = load_config(env={"CORTEX_LOG_LEVEL": "WARNING"}, path=None)
+    assert config.log.level == "warning"
+    assert load_config(flags("--worker", "http://h:1,engine=vLLM,role=Prefill"),
+                       env={}).workers[0].engine == "vllm"

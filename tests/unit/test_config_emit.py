@@ -28,13 +28,13 @@ models = st.builds(
 
 @st.composite
 def workers(draw, index: int) -> WorkerSpec:
-    port = draw(st.integers(1, 65535))
+    port = draw(st.integers(1, 60000))  # room for a DP rank offset on the event ports
     events = draw(st.none() | st.just(f"tcp://10.0.0.{index}:{port}"))
     return WorkerSpec(
         name=f"w{index}-{draw(TEXT)}", url=f"http://10.0.0.{index}:{port}",
         engine=draw(st.sampled_from(["vllm", "sglang"])), role=draw(st.sampled_from(Role)),
         dp_size=draw(st.integers(1, 64)), events=events,
-        replay=None if events is None else draw(st.none() | st.just(f"ipc:///tmp/r{index}")),
+        replay=None if events is None else draw(st.none() | st.just(f"tcp://10.1.0.{index}:{port}")),
         topic=draw(TEXT), bootstrap_port=draw(st.none() | st.integers(1, 65535)),
         weight=draw(st.floats(min_value=1e-9, max_value=1e9)))
 
