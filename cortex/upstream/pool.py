@@ -20,6 +20,9 @@ Rules and invariants (per origin):
 * The keep-alive race: if an exchange on a REUSED connection fails with ``UpstreamBroken``
   before any response byte, it is retried once on a fresh connection. A fresh connection's
   failure, a timeout, or a failure after a response byte is never retried here.
+* Failures are the leaves of ``cortex.upstream.errors`` (with phase and whether a response
+  byte arrived); a head h11 refuses to write (e.g. a header value with a newline) is
+  ``BadRequest`` before anything is sent; cancellation passes through untouched.
 * ``close_origin`` closes the idle connections of a worker and retires its busy ones: they are
   closed when their exchange ends instead of returning to the pool.
 * After ``run()`` is cancelled the pool is closed: idle connections are closed and any

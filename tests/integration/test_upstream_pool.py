@@ -8,6 +8,7 @@ import pytest
 import trio
 import trio.testing
 
+from cortex.errors import BadRequest
 from cortex.upstream.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
 from cortex.upstream.limits import PoolLimits
 from cortex.upstream.pool import PoolStats, UpstreamPool
@@ -583,3 +584,18 @@ async def test_waiters_cancelled_or_handed_a_slot_leave_the_books_straight():
 async def keep_alive_ok_after(conn: ServerConn, first) -> None:
     await conn.respond(200, first.body)
     await keep_alive_ok(conn)
+
+
+async def test_a_head_h11_refuses_is_a_bad_request_and_nothing_is_sent():
+    pool = UpstreamPool()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            origin, server = await start_server(nursery, keep_alive_ok)
+            await nursery.start(pool.run)
+            with pytest.raises(BadRequest):
+                async with pool.request(origin, b"POST", CHAT, [(b"x-evil", b"a\r\nb: c")]):
+                    pass
+            await server.conns[0].saw_eof.wait()
+            assert server.conns[0].requests == []
+            assert pool.stats(origin).open == 0
+            nursery.cancel_scope.cancel()

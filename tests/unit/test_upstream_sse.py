@@ -137,3 +137,42 @@ def test_any_split_gives_the_same_answer(body, cuts):
     assert (split.cached_tokens, split.prompt_tokens) == \
         (whole.cached_tokens, whole.prompt_tokens)
     assert whole.cached_tokens is not None
+
+
+def usage_event(cached: int | None, prompt: int) -> dict:
+    return dict(USAGE_EVENT, usage={"prompt_tokens": prompt,
+                                    "prompt_tokens_details": {"cached_tokens": cached}})
+
+
+EVENTS = st.one_of(
+    st.integers(0, 50).map(token_event),
+    st.builds(usage_event, st.one_of(st.none(), st.integers(0, 10_000)), st.integers(0, 10_000)),
+    st.builds(lambda c, p: {"text": "t", "meta_info": {"cached_tokens": c, "prompt_tokens": p}},
+              st.integers(0, 100), st.integers(0, 100)),
+    st.just("[DONE]"), st.just('{"cached_tokens": 1}'))
+
+
+def oracle(events: list) -> tuple[int | None, int | None]:
+    """The first event carrying an integer cached_tokens at a known path, parsed plainly."""
+    for event in events:
+        doc = event if isinstance(event, dict) else None
+        if doc is None:
+            continue
+        details = (doc.get("usage") or {}).get("prompt_tokens_details") or {}
+        if isinstance(details.get("cached_tokens"), int):
+            return details["cached_tokens"], doc["usage"]["prompt_tokens"]
+        meta = doc.get("meta_info") or {}
+        if isinstance(meta.get("cached_tokens"), int):
+            return meta["cached_tokens"], meta["prompt_tokens"]
+    return None, None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(EVENTS, max_size=8), st.booleans(),
+       st.lists(st.integers(min_value=0, max_value=5000), max_size=16))
+def test_random_streams_match_a_plain_parse_for_any_split(events, crlf, cuts):
+    body = sse(*events, crlf=crlf)
+    points = sorted({c % (len(body) + 1) for c in cuts})
+    chunks = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+    split = sniff(*chunks)
+    assert (split.cached_tokens, split.prompt_tokens) == oracle(events)
