@@ -1,0 +1,457 @@
+"""Replay a Mooncake trace through a simulated cluster against several routers; compare them.
+
+Every router gets a FRESH cluster (engines with empty caches, ``perf/replay_cluster.py``) and
+the same request schedule: the trace's arrival times divided by ``--time-scale``. Each record
+becomes a real streaming chat completion over HTTP (keep-alive client, ``perf/trace_text.py``
+turns hash ids into text, one message per block), ``max_tokens`` = the record's output length
+capped by ``--max-output``. Routers: ``cortex`` (the events chain on the ledger),
+``round_robin``, ``p2c``, ``consistent_hash`` (all four through the same gateway process, so
+its overhead is equal) and ``sglang-router`` (``cache_aware``, its own process; skipped when
+it is not installed).
+
+Scale: ``--block-tokens`` tokens of text per trace block (the trace's are 512); lower values
+keep the reuse structure and cut tokenization (the dominant CPU cost on a 2-vCPU machine) by
+the same factor; every token count reported is in these simulated tokens. The engines' KV
+block is ``--engine-block`` tokens; ``--capacity`` is the share of the slice's unique blocks
+the whole cluster can hold (split evenly across engines), or ``--capacity-blocks`` per engine.
+
+Per request: the worker (from the response id ``chatcmpl-<engine>-<n>``), TTFT (request sent
+-> first SSE data event), total time, the engine-reported ``cached_tokens`` (usage event) and
+Cortex's predicted ``x-cortex-cache-hit-tokens``. Per router (``summarize``): hit rate
+(engine-reported cached / prompt tokens), TTFT mean/p50/p99, prefill tokens computed,
+duplicated blocks across workers at the end (the gateway's ledger), req/s, load spread
+(max/mean requests per worker), utilization (busy slot time / (engines x batch limit x span)),
+and the ledger's accuracy (share of exact predictions, total absolute error).
+
+Usage: ``python perf/replay.py [--quick] [--trace conversation|synthetic|gsp|PATH] ...``
+(JSON on stdout or ``--out``; a table on stderr). ``--capacity-search`` runs each router at
+several time scales and reports the highest whose TTFT p99 stays under ``--p99-bound-ms``.
+``--utilization U`` sets the load: the time scale (or, with ``--prefill-tokens-per-s 0`` and a
+given ``--time-scale``, the engines' prefill speed) at which round robin would keep the engines
+U busy, from an offline estimate of its cache hits; the measured figure is in the result.
+Cortex's gateway is told the engines' prefill speed (its TTFT cost model is in seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import trio
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import replay_cluster as rc  # noqa: E402
+import trace_text as tt  # noqa: E402
+from benchkit import machine_info  # noqa: E402
+
+from cortex.upstream.limits import PoolLimits  # noqa: E402
+from cortex.upstream.pool import UpstreamPool  # noqa: E402
+from tests import deepseek_profile as ds  # noqa: E402
+
+MODEL = "trace-model"
+TRACES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthetic_trace.jsonl"}
+GATEWAY_POLICIES = ("cortex", "round_robin", "p2c", "consistent_hash")
+ROUTERS = (*GATEWAY_POLICIES, "sglang-router")
+_CACHED = re.compile(rb'"cached_tokens":\s*(\d+)')
+_PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
+_OUTPUT = re.compile(rb'"completion_tokens":\s*(\d+)')
+_ENGINE = re.compile(rb'"id":\s*"[a-z]+-([^"]+)-\d+"')
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    trace: str = "conversation"
+    start: int = 0
+    requests: int = 600
+    block_tokens: int = 64
+    engine_block: int = 16
+    engines: int = 8
+    flavors: str = "mixed"  # mixed | vllm | sglang
+    capacity: float = 0.5  # share of the slice's unique blocks the cluster holds
+    capacity_blocks: int = 0  # per engine; overrides --capacity when > 0
+    prefill_tokens_per_s: float = 2000.0  # 0: solved from --time-scale and --utilization
+    decode_ms_per_token: float = 5.0
+    max_running: int = 1
+    max_output: int = 16
+    time_scale: float = 0.0  # 0: from --utilization
+    utilization: float = 0.7
+    max_blocks: int = 64  # longer records keep their first 64 blocks (tokenization cost)
+    gsp: str = "32,8,2048,128"  # groups, prompts per group, system tokens, question tokens
+    gsp_rate: float = 4.0
+    seed: int = 0
+
+    def flavor_list(self) -> list[str]:
+        if self.flavors in ("vllm", "sglang"):
+            return [self.flavors] * self.engines
+        return ["vllm" if i % 2 == 0 else "sglang" for i in range(self.engines)]
+
+
+QUICK = {"requests": 40, "engines": 4, "block_tokens": 32, "engine_block": 16,
+         "prefill_tokens_per_s": 4000.0, "decode_ms_per_token": 2.0, "max_output": 8,
+         "max_blocks": 24, "capacity": 0.5, "utilization": 0.5}
+
+
+# -- workload ----------------------------------------------------------------------------------
+
+def shared_dir() -> Path:
+    override = os.environ.get("CORTEX_SHARED_DIR")
+    return Path(override) if override else HERE.parent.parent / "shared"
+
+
+def workload(p: Params) -> list[tt.TraceRecord]:
+    if p.trace == "gsp":
+        groups, per_group, system, question = (int(v) for v in p.gsp.split(","))
+        records = list(tt.shared_prefix_records(groups, per_group, system, question, 256,
+                                                p.gsp_rate, p.seed))[p.start:p.start + p.requests]
+    else:
+        path = TRACES.get(p.trace)
+        path = str(shared_dir() / "data" / "traces" / path) if path else p.trace
+        records = tt.read_trace(path, p.start, p.requests)
+    out = []
+    for r in records:
+        if len(r.hash_ids) > p.max_blocks:
+            r = tt.TraceRecord(r.timestamp_ms, p.max_blocks * tt.TRACE_BLOCK, r.output_length,
+                               r.hash_ids[:p.max_blocks])
+        out.append(r)
+    return out
+
+
+def slice_facts(records: list[tt.TraceRecord]) -> dict[str, float]:
+    """Intrinsic reuse of the slice: 1 - unique/total blocks, and the block hit an infinite
+    single cache would get (ids are prefix-chained, so a seen id means its prefix is seen)."""
+    seen: set[int] = set()
+    total = hits = 0
+    for r in records:
+        hit = 0
+        for h in r.hash_ids:
+            if h not in seen:
+                break
+            hit += 1
+        hits += hit
+        total += len(r.hash_ids)
+        seen.update(r.hash_ids)
+    return {"blocks": total, "unique_blocks": len(seen),
+            "intrinsic_reuse": round(1 - len(seen) / total, 4) if total else 0.0,
+            "single_cache_block_hit": round(hits / total, 4) if total else 0.0}
+
+
+def capacity_per_engine(p: Params, facts: dict[str, float]) -> int:
+    if p.capacity_blocks > 0:
+        return p.capacity_blocks
+    per_trace_block = p.block_tokens / p.engine_block
+    return max(8, math.ceil(p.capacity * facts["unique_blocks"] * per_trace_block / p.engines))
+
+
+def round_robin_uncached(records: list[tt.TraceRecord], text: tt.TraceText, engines: int,
+                         capacity_trace_blocks: int) -> list[int]:
+    """Offline estimate: uncached tokens per request under round robin with LRU caches."""
+    caches = [OrderedDict[int, None]() for _ in range(engines)]
+    out = []
+    for i, r in enumerate(records):
+        cache = caches[i % engines]
+        hit = 0
+        for h in r.hash_ids[:-1]:
+            if h not in cache:
+                break
+            hit += 1
+        for h in r.hash_ids:
+            cache[h] = None
+            cache.move_to_end(h)
+        while len(cache) > capacity_trace_blocks:
+            cache.popitem(last=False)
+        out.append(text.prompt_tokens(r) - hit * text.block_tokens)
+    return out
+
+
+def load_for(p: Params, records: list[tt.TraceRecord], text: tt.TraceText,
+             capacity: int) -> tuple[float, float]:
+    """``(time_scale, prefill_tokens_per_s)`` at which round robin would keep the engines
+    ``p.utilization`` busy (offline estimate): the one of the two left at 0 is solved for."""
+    per_trace_block = p.block_tokens / p.engine_block
+    uncached = sum(round_robin_uncached(records, text, p.engines,
+                                        int(capacity / per_trace_block)))
+    decode = sum(max(min(r.output_length, p.max_output) - 1, 0) for r in records) \
+        * p.decode_ms_per_token / 1000
+    span = max((records[-1].timestamp_ms - records[0].timestamp_ms) / 1000, 1e-3)
+    slots = p.utilization * p.engines * p.max_running * span
+    if p.prefill_tokens_per_s > 0:
+        scale = p.time_scale or slots / (uncached / p.prefill_tokens_per_s + decode)
+        return round(scale, 3), p.prefill_tokens_per_s
+    if p.time_scale <= 0 or slots / p.time_scale <= decode:
+        raise SystemExit("give --time-scale (and a utilization decode time leaves room for)")
+    return p.time_scale, round(uncached / (slots / p.time_scale - decode), 1)
+
+
+# -- client ------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Result:
+    index: int
+    sent_s: float  # schedule-relative
+    late_s: float  # how late the client sent it
+    status: int
+    worker: str
+    ttft_s: float
+    total_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    predicted: int | None
+    mode: str  # x-cortex-match-mode ("" when the router is not Cortex's gateway)
+
+
+def bodies(records: list[tt.TraceRecord], text: tt.TraceText, p: Params) -> list[bytes]:
+    return [json.dumps({"model": MODEL, "messages": text.messages(r), "stream": True,
+                        "max_tokens": max(1, min(r.output_length, p.max_output)),
+                        "stream_options": {"include_usage": True}}).encode()
+            for r in records]
+
+
+async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
+                time_scale: float) -> list[Result]:
+    """Send every request at its scheduled time; stream every answer to its end."""
+    limits = PoolLimits(max_connections_per_worker=4096, max_idle_per_worker=1024,
+                        acquire_timeout_s=600.0)
+    upstream = UpstreamPool(limits)
+    results: list[Result] = []
+    headers = [(b"content-type", b"application/json")]
+    origin0 = records[0].timestamp_ms
+
+    async def one(i: int, due: float) -> None:
+        sent = trio.current_time()
+        first = None
+        tail = head = b""
+        status = 0
+        predicted = None
+        mode = b""
+        try:
+            async with upstream.request(url, b"POST", b"/v1/chat/completions", headers,
+                                        payloads[i]) as response:
+                status = response.status
+                value = response.header(b"x-cortex-cache-hit-tokens")
+                predicted = int(value) if value is not None else None
+                mode = response.header(b"x-cortex-match-mode") or b""
+                async for chunk in response.body_chunks():
+                    if first is None and b"data:" in chunk:
+                        first = trio.current_time()
+                        head = chunk[:600]
+                    tail = (tail + chunk)[-2048:]
+        except Exception as error:  # noqa: BLE001 - a failed request is a result
+            print(f"request {i}: {error!r}", file=sys.stderr)
+        end = trio.current_time()
+        engine = _ENGINE.search(head)
+        cached, prompt, output = (_CACHED.search(tail), _PROMPT.search(tail),
+                                  _OUTPUT.search(tail))
+        results.append(Result(
+            i, due - start, sent - due, status, engine.group(1).decode() if engine else "?",
+            (first or end) - sent, end - sent, int(prompt.group(1)) if prompt else 0,
+            int(cached.group(1)) if cached else 0, int(output.group(1)) if output else 0,
+            predicted, mode.decode()))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(upstream.run)
+        async with trio.open_nursery() as requests:
+            start = trio.current_time() + 0.2
+            for i, r in enumerate(records):
+                due = start + (r.timestamp_ms - origin0) / 1000 / time_scale
+                await trio.sleep_until(due)
+                requests.start_soon(one, i, due)
+        nursery.cancel_scope.cancel()
+    results.sort(key=lambda r: r.index)
+    return results
+
+
+# -- figures -----------------------------------------------------------------------------------
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else 0.0
+
+
+def summarize(results: list[Result], p: Params, engines: int, ledger: dict | None) -> dict:
+    ok = [r for r in results if r.status == 200]
+    ttft = [r.ttft_s * 1000 for r in ok]
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    per_worker: dict[str, int] = {}
+    for r in ok:
+        per_worker[r.worker] = per_worker.get(r.worker, 0) + 1
+    span = max((max((r.sent_s + r.total_s for r in ok), default=0.0)
+                - min((r.sent_s for r in ok), default=0.0)), 1e-9)
+    # Busy slot time as the engines' timing model has it: prefill of the uncached tokens,
+    # then one decode step per output token after the first.
+    busy = sum((r.prompt_tokens - r.cached_tokens) / p.prefill_tokens_per_s
+               + max(r.output_tokens - 1, 0) * p.decode_ms_per_token / 1000 for r in ok)
+    predicted = [r for r in ok if r.predicted is not None]
+    exact = sum(1 for r in predicted if r.predicted == r.cached_tokens)
+    mean_load = len(ok) / engines if engines else 0.0
+    modes: dict[str, int] = {}
+    for r in ok:
+        modes[r.mode or "-"] = modes.get(r.mode or "-", 0) + 1
+    return {
+        "requests": len(results), "failed": len(results) - len(ok),
+        "hit_rate": round(cached / prompt, 4) if prompt else 0.0,
+        "ttft_ms": {"mean": round(sum(ttft) / len(ttft), 1) if ttft else 0.0,
+                    "p50": round(_pct(ttft, 0.5), 1), "p99": round(_pct(ttft, 0.99), 1)},
+        "prompt_tokens": prompt, "prefill_tokens": prompt - cached,
+        "duplicated_blocks": None if ledger is None else ledger["duplicated_blocks"],
+        "blocks_held": None if ledger is None else ledger["blocks_held"],
+        "req_per_s": round(len(ok) / span, 2),
+        "load_spread": round(max(per_worker.values(), default=0) / mean_load, 3)
+        if mean_load else 0.0,
+        "per_worker": dict(sorted(per_worker.items())),
+        "modes": modes,
+        "utilization": round(busy / (engines * p.max_running * span), 3),
+        "client_late_ms_p99": round(_pct([r.late_s * 1000 for r in results], 0.99), 1),
+        "ledger": {"predicted": len(predicted),
+                   "exact_share": round(exact / len(predicted), 4) if predicted else None,
+                   "abs_error_tokens": sum(abs(r.predicted - r.cached_tokens)
+                                           for r in predicted)},
+    }
+
+
+# -- one router, all routers --------------------------------------------------------------------
+
+def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: list[bytes],
+               capacity: int, time_scale: float, keep_results: bool = False) -> dict:
+    procs = rc.Procs()
+    try:
+        settings = rc.EngineSettings(MODEL, p.engine_block, capacity, p.prefill_tokens_per_s,
+                                     p.decode_ms_per_token, p.max_running)
+        engines = rc.start_engines(procs, settings, p.flavor_list())
+        policy = router if router in GATEWAY_POLICIES else "cortex"
+        gateway = rc.start_gateway(procs, engines, policy, MODEL, p.engine_block,
+                                   p.prefill_tokens_per_s)
+        url = gateway.url if router in GATEWAY_POLICIES else \
+            rc.start_sglang_router(procs, engines, MODEL)
+        started = time.monotonic()
+        results = trio.run(drive, url, records, payloads, time_scale)
+        wall = time.monotonic() - started
+        ledger = gateway.ledger_report()
+        summary = summarize(results, p, len(engines), ledger)
+        summary["wall_s"] = round(wall, 1)
+        summary["ledger_states"] = sorted(set(ledger["states"].values()))
+        if router != "cortex":  # only Cortex predicts from the ledger
+            summary["ledger"] = {"predicted": 0, "exact_share": None, "abs_error_tokens": 0}
+        if keep_results:
+            summary["results"] = [asdict(r) for r in results]
+        return summary
+    finally:
+        procs.stop()
+
+
+def missing(router: str) -> str | None:
+    if router == "sglang-router":
+        return rc.peers.missing_peers().get("sglang-router")
+    return None
+
+
+def compare(p: Params, routers: list[str], keep_results: bool = False,
+            log=print) -> dict:  # noqa: ANN001
+    records = workload(p)
+    text = tt.TraceText(tt.single_token_words(ds.TOKENIZER_JSON), p.block_tokens)
+    facts = slice_facts(records)
+    capacity = capacity_per_engine(p, facts)
+    scale, prefill = load_for(p, records, text, capacity)
+    p = Params(**{**asdict(p), "prefill_tokens_per_s": prefill})
+    payloads = bodies(records, text, p)
+    out: dict = {"machine": machine_info(), "params": asdict(p), "slice": facts,
+                 "capacity_blocks_per_engine": capacity, "time_scale": scale,
+                 "trace_span_s": (records[-1].timestamp_ms - records[0].timestamp_ms) / 1000,
+                 "routers": {}, "skipped": {}}
+    for router in routers:
+        why = missing(router)
+        if why:
+            out["skipped"][router] = why
+            continue
+        log(f"replay: {router} ({len(records)} requests, time scale {scale}) ...")
+        out["routers"][router] = run_router(router, p, records, payloads, capacity, scale,
+                                            keep_results)
+    return out
+
+
+def capacity_search(p: Params, routers: list[str], scales: list[float], bound_ms: float,
+                    log=print) -> dict:  # noqa: ANN001
+    """Per router, the highest time scale whose TTFT p99 stays under ``bound_ms``."""
+    out: dict = {"p99_bound_ms": bound_ms, "scales": scales, "routers": {}}
+    for router in routers:
+        rows = {}
+        best = None
+        for scale in scales:
+            run = compare(Params(**{**asdict(p), "time_scale": scale, "utilization": 0.0}),
+                          [router], log=log)
+            row = run["routers"].get(router)
+            if row is None:
+                break
+            rows[scale] = {"ttft_p99_ms": row["ttft_ms"]["p99"], "req_per_s": row["req_per_s"],
+                           "hit_rate": row["hit_rate"], "failed": row["failed"]}
+            if row["ttft_ms"]["p99"] <= bound_ms and not row["failed"]:
+                best = scale
+            else:
+                break
+        out["routers"][router] = {"max_time_scale": best, "runs": rows}
+    return out
+
+
+def table(result: dict) -> str:
+    cols = ("hit", "ttft mean", "p50", "p99", "prefill tok", "dup blocks", "req/s", "spread",
+            "util", "ledger exact")
+    lines = [f"{'router':<16}" + "".join(f"{c:>13}" for c in cols)]
+    for name, r in result["routers"].items():
+        exact = r["ledger"]["exact_share"]
+        cells = (f"{r['hit_rate']:.1%}", f"{r['ttft_ms']['mean']:.0f} ms",
+                 f"{r['ttft_ms']['p50']:.0f} ms", f"{r['ttft_ms']['p99']:.0f} ms",
+                 f"{r['prefill_tokens']:,}", f"{r['duplicated_blocks']:,}",
+                 f"{r['req_per_s']:.1f}", f"{r['load_spread']:.2f}", f"{r['utilization']:.0%}",
+                 "-" if exact is None else f"{exact:.1%}")
+        lines.append(f"{name:<16}" + "".join(f"{c:>13}" for c in cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    defaults = Params()
+    for name, value in asdict(defaults).items():
+        parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
+    parser.add_argument("--routers", default=",".join(ROUTERS))
+    parser.add_argument("--quick", action="store_true", help="CI size; no sglang-router")
+    parser.add_argument("--capacity-search", default="",
+                        help="comma-separated time scales to try per router")
+    parser.add_argument("--p99-bound-ms", type=float, default=2000.0)
+    parser.add_argument("--out", default="", help="write the JSON here too")
+    args = parser.parse_args(argv)
+    values = {name: getattr(args, name) for name in asdict(defaults)}
+    routers = [r for r in args.routers.split(",") if r]
+    if args.quick:
+        values.update(QUICK)
+        routers = [r for r in routers if r != "sglang-router"]
+    p = Params(**values)
+    log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    if args.capacity_search:
+        scales = [float(s) for s in args.capacity_search.split(",")]
+        result = {"machine": machine_info(), "params": asdict(p),
+                  "capacity": capacity_search(p, routers, scales, args.p99_bound_ms, log)}
+    else:
+        result = compare(p, routers, log=log)
+        log(table(result))
+    text = json.dumps(result, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""The processes of one trace-replay run: simulated engines, the gateway, sglang-router.
+
+* ``start_engines(...)``: ``python -m cortex sim --count N`` once per flavor (vLLM-flavoured
+  and SGLang-flavoured engines in separate processes, so the two vCPUs share the engines'
+  tokenization); each prints one line per engine once it listens (``cortex.sim.cli``), which
+  gives its URL and its KV-event and replay endpoints.
+* ``start_gateway(...)``: ``perf/replay_gateway.py`` with a spec file; ready when it prints
+  ``ready <port>`` (every worker live, every ledger READY). ``ledger_report()`` asks it for
+  the ledger's view of the caches (duplicated blocks).
+* ``start_sglang_router(...)``: ``perf/peers.py``'s launcher (``--policy cache_aware``).
+
+Every engine starts with an empty cache: each router gets a fresh cluster. ``Procs.stop()``
+ends exactly the process groups started here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PERF = Path(__file__).resolve().parent
+REPO = PERF.parent
+sys.path.insert(0, str(PERF))
+sys.path.insert(0, str(REPO))
+
+import peers  # noqa: E402
+
+from tests import deepseek_profile as ds  # noqa: E402
+
+START_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    model: str
+    block_size: int
+    capacity_blocks: int
+    prefill_tokens_per_s: float
+    decode_ms_per_token: float
+    max_running: int
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    name: str
+    flavor: str  # "vllm" | "sglang"
+    url: str
+    events: str
+    replay: str | None
+
+
+@dataclass
+class Procs:
+    """Every process of one run, stopped together."""
+
+    running: list[peers.Running] = field(default_factory=list)
+    tmpdir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="cortex-replay-"))
+
+    def stop(self) -> None:
+        for proc in self.running:  # EOF on stdin ends the gateway process
+            if proc.process.stdin is not None:
+                try:
+                    proc.process.stdin.close()
+                except OSError:
+                    pass
+        for proc in reversed(self.running):
+            proc.stop()
+        self.running.clear()
+
+    def template(self) -> str:
+        path = os.path.join(self.tmpdir, "chat.jinja")
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                f.write(ds.TEMPLATE)
+        return path
+
+
+def _spawn(procs: Procs, name: str, argv: list[str], stdin: int | None = None) -> peers.Running:
+    log_path = os.path.join(procs.tmpdir, f"{name}.log")
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log,
+                                   stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                                   cwd=REPO, start_new_session=True)
+    running = peers.Running(name, 0, process, None, log_path)
+    procs.running.append(running)
+    return running
+
+
+def _line(running: peers.Running) -> str:
+    assert running.process.stdout is not None
+    line = running.process.stdout.readline().decode()
+    if not line:
+        raise peers.StartError(f"{running.name} exited before it was ready:\n"
+                               f"{running.log_tail()}")
+    return line.strip()
+
+
+def start_engines(procs: Procs, settings: EngineSettings, flavors: list[str]) -> list[Engine]:
+    """One ``cortex sim`` process per flavor; engines named v0.. (vLLM) and s0.. (SGLang)."""
+    counts = {flavor: flavors.count(flavor) for flavor in ("vllm", "sglang")}
+    started = []
+    for flavor, count in counts.items():
+        if not count:
+            continue
+        argv = [sys.executable, "-m", "cortex", "sim", "--engine", flavor, "--count", str(count),
+                "--name", flavor[0], "--model", settings.model, "--port", "0",
+                "--block-size", str(settings.block_size),
+                "--capacity-blocks", str(settings.capacity_blocks),
+                "--prefill-tokens-per-s", str(settings.prefill_tokens_per_s),
+                "--decode-ms-per-token", str(settings.decode_ms_per_token),
+                "--max-running", str(settings.max_running),
+                "--tokenizer", ds.TOKENIZER_JSON, "--chat-template", procs.template(),
+                "--bos-token", ds.BOS, "--eos-token", ds.EOS]
+        started.append((flavor, count, _spawn(procs, f"sim-{flavor}", argv)))
+    engines = []
+    for flavor, count, running in started:
+        for _ in range(count):
+            parts = _line(running).split()
+            fields = dict(part.split("=", 1) for part in parts[4:] if "=" in part)
+            engines.append(Engine(parts[0], flavor, parts[2], fields["rank0"],
+                                  fields.get("replay0")))
+    return engines
+
+
+@dataclass
+class Gateway:
+    running: peers.Running
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def ledger_report(self) -> dict:
+        process = self.running.process
+        assert process.stdin is not None
+        process.stdin.write(b"report\n")
+        process.stdin.flush()
+        return json.loads(_line(self.running))
+
+
+def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
+                  block_size: int, prefill_tokens_per_s: float) -> Gateway:
+    spec = {"model": model, "prefill_tokens_per_s": prefill_tokens_per_s, "tokenizer": ds.TOKENIZER_JSON, "block_size": block_size,
+            "template": procs.template(), "bos": ds.BOS, "eos": ds.EOS, "policy": policy,
+            "workers": [{"name": e.name, "url": e.url, "engine": e.flavor, "events": e.events,
+                         "replay": e.replay} for e in engines]}
+    path = os.path.join(procs.tmpdir, f"gateway-{policy}.json")
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    running = _spawn(procs, f"gateway-{policy}",
+                     [sys.executable, str(PERF / "replay_gateway.py"), path],
+                     stdin=subprocess.PIPE)
+    line = _line(running)
+    if not line.startswith("ready "):
+        raise peers.StartError(f"gateway said {line!r}:\n{running.log_tail()}")
+    return Gateway(running, int(line.split()[1]))
+
+
+def start_sglang_router(procs: Procs, engines: list[Engine], model: str) -> str:
+    router = peers.start_sglang_router([e.url for e in engines], model)
+    procs.running.append(router)
+    return router.url
