@@ -200,6 +200,8 @@ WorkerSource = Callable[[], Iterable[WorkerView]]
 HttpSource = Callable[[], HttpFigures]
 ProbeSource = Callable[[], Iterable[tuple[str, ProbeFigures]]]
 PoolSource = Callable[[], Iterable[tuple[str, PoolFigures]]]
+# (model, why exact routing is off or None) — e.g. ``ProfileSet.exact_routing_off`` per model
+ModelSource = Callable[[], Iterable[tuple[str, str | None]]]
 
 
 Writer = Callable[[TextWriter], None]
@@ -330,6 +332,16 @@ def _http_writer(source: HttpSource) -> Writer:
         out.header("cortex_http_responses_total", "counter", "Responses sent, by status code")
         for code, count in sorted(figures.responses_by_status.items()):
             out.sample("cortex_http_responses_total", f'{{code="{code}"}}', count)
+    return write
+
+
+def _model_writer(source: ModelSource) -> Writer:
+    def write(out: TextWriter) -> None:
+        name = "cortex_model_exact_routing"
+        out.header(name, "gauge", "1 if exact KV routing is on for the model, 0 if it is off "
+                   "(the reason is in /health/ready and the logs)")
+        for model, off_reason in source():
+            out.sample(name, format_labels(("model",), (model,)), 0 if off_reason else 1)
     return write
 
 
@@ -465,6 +477,10 @@ class CortexMetrics:
     def watch_probes(self, source: ProbeSource) -> None:
         """Export the worker monitor's per-worker counters (probes, breaker, load polls)."""
         self._writers.append(_named_writer(source, _PROBE_COUNTERS))
+
+    def watch_models(self, source: ModelSource) -> None:
+        """Export whether exact KV routing is on per model."""
+        self._writers.append(_model_writer(source))
 
     def watch_upstream_pool(self, source: PoolSource) -> None:
         """Export the upstream pool's per-worker connection figures."""

@@ -228,6 +228,7 @@ def test_registering_a_source_does_not_read_it():
     m.watch_http(boom)
     m.watch_probes(boom)
     m.watch_upstream_pool(boom)
+    m.watch_models(boom)
 
 
 def test_ledger_state_and_sizes_from_a_real_book():
@@ -300,3 +301,13 @@ def test_every_monitor_and_pool_figure_is_exported():
 
     assert {attr for attr, *_ in _PROBE_COUNTERS} == {f.name for f in fields(WorkerCounters)}
     assert {attr for attr, *_ in _POOL_FIGURES} == {f.name for f in fields(PoolStats)}
+
+
+def test_exact_routing_per_model():
+    m = CortexMetrics()
+    off = {"llama": None, "qwen": "profile not loaded: tokenizer.json missing"}
+    m.watch_models(lambda: off.items())
+    assert value(m, "cortex_model_exact_routing", model="llama") == 1
+    assert value(m, "cortex_model_exact_routing", model="qwen") == 0
+    off["qwen"] = None
+    assert value(m, "cortex_model_exact_routing", model="qwen") == 1
