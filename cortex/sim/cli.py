@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import trio
+import zmq
 
 from cortex.errors import ConfigError
 from cortex.profile.model_profile import ProfileError
@@ -159,12 +160,22 @@ def run_sim(args: argparse.Namespace) -> int:
         for name, http_port, kv_port in zip(plan.names, plan.http_ports, plan.kv_ports,
                                             strict=True)
     ]
+    failures: list[Exception] = []
     try:
         trio.run(partial(serve_engines, engines))
-    except OSError as exc:
+    except* (OSError, zmq.ZMQError) as group:  # a port in use, an address that cannot be bound
+        failures += _leaves(group)
+    for exc in failures:
         print(f"cortex sim: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return 2 if failures else 0
+
+
+def _leaves(group: BaseExceptionGroup[Exception]) -> list[Exception]:
+    """The errors inside nested exception groups (one group per nursery level)."""
+    out: list[Exception] = []
+    for exc in group.exceptions:
+        out += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return out
 
 
 def engine_line(engine) -> str:  # noqa: ANN001 - SimEngine

@@ -21,10 +21,12 @@ Routes (both flavors unless marked):
 
 Data-parallel rank of a generation request (default 0; out of range -> 400):
 
-* vLLM: header ``X-data-parallel-rank``. Read in vLLM's OpenAI serving base class
-  (``_get_data_parallel_rank``, ``vllm/entrypoints/openai/.../serving.py``): the header is looked
-  up case-insensitively (starlette headers); a value that is not an integer is ignored (None,
-  i.e. the engine balances). The engine rejects a rank outside ``[0, dp_size)``.
+* vLLM: header ``X-data-parallel-rank``. Found in vLLM's OpenAI serving base class,
+  ``OpenAIServing._get_data_parallel_rank`` (``vllm/entrypoints/openai/serving_engine.py``, later
+  moved to ``vllm/entrypoints/openai/engine/serving.py``): ``raw_request.headers.get(
+  "X-data-parallel-rank")``, so any letter case (starlette headers); a value that is not an
+  integer is ignored (None: the engine balances; here rank 0). The rank is handed to the engine
+  client as ``data_parallel_rank``; out of ``[0, dp_size)`` it is refused (here: 400).
 * SGLang: body field ``routed_dp_rank`` (older releases: ``data_parallel_rank``).
 
 Faults, read at the start of every generation request, in this order: ``hang`` (the handler

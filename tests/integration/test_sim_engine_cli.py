@@ -101,3 +101,19 @@ def _chat(url: str) -> dict:
                                      {"content-type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
+
+
+@pytest.mark.parametrize("flag", ["--port", "--kv-events-port"])
+async def test_a_port_in_use_is_reported_with_exit_code_2(flag):
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    try:
+        with trio.fail_after(60):
+            result = await trio.run_process(
+                [sys.executable, "-m", "cortex", "sim", "--port", "0", flag, str(port)],
+                capture_stdout=True, capture_stderr=True, check=False)
+    finally:
+        await listener.aclose()
+    assert result.returncode == 2
+    assert b"cortex sim:" in result.stderr
+    assert result.stdout == b""
