@@ -60,11 +60,13 @@ def build_parser(with_sim: bool = False) -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check-config", help="validate the configuration, print every problem",
         allow_abbrev=False,
-        description="Validate file + environment + flags; print every problem (exit 2) or ok.")
+        description="Validate file + environment + flags, the files they name and the model "
+                    "profiles those files make; print every problem (exit 2) or ok.")
     check.add_argument("--print-config", action="store_true",
                        help="print the effective configuration as TOML (secrets masked)")
     check.add_argument("--no-file-checks", action="store_true",
-                       help="do not check that tokenizer, template and token files exist")
+                       help="skip the disk: do not check that the tokenizer, template and "
+                            "token files exist, nor load the model profiles")
     add_config_arguments(check)
     check.set_defaults(run=run_check_config)
 

@@ -9,8 +9,10 @@ Rules:
   non-loopback control host without ``control.allow_remote``, data and control plane on the
   same port.
 * ``file_checks`` looks at the disk: the files the models and the admin token point to exist
-  and are readable. ``check-config`` runs it; ``load_config`` does not (the app reads the files
-  when it starts and reports its own errors).
+  and are readable; when they do, each model's profile is loaded as ``serve`` would load it, so
+  a tokenizer that does not parse or a BOS string that is not one token shows up here instead
+  of silently turning exact KV routing off. ``check-config`` runs it; ``load_config`` does not
+  (the app reads the files when it starts and reports its own errors).
 """
 
 from __future__ import annotations
@@ -98,6 +100,21 @@ def file_checks(config: CortexConfig) -> list[str]:
                 problems.extend(_readable(f"models[{index}].{field_name}", path))
     if config.control.admin_token_file is not None:
         problems.extend(_readable("control.admin_token_file", config.control.admin_token_file))
+    return problems or _profile_problems(config)
+
+
+def _profile_problems(config: CortexConfig) -> list[str]:
+    from cortex.profile.model_profile import ProfileError, load_profile
+
+    problems: list[str] = []
+    for index, model in enumerate(config.models):
+        if model.passthrough:
+            continue
+        try:
+            load_profile(model.profile_spec())
+        except ProfileError as error:
+            problems.extend(f"models[{index}] ({model.name}): {problem}"
+                            for problem in error.problems)
     return problems
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import tomllib
 import typing
 from collections.abc import Iterator, Mapping
@@ -47,8 +48,9 @@ def flag_name(path: tuple[str, ...]) -> str:
     return "--" + "-".join(path).replace("_", "-")
 
 
-def keys() -> list[ScalarKey]:
-    return list(scalar_keys(CortexConfig))
+@functools.cache
+def keys() -> tuple[ScalarKey, ...]:
+    return tuple(scalar_keys(CortexConfig))
 
 
 def read_toml(path: str, problems: list[str]) -> dict[str, Any]:

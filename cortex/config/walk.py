@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import functools
 import math
 import types
 import typing
@@ -53,6 +54,7 @@ class ScalarKey:
     secret: bool
 
 
+@functools.cache
 def type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

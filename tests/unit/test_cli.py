@@ -65,7 +65,8 @@ def test_check_config_checks_the_files_named(capsys, tmp_path):
     assert "models[0].chat_template: no such file" in err
     tokenizer = tmp_path / "tokenizer.json"
     tokenizer.write_text("{}")
-    assert main(["check-config", "--model", f"m,tokenizer={tokenizer},block_size=16"]) == 0
+    assert main(["check-config", "--model", f"m,tokenizer={tokenizer},block_size=16"]) == 2
+    assert f"models[0] (m): tokenizer {tokenizer}: cannot load" in capsys.readouterr().err
 
 
 def test_check_config_print_config_round_trips(capsys, tmp_path, monkeypatch):
@@ -162,3 +163,13 @@ def test_the_installed_entry_point_exits_with_the_code():
     assert bad.returncode == 2
     assert "server.port: expected an integer, got 'eighty' (from env CORTEX_SERVER_PORT)" \
         in bad.stderr
+
+
+def test_check_config_loads_each_profile_as_serve_would(capsys):
+    from tests import deepseek_profile as ds
+
+    good = f"m,tokenizer={ds.TOKENIZER_JSON},block_size=16,bos_token={ds.BOS}"
+    assert main(["check-config", "--model", good]) == 0
+    assert main(["check-config", "--model", good.replace(ds.BOS, "<no-such-token>")]) == 2
+    err = capsys.readouterr().err
+    assert "models[0] (m): bos_token" in err and "<no-such-token>" in err
