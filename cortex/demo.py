@@ -1,21 +1,47 @@
-"""``cortex demo``: a simulated cluster feeding Cortex's ledger over real ZeroMQ, with faults.
+"""``cortex demo``: Cortex against round robin on real traffic, then the ledger under faults.
 
-Starts vLLM- and SGLang-flavoured simulated engines (several wire eras, DP ranks), ingests all
-their KV-event streams into one ledger book, drives a shared-prefix chat workload through them
-while injecting dropped, duplicated and reordered batches, restarts and cache clears, and then
-prints, per (worker, rank), the ledger's trust state and how it compares with the engine's true
-cache, plus what ``match`` reports for a few prompts against what the engines really hold.
+Section 1 — routing (``routing_section``): starts a simulated cluster (vLLM- and
+SGLang-flavoured ``cortex sim`` engines in their own processes, real HTTP, real ZeroMQ KV
+events) and the gateway, replays a time-compressed slice of the Mooncake conversation trace
+through Cortex and then, on a fresh cluster, through round robin (the same gateway with its
+ledger unused), prints a side-by-side table (prefix-cache hit rate, TTFT mean/p50/p99, prefill
+tokens computed, duplicated blocks, req/s, load spread, utilization, ledger accuracy) and writes
+an SVG chart (TTFT distribution, requests per worker) and the JSON result to a folder it prints.
+It is ``perf/replay.py`` with a fixed, small configuration (``DEMO``); the replay and its
+figures are described there and in ``perf/RESULTS.md``.
+
+Section 2 — the ledger (``ledger_section``): vLLM 0.33 / 0.23 and SGLang 0.5.23 / 0.5.19
+simulated engines (two with 2 DP ranks) under chat-like traffic with dropped, duplicated and
+reordered batches, restarts and cache clears; per (worker, rank) the ledger's trust state and how
+it compares with the engine's true cache, and what ``match`` reports for a few prompts.
+
+``run_demo`` returns True (exit 0) only if every replayed request succeeded, Cortex's predicted
+cached tokens (``x-cortex-cache-hit-tokens``) equal what the engines reported for at least
+``EXACT_MIN`` of the requests (the rest are decisions made while the same worker was still
+storing or evicting blocks for an earlier request), and every ledger equals its engine in
+section 2.
+
+This module needs the checkout's ``perf/`` and ``tests/`` folders (``make demo`` runs from it).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import sys
+import tempfile
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import trio
 
 from cortex._fast.blockkeys import block_keys, namespace_seed
 from cortex.sim.cluster import EngineSpec, SimCluster, start_cluster
+
+REPO = Path(__file__).resolve().parent.parent
+EXACT_MIN = 0.99
 
 BLOCK = 16
 MODEL = "demo-model"
@@ -93,14 +119,15 @@ def _print_matches(cluster: SimCluster, rng: random.Random, systems: list[list[i
             print(f"  prompt {i} ({len(keys)} blocks, {family.value}): " + ", ".join(parts))
 
 
-async def run_demo(seconds: float = 8.0, seed: int = 7) -> bool:
+async def ledger_section(seconds: float = 8.0, seed: int = 7) -> bool:
+    """Section 2: every ledger against its engine's true cache, with faults injected."""
     rng = random.Random(seed)
     systems = [[rng.randrange(32000) for _ in range(BLOCK * rng.randint(4, 24))] for _ in range(6)]
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(
             nursery, SPECS, model=MODEL, block_size=BLOCK, capacity_blocks=600, seed=seed
         )
-        print(f"cortex demo: {len(SPECS)} simulated engines, {len(cluster.target)} KV-event "
+        print(f"{len(SPECS)} simulated engines, {len(cluster.target)} KV-event "
               f"streams over ZeroMQ, block size {BLOCK}, 600 blocks per rank")
         faults: list[str] = []
         requests = 0
@@ -128,3 +155,68 @@ async def run_demo(seconds: float = 8.0, seed: int = 7) -> bool:
               f"{cluster.book.entries} entries, {cluster.book.memory_bytes / 1e6:.1f} MB")
         nursery.cancel_scope.cancel()
     return exact
+
+
+def _replay():  # noqa: ANN202 - the perf/replay module
+    for path in (REPO, REPO / "perf"):
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+    import replay
+
+    return replay
+
+
+def demo_params(seed: int = 0):  # noqa: ANN201 - replay.Params
+    replay = _replay()
+    return replace(replay.Params(), trace="conversation", start=0, requests=600,
+                   block_tokens=32, engine_block=16, engines=6, flavors="mixed",
+                   capacity=0.1, capacity_basis="trace", prefill_tokens_per_s=3000.0, decode_ms_per_token=2.0,
+                   max_running=1, max_output=16, utilization=0.7, max_blocks=48, seed=seed)
+
+
+def routing_section(seed: int = 0, out_dir: str | None = None) -> bool:
+    """Section 1 (blocking: runs its own processes and event loops)."""
+    replay = _replay()
+    from replay_chart import chart_svg
+
+    params = demo_params(seed)
+    out_dir = out_dir or os.path.join(tempfile.gettempdir(), "cortex-demo")
+    os.makedirs(out_dir, exist_ok=True)
+    print(f"cortex demo 1/2 - routing: {params.engines} simulated engines "
+          f"({params.engines // 2} vLLM-, {params.engines - params.engines // 2} "
+          f"SGLang-flavoured), conversation trace requests {params.start}.."
+          f"{params.start + params.requests}", flush=True)
+    started = time.monotonic()
+    result = replay.compare(params, ["cortex", "round_robin"], keep_results=True,
+                            log=lambda m: print("  " + m, flush=True))
+    facts = result["slice"]
+    print(f"  cache {result['capacity_blocks_per_engine']} blocks of {params.engine_block} "
+          f"tokens per engine (the cluster holds {params.capacity:.0%} of the trace's "
+          f"{result['capacity_basis_blocks']:,} unique blocks, "
+          f"{result['cluster_share_of_slice']:.0%} of the slice's {facts['unique_blocks']:,}); "
+          f"arrivals {result['time_scale']}x real time; reusable blocks in the slice: "
+          f"{facts['intrinsic_reuse']:.1%}\n")
+    print(replay.table(result))
+    chart = os.path.join(out_dir, "routing.svg")
+    with open(chart, "w") as f:
+        f.write(chart_svg(result, f"cortex demo: conversation trace, {params.requests} "
+                                  f"requests, {params.engines} engines"))
+    with open(os.path.join(out_dir, "routing.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    cortex = result["routers"]["cortex"]
+    failed = sum(run["failed"] for run in result["routers"].values())
+    exact = cortex["ledger"]["exact_share"] or 0.0
+    print(f"\nchart: {chart} (TTFT distribution, requests per worker); JSON beside it; "
+          f"{time.monotonic() - started:.0f} s")
+    print(f"Cortex's predicted cached tokens equal the engines' for {exact:.1%} of requests "
+          f"(total error {cortex['ledger']['abs_error_tokens']:,} tokens); "
+          f"failed requests: {failed}\n", flush=True)
+    return failed == 0 and exact >= EXACT_MIN
+
+
+async def run_demo(seconds: float = 8.0, seed: int = 7) -> bool:
+    """Both sections; True when the routing replay and the ledger check both passed."""
+    routed = await trio.to_thread.run_sync(routing_section, 0)
+    print("cortex demo 2/2 - the ledger against the engines, with faults injected", flush=True)
+    exact = await ledger_section(seconds, seed)
+    return routed and exact

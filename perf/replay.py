@@ -78,7 +78,8 @@ class Params:
     engine_block: int = 16
     engines: int = 8
     flavors: str = "mixed"  # mixed | vllm | sglang
-    capacity: float = 0.5  # share of the slice's unique blocks the cluster holds
+    capacity: float = 0.5  # share of the unique blocks (see capacity_basis) the cluster holds
+    capacity_basis: str = "trace"  # trace: the whole trace file's unique blocks | slice
     capacity_blocks: int = 0  # per engine; overrides --capacity when > 0
     prefill_tokens_per_s: float = 2000.0  # 0: solved from --time-scale and --utilization
     decode_ms_per_token: float = 5.0
@@ -109,15 +110,18 @@ def shared_dir() -> Path:
     return Path(override) if override else HERE.parent.parent / "shared"
 
 
+def trace_path(p: Params) -> str:
+    name = TRACES.get(p.trace)
+    return str(shared_dir() / "data" / "traces" / name) if name else p.trace
+
+
 def workload(p: Params) -> list[tt.TraceRecord]:
     if p.trace == "gsp":
         groups, per_group, system, question = (int(v) for v in p.gsp.split(","))
         records = list(tt.shared_prefix_records(groups, per_group, system, question, 256,
                                                 p.gsp_rate, p.seed))[p.start:p.start + p.requests]
     else:
-        path = TRACES.get(p.trace)
-        path = str(shared_dir() / "data" / "traces" / path) if path else p.trace
-        records = tt.read_trace(path, p.start, p.requests)
+        records = tt.read_trace(trace_path(p), p.start, p.requests)
     out = []
     for r in records:
         if len(r.hash_ids) > p.max_blocks:
@@ -146,11 +150,23 @@ def slice_facts(records: list[tt.TraceRecord]) -> dict[str, float]:
             "single_cache_block_hit": round(hits / total, 4) if total else 0.0}
 
 
-def capacity_per_engine(p: Params, facts: dict[str, float]) -> int:
+def capacity_per_engine(p: Params, unique_blocks: int) -> int:
+    """Engine blocks per engine: ``p.capacity`` of ``unique_blocks`` trace blocks, split."""
     if p.capacity_blocks > 0:
         return p.capacity_blocks
     per_trace_block = p.block_tokens / p.engine_block
-    return max(8, math.ceil(p.capacity * facts["unique_blocks"] * per_trace_block / p.engines))
+    return max(8, math.ceil(p.capacity * unique_blocks * per_trace_block / p.engines))
+
+
+def basis_unique_blocks(p: Params, facts: dict[str, float]) -> int:
+    """The unique blocks ``--capacity`` is a share of: the whole trace file's (the issue's
+    regimes are stated for the trace) or the replayed slice's."""
+    if p.capacity_basis == "slice" or p.trace == "gsp":
+        return int(facts["unique_blocks"])
+    unique: set[int] = set()
+    for record in tt.read_trace(trace_path(p)):
+        unique.update(record.hash_ids)
+    return len(unique)
 
 
 def round_robin_uncached(records: list[tt.TraceRecord], text: tt.TraceText, engines: int,
@@ -362,12 +378,17 @@ def compare(p: Params, routers: list[str], keep_results: bool = False,
     records = workload(p)
     text = tt.TraceText(tt.single_token_words(ds.TOKENIZER_JSON), p.block_tokens)
     facts = slice_facts(records)
-    capacity = capacity_per_engine(p, facts)
+    basis = basis_unique_blocks(p, facts)
+    capacity = capacity_per_engine(p, basis)
     scale, prefill = load_for(p, records, text, capacity)
     p = Params(**{**asdict(p), "prefill_tokens_per_s": prefill})
     payloads = bodies(records, text, p)
     out: dict = {"machine": machine_info(), "params": asdict(p), "slice": facts,
-                 "capacity_blocks_per_engine": capacity, "time_scale": scale,
+                 "capacity_blocks_per_engine": capacity, "capacity_basis_blocks": basis,
+                 "cluster_share_of_slice": round(
+                     capacity * p.engines * p.engine_block / p.block_tokens
+                     / max(facts["unique_blocks"], 1), 3),
+                 "time_scale": scale,
                  "trace_span_s": (records[-1].timestamp_ms - records[0].timestamp_ms) / 1000,
                  "routers": {}, "skipped": {}}
     for router in routers:

@@ -38,7 +38,7 @@ def _cdf(result: dict, x0: int, x1: int) -> list[str]:
            f'Time to first token (CDF)</text>',
            f'<line x1="{x0}" y1="{PLOT_BOTTOM}" x2="{x1}" y2="{PLOT_BOTTOM}" stroke="#333"/>',
            f'<line x1="{x0}" y1="{PLOT_TOP}" x2="{x0}" y2="{PLOT_BOTTOM}" stroke="#333"/>']
-    for q in (0.0, 0.5, 0.9, 0.99, 1.0):
+    for q in (0.0, 0.25, 0.5, 0.75, 0.9, 1.0):
         out.append(f'<line x1="{x0}" y1="{y(q):.1f}" x2="{x1}" y2="{y(q):.1f}" '
                    f'stroke="#ddd"/><text x="{x0 - 6}" y="{y(q) + 4:.1f}" font-size="11" '
                    f'text-anchor="end">{q:g}</text>')
