@@ -91,6 +91,7 @@ class Params:
     gsp: str = "32,8,2048,128"  # groups, prompts per group, system tokens, question tokens
     gsp_rate: float = 4.0
     seed: int = 0
+    affinity_tolerance_s: float = -1.0  # Cortex's exact_kv tolerance; < 0: its default
 
     def flavor_list(self) -> list[str]:
         if self.flavors in ("vllm", "sglang"):
@@ -348,7 +349,7 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
         engines = rc.start_engines(procs, settings, p.flavor_list())
         policy = router if router in GATEWAY_POLICIES else "cortex"
         gateway = rc.start_gateway(procs, engines, policy, MODEL, p.engine_block,
-                                   p.prefill_tokens_per_s)
+                                   p.prefill_tokens_per_s, p.affinity_tolerance_s)
         url = gateway.url if router in GATEWAY_POLICIES else \
             rc.start_sglang_router(procs, engines, MODEL)
         started = time.monotonic()

@@ -49,13 +49,15 @@ def config_from(spec: dict) -> CortexConfig:
     workers = tuple(WorkerSpec(w["name"], w["url"], engine=w["engine"], model=spec["model"],
                                events=w["events"], replay=w.get("replay"))
                     for w in spec["workers"])
+    cost = {"default_prefill_tokens_per_s": spec["prefill_tokens_per_s"]}
+    if spec.get("affinity_tolerance_s", -1.0) >= 0:
+        cost["affinity_tolerance_s"] = spec["affinity_tolerance_s"]
     return CortexConfig(
         server=ServerConfig(host="127.0.0.1", port=0),
         control=ControlConfig(host="127.0.0.1", port=0),
         models=(model,), workers=workers,
         # The operator states the engines' prefill speed: the cost model's TTFT is in seconds.
-        scheduler=SchedulerConfig(cost=CostConfig(
-            default_prefill_tokens_per_s=spec["prefill_tokens_per_s"])),
+        scheduler=SchedulerConfig(cost=CostConfig(**cost)),
         health=HealthConfig(interval_s=0.5, timeout_s=5.0, load_interval_s=0.25))
 
 
