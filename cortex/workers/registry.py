@@ -23,6 +23,8 @@ Rules and invariants:
   anything else, so a listener takes it out of the routing views first and only then prunes
   its ledger entries (architecture.md §2); removal likewise happens before ``"removed"``.
   A listener's exception propagates to the reporter (a bug, not a condition).
+* An unhealthy worker's load is unknown: its figures are dropped when a probe fails (after the
+  ``"health"`` event) and a load report arriving while it is unhealthy is not kept.
 * ``views()`` builds the scheduler's ``WorkerView`` per worker, in registration order:
   ``healthy`` is live-ness, ``engine_queue`` the sum of waiting requests over the reported
   ranks, ``kv_usage`` the highest usage among them, both ``None`` while unknown.
@@ -252,6 +254,8 @@ class WorkerRegistry:
         if entry is None:
             return
         entry.counters.load_polls += 1
+        if not entry.healthy:
+            return  # answered after the worker was found dead: stale already
         if dict(loads) != dict(entry.loads):
             entry.loads = types.MappingProxyType(dict(loads))
             self._emit("load", name)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from cortex.errors import ConfigError, NotFound
 from cortex.ledger.state import TargetState
@@ -318,3 +321,94 @@ def test_probe_verdict_and_counters() -> None:
     total = WorkerCounters(probes=2)
     total.add(WorkerCounters(probes=1, breaker_opens=1))
     assert total.as_dict()["probes"] == 3 and total.breaker_opens == 1
+
+
+# ------------------------------------------------------------------------ stateful property
+
+NAMES = ("a", "b", "c")
+
+
+class RegistryMachine(RuleBasedStateMachine):
+    """Whatever the reports and the clock do, a listener that re-reads a worker on each of its
+    events always knows the live set (live-ness never changes silently), and live-ness is
+    exactly healthy + breaker closed + not draining."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.registry = WorkerRegistry(
+            HealthSettings(failures_to_open=2, open_s=5.0), self.clock)
+        self.known_live: set[str] = set()
+        self.probes: dict[str, int] = {}
+        self.registry.on_change(self.listener)
+
+    def listener(self, kind: str, name: str) -> None:
+        if self.registry.is_live(name):
+            self.known_live.add(name)
+        else:
+            self.known_live.discard(name)
+
+    @rule(name=st.sampled_from(NAMES))
+    def add(self, name: str) -> None:
+        if name not in self.registry:
+            self.registry.add(spec(name, 8000 + NAMES.index(name)))
+            self.probes[name] = 0
+
+    @rule(name=st.sampled_from(NAMES), ok=st.booleans())
+    def probe(self, name: str, ok: bool) -> None:
+        wait = self.registry.probe_wait(name)
+        if wait == 0.0:  # the monitor probes only when allowed
+            self.registry.probe_result(name, None if ok else "down")
+            self.probes[name] += 1
+
+    @rule(name=st.sampled_from(NAMES), ok=st.booleans())
+    def upstream(self, name: str, ok: bool) -> None:
+        if ok:
+            self.registry.upstream_ok(name)
+        else:
+            self.registry.upstream_connect_failed(name, "refused")
+
+    @rule(seconds=st.sampled_from([0.5, 2.0, 5.0, 7.5]))
+    def tick(self, seconds: float) -> None:
+        self.clock.now += seconds
+
+    @rule(name=st.sampled_from(NAMES), in_flight=st.integers(0, 2))
+    def drain(self, name: str, in_flight: int) -> None:
+        if name in self.registry:
+            self.registry.drain(name, in_flight)
+
+    @rule(name=st.sampled_from(NAMES), in_flight=st.integers(0, 1))
+    def report(self, name: str, in_flight: int) -> None:
+        self.registry.report_in_flight(name, in_flight)
+
+    @rule(name=st.sampled_from(NAMES))
+    def remove(self, name: str) -> None:
+        if name in self.registry:
+            self.registry.remove(name)
+
+    @rule(name=st.sampled_from(NAMES), waiting=st.integers(0, 3))
+    def load(self, name: str, waiting: int) -> None:
+        self.registry.load_result(name, {0: RankLoad(1, waiting, 0.5)})
+
+    @invariant()
+    def live_set_is_known_from_events(self) -> None:
+        assert self.known_live == {s.name for s in self.registry.live()}
+
+    @invariant()
+    def live_means_healthy_closed_not_draining(self) -> None:
+        for s in self.registry.specs():
+            status = self.registry.status(s.name)
+            assert status.live == (status.healthy and status.breaker is BreakerState.CLOSED
+                                   and not status.draining)
+            assert status.live == self.registry.is_live(s.name)
+            assert self.registry.counters(s.name).probes == self.probes[s.name]
+            if not status.healthy:
+                assert status.loads == {}
+        views = self.registry.views(no_state, no_targets)
+        assert [v.worker for v in views] == [s.name for s in self.registry.specs()]
+        assert all(v.healthy == self.registry.is_live(v.worker) for v in views)
+
+
+TestRegistryMachine = RegistryMachine.TestCase
+TestRegistryMachine.settings = hypothesis_settings(max_examples=100, stateful_step_count=40,
+                                                   deadline=None)
