@@ -165,14 +165,16 @@ class UpstreamPool:
         and the caller's ``try`` that discards it on any exception.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        while pool.idle and not fresh:
+        if pool.idle and not fresh:
             conn = pool.idle.pop()
             if not conn.looks_closed():
                 pool.reused += 1
                 return conn  # no checkpoint here: the caller's send is the next one
-            conn.close()  # the worker closed it while idle: reuse its slot for a new one
+            conn.close()  # the worker closed it while idle: take over its slot
             pool.discarded += 1
             return await self._connect(pool)
+        # (a fresh connection is only wanted right after discarding one, which freed a slot
+        # or handed it to a waiter — and while anyone waits, nothing is idle)
         if pool.open < self.limits.max_connections_per_worker and not pool.waiters:
             pool.open += 1
             return await self._connect(pool)
