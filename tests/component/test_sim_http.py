@@ -4,11 +4,8 @@ hits, DP ranks, faults and aborts. The KV side runs for real (ZeroMQ publishers 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from functools import cache
 from typing import Any
 
 import pytest
@@ -17,25 +14,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cortex.errors import BadRequest, NotFound
 from cortex.front.messages import HttpRequest, HttpResponse
-from cortex.profile.model_profile import ModelProfile, ProfileSpec, load_profile
 from cortex.sim.engine import EngineCrashed, SimEngine
 from cortex.sim.serving import TimingConfig
 from tests import deepseek_profile as ds
+from tests.sim_engine_profile import SYSTEM, chat, deepseek
 
 FAST = TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=0.0, max_running=8)
-SYSTEM = "You are a careful assistant. " * 40  # ~240 tokens: many full blocks
-
-
-@cache
-def deepseek() -> ModelProfile:
-    """The DeepSeek profile with the test chat template (loaded once: it takes a second)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        template = os.path.join(tmp, "chat.jinja")
-        with open(template, "w") as f:
-            f.write(ds.TEMPLATE)
-        return load_profile(ProfileSpec(model="deepseek", tokenizer_path=ds.TOKENIZER_JSON,
-                                        block_size=16, chat_template_path=template,
-                                        bos_token=ds.BOS, eos_token=ds.EOS))
 
 
 @asynccontextmanager
@@ -47,7 +31,7 @@ async def kv_running(engine: SimEngine) -> AsyncIterator[SimEngine]:
             nursery.cancel_scope.cancel()
 
 
-def make(tmp_path: Any, flavor: str = "vllm-0.33", **kwargs: Any) -> SimEngine:
+def make(flavor: str = "vllm-0.33", **kwargs: Any) -> SimEngine:
     kwargs.setdefault("timing", FAST)
     return SimEngine("e1", flavor, deepseek(), **kwargs)
 
@@ -82,16 +66,11 @@ async def sse_events(response: HttpResponse) -> list[Any]:
     return events
 
 
-def chat(content: str = "What is 2+2?", **extra: Any) -> dict[str, Any]:
-    return {"model": "deepseek", "messages": [{"role": "system", "content": SYSTEM},
-                                              {"role": "user", "content": content}], **extra}
-
-
 # ---------------------------------------------------------------- OpenAI routes
 
 
-async def test_chat_json_reports_the_cache_hit_of_a_repeated_prompt(tmp_path):
-    engine = make(tmp_path)
+async def test_chat_json_reports_the_cache_hit_of_a_repeated_prompt():
+    engine = make()
     async with kv_running(engine):
         first = payload(await engine.handler(post("/v1/chat/completions", chat(max_tokens=5))))
         again = payload(await engine.handler(post("/v1/chat/completions", chat(max_tokens=5))))
@@ -113,8 +92,8 @@ async def test_chat_json_reports_the_cache_hit_of_a_repeated_prompt(tmp_path):
     assert (engine.queues[0].running, engine.queues[0].waiting) == (0, 0)
 
 
-async def test_chat_sse_has_role_tokens_finish_usage_and_done(tmp_path):
-    engine = make(tmp_path)
+async def test_chat_sse_has_role_tokens_finish_usage_and_done():
+    engine = make()
     body = chat(max_tokens=3, stream=True, stream_options={"include_usage": True})
     async with kv_running(engine):
         events = await sse_events(await engine.handler(post("/v1/chat/completions", body)))
@@ -130,8 +109,8 @@ async def test_chat_sse_has_role_tokens_finish_usage_and_done(tmp_path):
     assert "prompt_tokens_details" in usage["usage"]
 
 
-async def test_chat_sse_without_include_usage_has_no_usage_event(tmp_path):
-    engine = make(tmp_path)
+async def test_chat_sse_without_include_usage_has_no_usage_event():
+    engine = make()
     async with kv_running(engine):
         events = await sse_events(await engine.handler(
             post("/v1/chat/completions", chat(max_tokens=2, stream=True))))
@@ -139,8 +118,8 @@ async def test_chat_sse_without_include_usage_has_no_usage_event(tmp_path):
     assert all("usage" not in e for e in events[:-1])
 
 
-async def test_completions_with_token_ids_json_and_sse(tmp_path):
-    engine = make(tmp_path)
+async def test_completions_with_token_ids_json_and_sse():
+    engine = make()
     prompt = list(range(100, 164))  # 4 blocks
     async with kv_running(engine):
         first = payload(await engine.handler(
@@ -157,8 +136,8 @@ async def test_completions_with_token_ids_json_and_sse(tmp_path):
     assert events[-1] == "[DONE]"
 
 
-async def test_completions_text_is_one_full_encode_with_special_tokens(tmp_path):
-    engine = make(tmp_path)
+async def test_completions_text_is_one_full_encode_with_special_tokens():
+    engine = make()
     text = "The quick brown fox jumps over the lazy dog. " * 5
     async with kv_running(engine):
         answer = payload(await engine.handler(
@@ -166,8 +145,8 @@ async def test_completions_text_is_one_full_encode_with_special_tokens(tmp_path)
     assert answer["usage"]["prompt_tokens"] == len(ds.tokenizer().encode(text).ids)
 
 
-async def test_bad_requests_are_refused(tmp_path):
-    engine = make(tmp_path)
+async def test_bad_requests_are_refused():
+    engine = make()
     async with kv_running(engine):
         for bad in ({"model": "deepseek", "prompt": [[1, 2], [3, 4]]},
                     {"model": "deepseek", "prompt": "x", "max_tokens": 0},
@@ -187,8 +166,8 @@ async def test_bad_requests_are_refused(tmp_path):
 # ---------------------------------------------------------------- SGLang /generate
 
 
-async def test_generate_text_and_input_ids_json_and_sse(tmp_path):
-    engine = make(tmp_path, "sglang-0.5.23")
+async def test_generate_text_and_input_ids_json_and_sse():
+    engine = make("sglang-0.5.23")
     ids = list(range(500, 540))
     async with kv_running(engine):
         first = payload(await engine.handler(post("/generate", {
@@ -212,8 +191,8 @@ async def test_generate_text_and_input_ids_json_and_sse(tmp_path):
 # ---------------------------------------------------------------- DP ranks
 
 
-async def test_vllm_rank_comes_from_the_header(tmp_path):
-    engine = make(tmp_path, dp_size=2)
+async def test_vllm_rank_comes_from_the_header():
+    engine = make(dp_size=2)
     body = {"model": "deepseek", "prompt": list(range(40)), "max_tokens": 1}
     async with kv_running(engine):
         await engine.handler(post("/v1/completions", body, [(b"x-data-parallel-rank", b"1")]))
@@ -224,8 +203,8 @@ async def test_vllm_rank_comes_from_the_header(tmp_path):
             await engine.handler(post("/v1/completions", body, [(b"x-data-parallel-rank", b"2")]))
 
 
-async def test_sglang_rank_comes_from_routed_dp_rank(tmp_path):
-    engine = make(tmp_path, "sglang-0.5.23", dp_size=2)
+async def test_sglang_rank_comes_from_routed_dp_rank():
+    engine = make("sglang-0.5.23", dp_size=2)
     async with kv_running(engine):
         await engine.handler(post("/generate", {"input_ids": list(range(40)),
                                                 "routed_dp_rank": 1}))
@@ -237,8 +216,8 @@ async def test_sglang_rank_comes_from_routed_dp_rank(tmp_path):
 # ---------------------------------------------------------------- information routes
 
 
-async def test_vllm_information_routes(tmp_path):
-    engine = make(tmp_path, dp_size=2)
+async def test_vllm_information_routes():
+    engine = make(dp_size=2)
     async with kv_running(engine):
         await engine.handler(post("/v1/completions",
                                   {"prompt": list(range(64)), "max_tokens": 2}))
@@ -269,8 +248,8 @@ async def test_vllm_information_routes(tmp_path):
     assert samples[("vllm:generation_tokens_total", "0")].value == 2
 
 
-async def test_sglang_information_routes(tmp_path):
-    engine = make(tmp_path, "sglang-0.5.23", dp_size=2, block_size=8)
+async def test_sglang_information_routes():
+    engine = make("sglang-0.5.23", dp_size=2, block_size=8)
     async with kv_running(engine):
         await engine.handler(post("/generate", {"input_ids": list(range(20))}))
         info = payload(await engine.handler(get("/server_info")))
@@ -294,8 +273,8 @@ async def test_sglang_information_routes(tmp_path):
 
 
 @pytest.mark.parametrize("flavor", ["vllm-0.33", "sglang-0.5.23"])
-async def test_load_endpoints_count_running_requests_and_their_tokens(tmp_path, flavor):
-    engine = make(tmp_path, flavor,
+async def test_load_endpoints_count_running_requests_and_their_tokens(flavor):
+    engine = make(flavor,
                   timing=TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=10.0))
     total = 4096 * 16
     async with kv_running(engine):
@@ -322,8 +301,8 @@ async def test_load_endpoints_count_running_requests_and_their_tokens(tmp_path, 
     assert 40 <= round(used) <= 41  # the prompt, and the first token once it is out
 
 
-async def test_flush_cache_clears_when_idle_and_refuses_while_busy(tmp_path):
-    engine = make(tmp_path, "sglang-0.5.23",
+async def test_flush_cache_clears_when_idle_and_refuses_while_busy():
+    engine = make("sglang-0.5.23",
                   timing=TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=10.0))
     async with kv_running(engine):
         await engine.handler(post("/generate", {"input_ids": list(range(40)),
@@ -345,8 +324,8 @@ async def test_flush_cache_clears_when_idle_and_refuses_while_busy(tmp_path):
 # ---------------------------------------------------------------- faults
 
 
-async def test_fail_status_and_unhealthy_and_fault_api(tmp_path):
-    engine = make(tmp_path)
+async def test_fail_status_and_unhealthy_and_fault_api():
+    engine = make()
     body = {"prompt": [1, 2, 3], "max_tokens": 1}
     async with kv_running(engine):
         changed = payload(await engine.handler(post("/sim/faults", {"fail_status": 503,
@@ -364,8 +343,8 @@ async def test_fail_status_and_unhealthy_and_fault_api(tmp_path):
     assert ok.status == 200
 
 
-async def test_slow_delays_the_answer(tmp_path):
-    engine = make(tmp_path)
+async def test_slow_delays_the_answer():
+    engine = make()
     engine.faults.slow_s = 0.2
     async with kv_running(engine):
         began = trio.current_time()
@@ -373,8 +352,8 @@ async def test_slow_delays_the_answer(tmp_path):
         assert trio.current_time() - began >= 0.2
 
 
-async def test_hang_never_answers_and_leaves_nothing_behind(tmp_path):
-    engine = make(tmp_path)
+async def test_hang_never_answers_and_leaves_nothing_behind():
+    engine = make()
     engine.faults.hang = True
     async with kv_running(engine):
         with trio.move_on_after(0.2) as scope:
@@ -383,8 +362,8 @@ async def test_hang_never_answers_and_leaves_nothing_behind(tmp_path):
     assert engine.queues[0].running == 0
 
 
-async def test_die_after_chunks_breaks_the_stream_and_releases_the_request(tmp_path):
-    engine = make(tmp_path)
+async def test_die_after_chunks_breaks_the_stream_and_releases_the_request():
+    engine = make()
     engine.faults.die_after_chunks = 2
     async with kv_running(engine):
         response = await engine.handler(post("/v1/completions", {
@@ -410,9 +389,9 @@ async def sse_events_into(response: HttpResponse, seen: list[bytes]) -> None:
 # ---------------------------------------------------------------- queueing and aborts
 
 
-async def test_cancelled_requests_leave_the_batch_and_the_queue(tmp_path):
+async def test_cancelled_requests_leave_the_batch_and_the_queue():
     slow = TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=10.0, max_running=1)
-    engine = make(tmp_path, timing=slow, capacity_blocks=3)
+    engine = make(timing=slow, capacity_blocks=3)
     async with kv_running(engine):
         async with trio.open_nursery() as nursery:
             for _ in range(3):
@@ -430,9 +409,9 @@ async def test_cancelled_requests_leave_the_batch_and_the_queue(tmp_path):
         assert {len(tokens) for _, _, tokens in engine.kv.truth(0)} == {16, 32, 48}
 
 
-async def test_cache_hit_lowers_time_to_first_token(tmp_path):
+async def test_cache_hit_lowers_time_to_first_token():
     timing = TimingConfig(prefill_tokens_per_s=1000.0, decode_s_per_token=0.0)
-    engine = make(tmp_path, timing=timing)
+    engine = make(timing=timing)
     prompt = list(range(1000, 1800))  # 800 tokens: 0.8 s cold
 
     async def ttft() -> float:

@@ -26,7 +26,7 @@ from cortex.events.model import BlockStored, EngineFamily
 from cortex.sim.engine import SimEngine
 from cortex.sim.serving import TimingConfig
 from tests import deepseek_profile as ds
-from tests.component.test_sim_http import SYSTEM, chat, deepseek
+from tests.sim_engine_profile import SYSTEM, chat, deepseek
 
 FAST = TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=0.0)
 SLOW_DECODE = TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=0.05)
