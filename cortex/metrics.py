@@ -57,6 +57,8 @@ REASONS = ("longest_hit", "least_cost", "over_cap", "no_hit", "p2c", "round_robi
 # so retryable — or reading the body (never retried).
 PHASES: tuple[str, ...] = get_args(Phase)
 RETRY_PHASES = tuple(phase for phase in PHASES if phase != "body")
+_MODE_VALUE = {mode: mode.value for mode in Mode}  # Enum.value is a slow descriptor
+_MODE_LABELS = {mode: (mode.value,) for mode in Mode}
 
 _LATENCY_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
                     50e-3, 0.1, 0.25, 1.0)
@@ -96,23 +98,24 @@ INGEST_HELP: dict[str, str] = {
 }
 
 
+_EXACT, _RING = Mode.EXACT_KV_EVENTS, Mode.CONSISTENT_HASH
+_MODE_REASON = {Mode.LOAD_AWARE: "no_hit", Mode.FALLBACK_P2C: "p2c",
+                Mode.FALLBACK_ROUND_ROBIN: "round_robin"}
+
+
 def reason_code(decision: Decision) -> str:
     """The fixed word (one of ``REASONS``) for a decision's mode and sentence."""
-    mode, text = decision.mode, decision.reason
-    if mode is Mode.EXACT_KV_EVENTS:
+    mode = decision.mode
+    fixed = _MODE_REASON.get(mode)
+    if fixed is not None:
+        return fixed
+    text = decision.reason
+    if mode is _EXACT:
         if text.startswith("longest hit"):
             return "longest_hit"
-        if "above the load cap" in text:
-            return "over_cap"
-        return "least_cost"
-    if mode is Mode.LOAD_AWARE:
-        return "no_hit"
-    if mode is Mode.FALLBACK_P2C:
-        return "p2c"
-    if mode is Mode.FALLBACK_ROUND_ROBIN:
-        return "round_robin"
-    if mode is Mode.CONSISTENT_HASH:
-        return "ring_spill" if "spilled" in text else "ring"
+        return "over_cap" if text.endswith("above the load cap") else "least_cost"
+    if mode is _RING:
+        return "ring_spill" if text.endswith("spilled") else "ring"
     return "other"
 
 
@@ -418,7 +421,8 @@ class CortexMetrics:
 
     def observe_route(self, mode: Mode | str, seconds: float) -> None:
         """Decision latency; ``mode`` is the decision's mode, or ``"none"`` if none was found."""
-        self._route.observe((mode.value if isinstance(mode, Mode) else mode,), seconds)
+        labels = _MODE_LABELS.get(mode)  # type: ignore[call-overload]
+        self._route.observe(labels if labels is not None else (mode,), seconds)
 
     def observe_tokenize(self, seconds: float) -> None:
         self._tokenize.observe((), seconds)
@@ -427,7 +431,7 @@ class CortexMetrics:
         self._hash.observe((), seconds)
 
     def record_decision(self, model: str, decision: Decision) -> None:
-        self._decisions.inc((model, decision.mode.value, reason_code(decision)))
+        self._decisions.inc((model, _MODE_VALUE[decision.mode], reason_code(decision)))
 
     def record_no_worker(self, model: str) -> None:
         self._no_worker.inc((model,))
