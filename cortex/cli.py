@@ -23,6 +23,8 @@ import sys
 from collections.abc import Sequence
 
 import cortex
+from cortex.config import CortexConfig
+from cortex.errors import ConfigError
 
 USAGE_ERROR = 2
 
@@ -86,10 +88,9 @@ def build_parser(with_sim: bool = False) -> argparse.ArgumentParser:
     return parser
 
 
-def load_or_report(args: argparse.Namespace, extra_checks: bool = False):  # noqa: ANN201
+def load_or_report(args: argparse.Namespace, extra_checks: bool = False) -> CortexConfig | None:
     """The configuration, or ``None`` after writing every problem to stderr."""
     from cortex.config import file_checks, load_config
-    from cortex.errors import ConfigError
 
     try:
         config = load_config(args, os.environ)
