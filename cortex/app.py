@@ -55,7 +55,6 @@ from cortex.gateway.worker_report import (
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.state import TargetState
 from cortex.metrics import CortexMetrics, ledger_figures
-from cortex.profile.model_profile import ProfileSpec
 from cortex.profile.profile_set import ProfileSet, load_profiles
 from cortex.upstream.pool import UpstreamPool
 from cortex.workers.breaker import BreakerState
@@ -87,10 +86,7 @@ def build_pools(
     config: CortexConfig, book: LedgerBook
 ) -> tuple[dict[str, ModelPool], ProfileSet]:
     """One pool per configured model (and per model a worker names without a profile)."""
-    specs = [ProfileSpec(model.name, model.tokenizer or "", model.block_size or 0,
-                         model.chat_template, model.add_bos, model.bos_token, model.eos_token,
-                         model.version)
-             for model in config.models if not model.passthrough]
+    specs = [model.profile_spec() for model in config.models if not model.passthrough]
     profiles = load_profiles(specs)
     scheduler = config.scheduler
     rng = random.Random(scheduler.seed)
@@ -341,7 +337,7 @@ async def run_gateway(config: CortexConfig, *,
                                       for t, c in list(counters.items())])
         metrics.watch_http(lambda: server.counters)
         control = ControlApp(metrics=metrics, readiness=gateway.readiness,
-                             auth=BearerAuth(_admin_token(config)), admin=workers,
+                             auth=BearerAuth(config.control.read_admin_token()), admin=workers,
                              ledger=lambda: ledger_figures(book))
         control_port = await nursery.start(partial(serve_control, control, config.control.host,
                                                    config.control.port))
@@ -350,16 +346,6 @@ async def run_gateway(config: CortexConfig, *,
                                     metrics, counters))
         await _until_signal(server, config.server.limits.drain_timeout_s)
         nursery.cancel_scope.cancel()
-
-
-def _admin_token(config: CortexConfig) -> str | None:
-    control = config.control
-    if control.admin_token:
-        return control.admin_token
-    if control.admin_token_file:
-        with open(control.admin_token_file, encoding="utf-8") as handle:
-            return handle.read().strip() or None
-    return None
 
 
 async def _until_signal(server: HttpServer, drain_timeout_s: float) -> None:
