@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 import random
 import signal
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -54,8 +56,10 @@ from cortex.gateway.worker_report import (
 )
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.state import TargetState
+from cortex.logs import access_logged
 from cortex.metrics import CortexMetrics, ledger_figures
 from cortex.profile.profile_set import ProfileSet, load_profiles
+from cortex.systemd import Notifier, run_watchdog
 from cortex.upstream.pool import UpstreamPool
 from cortex.workers.breaker import BreakerState
 from cortex.workers.health import HealthSettings
@@ -79,7 +83,11 @@ class Running:
     pools: dict[str, ModelPool]
     server: HttpServer
     metrics: CortexMetrics
+    gateway: Gateway
     ingest_counters: dict[int, IngestCounters] = field(default_factory=dict)
+    # SIGHUP: make the registry's workers these specs; returns (changes, problems)
+    reload_workers: Callable[[Sequence[WorkerSpec]], tuple[list[str], list[str]]] | None = (
+        None)
 
 
 def build_pools(
@@ -285,6 +293,41 @@ class _Workers(AdminOps):
         if scope is not None:
             scope.cancel()
 
+    # reload (SIGHUP) ------------------------------------------------------------------------
+    def reload(self, specs: Sequence[WorkerSpec]) -> tuple[list[str], list[str]]:
+        """Make the registry's workers ``specs`` without touching client connections: a new
+        name is added; a name no longer listed is drained (it leaves after its last request,
+        at once if its url is taken by a new entry); a changed spec (url, weight, events, ...)
+        is replaced — removed and added again, so it is live after its next good probe and its
+        ledger re-syncs by replay. A listed worker that was draining is taken back (replaced).
+        Returns (what changed, problems); a problem skips that one worker only."""
+        wanted = {spec.name: spec for spec in specs}
+        origins = {spec.origin for spec in specs}
+        changes: list[str] = []
+        problems: list[str] = []
+        for spec in self.registry.specs():
+            new = wanted.get(spec.name)
+            if new is None and spec.origin in origins:
+                self.remove(spec.name)
+                changes.append(f"removed {spec.name} (its url is listed under another name)")
+            elif new is None:
+                if not self.registry.status(spec.name).draining:
+                    self.drain(spec.name)
+                    changes.append(f"draining {spec.name}")
+            elif new != spec or self.registry.status(spec.name).draining:
+                self.remove(spec.name)
+                changes.append(f"replaced {spec.name}")
+        for name, spec in wanted.items():
+            if name not in self.registry:
+                try:
+                    self.registry.add(spec)
+                except ConfigError as error:
+                    problems += error.problems
+                else:
+                    if f"replaced {name}" not in changes:
+                        changes.append(f"added {name}")
+        return changes, problems
+
     async def report_in_flight(self) -> None:
         """Drained workers leave once their last request finished (checked twice a second)."""
         while True:
@@ -309,8 +352,9 @@ async def run_gateway(config: CortexConfig, *,
     counters: dict[int, IngestCounters] = {}
     observer = MetricsObserver(metrics, registry)
     gateway = Gateway(pools, upstream, retries=config.upstream.retries_before_first_byte,
-                      observer=observer)
-    server = HttpServer(gateway.handle, config.server.limits)
+                      observer=observer, pd=config.pd, admission=config.admission)
+    handler = access_logged(gateway.handle) if config.log.access_log else gateway.handle
+    server = HttpServer(handler, config.server.limits)
 
     async def fetch(origin: str, path: str, timeout_s: float) -> tuple[int, bytes]:
         with trio.fail_after(timeout_s):
@@ -343,7 +387,7 @@ async def run_gateway(config: CortexConfig, *,
                                                    config.control.port))
         _, data_port = await nursery.start(server.serve, config.server.host, config.server.port)
         task_status.started(Running(data_port, control_port, book, registry, pools, server,
-                                    metrics, counters))
+                                    metrics, gateway, counters, reload_workers=workers.reload))
         await _until_signal(server, config.server.limits.drain_timeout_s)
         nursery.cancel_scope.cancel()
 
@@ -359,19 +403,35 @@ async def _until_signal(server: HttpServer, drain_timeout_s: float) -> None:
         async for signum in signals:
             log.info("signal %s: draining", signal.Signals(signum).name)
             break
+    Notifier.from_environ().stopping("draining")  # systemd: a graceful stop, not a crash
     server.drain()
     with trio.move_on_after(drain_timeout_s + 1):
         while server.in_flight:
             await trio.sleep(0.05)
 
 
-def serve(config: CortexConfig) -> int:
-    """Run the gateway until SIGINT/SIGTERM; the exit code for the CLI."""
+def serve(config: CortexConfig, reload: Callable[[], CortexConfig] | None = None) -> int:
+    """Run the gateway until SIGINT/SIGTERM; the exit code for the CLI.
+
+    Under systemd (``NOTIFY_SOCKET``): READY=1 once both listeners are bound and the workers'
+    ingestion started, WATCHDOG=1 from the trio loop every half ``WatchdogSec``, STOPPING=1
+    when a signal starts the drain. ``reload`` (SIGHUP) re-reads the configuration and applies
+    its worker list (``_Workers.reload``); other keys need a restart."""
+    notifier = Notifier.from_environ()
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            running: Running = await nursery.start(run_gateway, config)
+            async def gateway(task_status: trio.TaskStatus[Running]) -> None:
+                await run_gateway(config, task_status=task_status)
+                nursery.cancel_scope.cancel()  # drained: stop the watchdog and SIGHUP tasks
+
+            running: Running = await nursery.start(gateway)
+            if reload is not None:  # SIGHUP is caught before anyone is told we are up
+                await nursery.start(_reload_on_sighup, running, reload, notifier)
             print(f"cortex: data plane on {config.server.host}:{running.data_port}, "
                   f"control plane on {config.control.host}:{running.control_port}", flush=True)
+            notifier.ready(f"serving on port {running.data_port}")
+            await nursery.start(run_watchdog, notifier)
     try:
         trio.run(main)
     except ConfigError as error:
@@ -380,4 +440,30 @@ def serve(config: CortexConfig) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        notifier.close()
     return 0
+
+
+async def _reload_on_sighup(running: Running, reload: Callable[[], CortexConfig],
+                            notifier: Notifier, *,
+                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+                            ) -> None:
+    """Each SIGHUP: read the configuration again and apply its workers; a configuration with
+    problems is logged and changes nothing."""
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        task_status.started()
+        async for _ in signals:
+            notifier.send(RELOADING=1, MONOTONIC_USEC=time.monotonic_ns() // 1000)
+            try:
+                config = reload()
+            except (ConfigError, OSError) as error:
+                problems = getattr(error, "problems", None) or [str(error)]
+                log.error("SIGHUP: configuration not reloaded: %s", "; ".join(problems))
+            else:
+                assert running.reload_workers is not None
+                changes, problems = running.reload_workers(config.workers)
+                log.info("SIGHUP: workers reloaded: %s", ", ".join(changes) or "no change")
+                for problem in problems:
+                    log.error("SIGHUP: %s", problem)
+            notifier.ready(f"serving on port {running.data_port}")

@@ -11,6 +11,7 @@ class CortexError(Exception):
     """Root of every error Cortex raises on purpose."""
 
     http_status: int = 500
+    retry_after_s: float | None = None  # sent as Retry-After when set (429, 503)
 
 
 class ConfigError(CortexError):
@@ -62,6 +63,25 @@ class UpstreamError(CortexError):
 
 
 class NoWorkerAvailable(CortexError):
-    """No live worker can take the request (all dead, or all above their watermark)."""
+    """No live worker can take the request (all dead, or all above their watermark).
+
+    ``saturated`` says the workers are alive but every one is above a watermark: waiting may
+    help (the admission queue waits for capacity before giving up)."""
 
     http_status = 503
+
+    def __init__(self, message: str, *, saturated: bool = False,
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.saturated = saturated
+        self.retry_after_s = retry_after_s
+
+
+class Overloaded(CortexError):
+    """The model's admission queue is full: the client should come back later."""
+
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -24,10 +24,19 @@ SECTIONS: dict[str, str] = {
     "scheduler.bounds": "Bounded-load cap of the policies that pick among all open workers.",
     "ingest": "KV-event ingestion from the engines (ZeroMQ).",
     "health": "Health probing, load polling and the per-worker circuit breaker.",
+    "admission": "What happens when every worker of a model is above its watermarks.",
+    "pd": "Prefill/decode disaggregation (models with prefill and decode workers).",
     "log": "Logging.",
 }
 
 DOCS: dict[str, str] = {
+    "admission.max_waiting": "requests that may wait for capacity per model; more get 429",
+    "admission.max_wait_s": "seconds a request waits for capacity before 503",
+    "admission.retry_after_s": "seconds sent as Retry-After with 429 and saturation 503",
+    "pd.retries": "other prefill/decode pairs tried before the first byte",
+    "pd.fallback_to_both": "after PD failed, serve on a `both` worker alone (if any)",
+    "pd.bypass_max_uncached_tokens": "vLLM: skip the prefill leg when the decode worker "
+                                     "holds all but this many prompt tokens",
     "server.host": "address the data plane listens on",
     "server.port": "TCP port of the data plane (0: any free port)",
     "server.limits.max_connections": "open client connections; more wait in the listen backlog",

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from cortex.gateway.settings import AdmissionSettings
+from cortex.pd.plan import PdSettings
 from cortex.errors import ConfigError
 from cortex.events.source import IngestSettings
 from cortex.front.limits import ServerLimits
@@ -190,6 +192,8 @@ class CortexConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     ingest: IngestSettings = field(default_factory=IngestSettings)
     health: HealthConfig = field(default_factory=HealthConfig)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    pd: PdSettings = field(default_factory=PdSettings)
     log: LogConfig = field(default_factory=LogConfig)
 
     def model(self, name: str) -> ModelConfig | None:

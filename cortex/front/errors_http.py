@@ -2,7 +2,8 @@
 
 Rules:
 
-* The status is the error's ``http_status``; nothing else decides it.
+* The status is the error's ``http_status``; nothing else decides it. An error that knows when
+  to come back (``retry_after_s``: overload 429, saturation 503) adds ``Retry-After``.
 * The body is OpenAI-style JSON, so the official clients surface it as an API error:
   ``{"error": {"message": str(exc), "type": <snake_case class name>, "code": status}}``.
   A ``ConfigError`` also lists every problem under ``"problems"``.
@@ -13,6 +14,7 @@ Rules:
 
 from __future__ import annotations
 
+import math
 import re
 
 import msgspec
@@ -70,5 +72,9 @@ def error_payload(exc: CortexError) -> dict[str, object]:
 
 
 def error_response(exc: CortexError) -> HttpResponse:
-    """The JSON response for ``exc`` (status from ``exc.http_status``)."""
-    return json_response(exc.http_status, msgspec.json.encode(error_payload(exc)))
+    """The JSON response for ``exc`` (status from ``exc.http_status``; ``Retry-After`` in
+    whole seconds, at least 1, when the error says when to come back)."""
+    headers = None
+    if exc.retry_after_s is not None:
+        headers = [(b"retry-after", b"%d" % max(1, math.ceil(exc.retry_after_s)))]
+    return json_response(exc.http_status, msgspec.json.encode(error_payload(exc)), headers)

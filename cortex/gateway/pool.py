@@ -114,6 +114,7 @@ class ModelPool:
         self.workers: dict[str, WorkerSpec] = {}
         self.targets: dict[str, tuple[int, ...]] = {}
         self._figures: dict[str, WorkerFigures] = {}
+        self._capacity_listeners: list[Callable[[str], None]] = []
         rng = rng or random.Random()
         self.scheduler = FastScheduler(rng, cost, watermarks, bounds)
         if passthrough:
@@ -158,6 +159,13 @@ class ModelPool:
         if name in self.workers:
             self._figures[name] = figures
             self.refresh(name)
+            for listener in self._capacity_listeners:
+                listener(name)
+
+    def on_capacity(self, listener: Callable[[str], None]) -> None:
+        """``listener(worker)`` after pending work left a worker or its figures changed."""
+        self._capacity_listeners.append(listener)
+        self.pending.on_release(listener)
 
     def refresh(self, name: str) -> None:
         """Re-read the worker's health, load and ledger state into its view."""

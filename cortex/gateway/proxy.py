@@ -32,6 +32,8 @@ import trio
 from cortex.control.readiness import Readiness, assess
 from cortex.errors import BadRequest, CortexError, NotFound, UpstreamError
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
+from cortex.gateway.admission import Admission
+from cortex.gateway.settings import AdmissionSettings
 from cortex.gateway.endpoints import (
     ENDPOINTS,
     Endpoint,
@@ -45,7 +47,8 @@ from cortex.gateway.endpoints import (
 from cortex.gateway.legs import RETRY_STATUSES, Leg, RetryableStatus
 from cortex.gateway.observer import RouteObserver
 from cortex.gateway.pool import ModelPool, Route
-from cortex.pd.orchestrate import PdOrchestrator, PdSettings
+from cortex.pd.orchestrate import PdOrchestrator
+from cortex.pd.plan import PdSettings
 from cortex.profile.trio_tokenize import encode_array
 from cortex.upstream.pool import UpstreamPool
 from cortex.upstream.sse import CachedTokensSniffer
@@ -68,6 +71,7 @@ class Gateway:
         observer: RouteObserver | None = None,
         readiness: Callable[[], Readiness] | None = None,
         pd: PdSettings | None = None,
+        admission: AdmissionSettings | None = None,
     ) -> None:
         self.pools = pools
         self.upstream = upstream
@@ -75,6 +79,8 @@ class Gateway:
         self.observer = observer or RouteObserver()
         self.readiness = readiness or self._pool_readiness
         self.pd = PdOrchestrator(self, pd)
+        self.admission_settings = admission or AdmissionSettings()
+        self.admissions: dict[str, Admission] = {}
 
     async def handle(self, request: HttpRequest) -> HttpResponse:
         path = request.path
@@ -123,8 +129,10 @@ class Gateway:
             return await self.pd.serve(pool, endpoint, request, body, headers, token_ids, prompt)
         failed: list[str] = []
         last_error: CortexError | None = None
+        admission = self._admission(pool)
         for attempt in range(1, self.retries + 2):
-            route = pool.decide(token_ids, prompt, exclude=failed)
+            route = await admission.admit(
+                partial(pool.decide, token_ids, prompt, exclude=tuple(failed)))
             if attempt == 1:
                 self.observer.decided(pool.model, route, trio.current_time() - started)
             try:
@@ -241,6 +249,13 @@ class Gateway:
                 on_cached_tokens(sniffer.cached_tokens)
 
     # ------------------------------------------------------------------ other routes
+
+    def _admission(self, pool: ModelPool) -> Admission:
+        admission = self.admissions.get(pool.model)
+        if admission is None:
+            admission = self.admissions[pool.model] = Admission(self.admission_settings)
+            pool.on_capacity(admission.capacity_changed)
+        return admission
 
     def _pool_for(self, model: str | None) -> ModelPool:
         if model is None:

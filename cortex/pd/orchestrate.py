@@ -35,12 +35,13 @@ from urllib.parse import urlsplit
 
 import trio
 
-from cortex.errors import ConfigError, CortexError, NoWorkerAvailable, UpstreamError
+from cortex.errors import CortexError, NoWorkerAvailable, UpstreamError
 from cortex.front.messages import HttpRequest, HttpResponse
 from cortex.gateway.endpoints import Endpoint, decision_headers
 from cortex.gateway.legs import Leg, RetryableStatus
 from cortex.gateway.pool import ModelPool, Route
 from cortex.pd.plan import (
+    PdSettings,
     batch_items,
     bypass_prefill,
     merge_logprobs_event,
@@ -61,22 +62,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("cortex.pd")
 
 MAX_PREFILL_ANSWER_BYTES = 64 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class PdSettings:
-    retries: int = 1  # more prefill/decode pairs tried before the first byte
-    fallback_to_both: bool = True  # then a `both` worker serves alone, if there is one
-    bypass_max_uncached_tokens: int = 64  # vLLM: decode holds all but this many → no prefill
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.retries < 0:
-            problems.append("pd.retries must be >= 0")
-        if self.bypass_max_uncached_tokens < 0:
-            problems.append("pd.bypass_max_uncached_tokens must be >= 0")
-        if problems:
-            raise ConfigError(problems)
 
 
 @dataclass(slots=True)

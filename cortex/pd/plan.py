@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from cortex.errors import UpstreamError
+from cortex.errors import ConfigError, UpstreamError
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -185,3 +186,19 @@ def _json_payloads(raw: bytes) -> list[Any]:
 def bypass_prefill(prompt_tokens: int, decode_cached_tokens: int, max_uncached: int) -> bool:
     """Whether decode already holds enough of the prompt to skip the prefill leg."""
     return prompt_tokens > 0 and prompt_tokens - decode_cached_tokens <= max_uncached
+
+
+@dataclass(frozen=True, slots=True)
+class PdSettings:
+    retries: int = 1  # more prefill/decode pairs tried before the first byte
+    fallback_to_both: bool = True  # then a `both` worker serves alone, if there is one
+    bypass_max_uncached_tokens: int = 64  # vLLM: decode holds all but this many → no prefill
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.retries < 0:
+            problems.append("pd.retries must be >= 0")
+        if self.bypass_max_uncached_tokens < 0:
+            problems.append("pd.bypass_max_uncached_tokens must be >= 0")
+        if problems:
+            raise ConfigError(problems)

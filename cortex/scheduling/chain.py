@@ -80,7 +80,8 @@ class Scheduler:
         if not open_workers:
             if not eligible:
                 raise NoWorkerAvailable(f"no healthy worker serves role {role.value}")
-            raise NoWorkerAvailable(f"all {eligible} workers above a watermark ({last_block})")
+            raise NoWorkerAvailable(f"all {eligible} workers above a watermark ({last_block})",
+                                    saturated=True)
         if matched and len(open_workers) != len(workers):
             open_ids = {view.worker for view in open_workers}
             matched = {w: blocks for w, blocks in matched.items() if w in open_ids}

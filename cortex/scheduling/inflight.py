@@ -13,6 +13,8 @@ Rules:
 * ``view(base)`` returns the worker's frozen view with these counts in it: the scheduler's cost
   sees every earlier decision at once, before any KV event or metric reports it. This is the
   herding guard for bursts.
+* ``on_release(callback)``: ``callback(worker)`` runs after pending work left a worker
+  (a request ended, or its prefill finished) — capacity may have opened (admission waits on it).
 * Tracked workers (``track(base)``: health, ledger state and engine figures changed) have their
   current view kept up to date incrementally: a count change rebuilds only that worker's view,
   so ``views()`` costs nothing per decision. Order is the order of first ``track``.
@@ -23,6 +25,7 @@ Single owner (the trio thread), no locks.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from types import TracebackType
 
 from cortex.scheduling.view import WorkerView
@@ -35,6 +38,10 @@ class PendingWork:
         self._bases: dict[str, WorkerView] = {}
         self._current: dict[str, WorkerView] = {}
         self._views: tuple[WorkerView, ...] | None = ()
+        self._release_listeners: list[Callable[[str], None]] = []
+
+    def on_release(self, callback: Callable[[str], None]) -> None:
+        self._release_listeners.append(callback)
 
     def track(self, base: WorkerView) -> None:
         """Start or update tracking a worker; its own counts in ``base`` are ignored."""
@@ -100,6 +107,8 @@ class PendingWork:
         else:
             self._queued_tokens.pop(worker, None)
         self._refresh(worker)
+        for listener in self._release_listeners:
+            listener(worker)
 
 
 class Hold:

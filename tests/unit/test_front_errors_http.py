@@ -63,3 +63,15 @@ def test_type_names_split_acronyms_and_words():
 
     assert error_type_name(HTTPThingFailed) == "http_thing_failed"
     assert error_type_name(NoWorkerAvailable) == "no_worker_available"
+
+
+def test_retry_after_is_sent_in_whole_seconds_when_known():
+    from cortex.errors import NoWorkerAvailable, Overloaded
+    from cortex.front.errors_http import error_response
+
+    response = error_response(Overloaded("queue full", retry_after_s=0.2))
+    assert response.status == 429 and (b"retry-after", b"1") in response.headers
+    response = error_response(NoWorkerAvailable("busy", saturated=True, retry_after_s=2.5))
+    assert response.status == 503 and (b"retry-after", b"3") in response.headers
+    assert all(name != b"retry-after" for name, _ in error_response(
+        NoWorkerAvailable("dead")).headers)

@@ -132,3 +132,16 @@ def test_holds_on_untracked_workers_count_without_views():
         pending.track(WorkerView("w9"))
         assert pending.views()[0].in_flight == 1
     assert pending.views()[0].in_flight == 0
+
+
+def test_release_listeners_hear_when_work_leaves_a_worker():
+    from cortex.scheduling import PendingWork
+
+    pending = PendingWork()
+    heard = []
+    pending.on_release(heard.append)
+    with pending.hold("w", 10) as hold:
+        assert heard == []
+        hold.prefill_done()
+        assert heard == ["w"]
+    assert heard == ["w", "w"]
