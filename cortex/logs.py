@@ -1,0 +1,207 @@
+"""Structured logs: one JSON object per line, a request id per request, secrets never written.
+
+Rules:
+
+* ``configure(log_config, secrets)`` installs one stderr handler on the root logger (replacing
+  any handler a previous ``configure`` installed), at ``log_config.level``. With
+  ``log_config.json`` each record is one line ``{"ts", "level", "logger", "message",
+  "request_id"?, "exc"?, ...extra}``; otherwise a plain ``ts level logger [request id] message``
+  line. systemd's journal takes either from stderr.
+* The request id lives in a context variable (``REQUEST_ID``). The gateway's handler entry
+  calls ``request_started(request)`` first thing: the client's ``x-request-id`` (trimmed to
+  ``MAX_REQUEST_ID`` printable characters) or a process-unique ``<pid hex>-<sequence hex>``.
+  trio gives each task its own context, and a request's handler and body streaming run in the
+  connection's task, so every record of a request carries its id; the next request on the same
+  connection sets a new one. Cost on the request path: one header scan and one ``set``.
+* Secrets (the admin token, from inline config or its file) are replaced by ``***`` in the
+  whole formatted line, message and traceback alike, and any ``Bearer <credential>`` is masked
+  whatever its value, so a logged header or exception text cannot leak a token.
+* Access log (``log.access_log``): ``access_logged(handler)`` wraps a data-plane handler and
+  writes one ``cortex.access`` record per request when its response head is ready: method,
+  path, status, time to head (ms), the chosen worker, match mode and predicted cache hit.
+  Errors the server maps to a status are logged with that status; a cancelled request (client
+  gone) is not logged here. No body and no header other than those is ever logged.
+
+Imports no trio: the formatter and the wrapper are plain Python.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TextIO
+
+from cortex.errors import CortexError
+from cortex.front.messages import Handler, HttpRequest, HttpResponse
+
+if TYPE_CHECKING:
+    from cortex.config.tree import LogConfig
+
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "cortex_request_id", default=None)
+MAX_REQUEST_ID = 128
+MASK = "***"
+
+_sequence = itertools.count(1)
+_prefix = f"{os.getpid():x}-"
+_UNPRINTABLE = re.compile(r"[^\x21-\x7e]")
+_BEARER = re.compile(r"(?i)(bearer\s+)[^\s\"',;]+")
+# Attributes every LogRecord has: anything else was passed through ``extra=`` and is written.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message", "asctime", "taskName"}
+
+
+def request_started(request: HttpRequest) -> str:
+    """Set (and return) the id of the request now being handled in this context."""
+    given = request.header(b"x-request-id")
+    if given:
+        value = _UNPRINTABLE.sub("", given[:MAX_REQUEST_ID].decode("ascii", "replace"))
+        if value:
+            REQUEST_ID.set(value)
+            return value
+    value = f"{_prefix}{next(_sequence):x}"
+    REQUEST_ID.set(value)
+    return value
+
+
+class Redactor:
+    """Masks known secrets and bearer credentials in text."""
+
+    def __init__(self, secrets: Iterable[str | None] = ()) -> None:
+        # Longest first, so a secret containing another is masked whole.
+        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        if "earer" in text or "EARER" in text:
+            text = _BEARER.sub(lambda m: m.group(1) + MASK, text)
+        return text
+
+
+def _timestamp(created: float) -> str:
+    seconds = int(created)
+    millis = int((created - seconds) * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line (newlines inside values are escaped)."""
+
+    def __init__(self, redact: Redactor | None = None) -> None:
+        super().__init__()
+        self.redact = redact or Redactor()
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": _timestamp(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        request_id = REQUEST_ID.get()
+        if request_id is not None:
+            entry["request_id"] = request_id
+        for key, value in vars(record).items():
+            if key not in _STANDARD and key not in entry:
+                entry[key] = value
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exc"] = record.exc_text
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return self.redact(json.dumps(entry, ensure_ascii=False, default=str))
+
+
+class TextFormatter(logging.Formatter):
+    """``ts level logger [request id] message`` (and the traceback), secrets masked."""
+
+    def __init__(self, redact: Redactor | None = None) -> None:
+        super().__init__()
+        self.redact = redact or Redactor()
+
+    def format(self, record: logging.LogRecord) -> str:
+        request_id = REQUEST_ID.get()
+        head = f"{_timestamp(record.created)} {record.levelname.lower()} {record.name}"
+        if request_id is not None:
+            head += f" [{request_id}]"
+        text = f"{head} {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return self.redact(text)
+
+
+_installed: logging.Handler | None = None
+
+
+def configure(config: LogConfig, secrets: Iterable[str | None] = (),
+              stream: TextIO | None = None) -> logging.Handler:
+    """Install the one handler of the process's logs (see the rules at the top)."""
+    global _installed
+    redact = Redactor(secrets)
+    handler = logging.StreamHandler(sys.stderr if stream is None else stream)
+    handler.setFormatter(JsonFormatter(redact) if config.json else TextFormatter(redact))
+    root = logging.getLogger()
+    if _installed is not None:
+        root.removeHandler(_installed)
+    root.addHandler(handler)
+    root.setLevel(config.level.upper())
+    access = logging.getLogger(ACCESS_LOGGER)
+    access.disabled = not config.access_log
+    access.setLevel(logging.INFO if config.access_log else logging.NOTSET)  # whatever the level
+    _installed = handler
+    return handler
+
+
+ACCESS_LOGGER = "cortex.access"
+_access = logging.getLogger(ACCESS_LOGGER)
+
+
+def access_logged(handler: Handler) -> Handler:
+    """``handler`` writing one access record per request (rules at the top)."""
+
+    async def logged(request: HttpRequest) -> HttpResponse:
+        started = time.perf_counter()
+        try:
+            response = await handler(request)
+        except CortexError as error:
+            _log_access(request, error.http_status, started, None)
+            raise
+        except Exception:
+            _log_access(request, 500, started, None)
+            raise
+        _log_access(request, response.status, started, response)
+        return response
+
+    return logged
+
+
+def _log_access(request: HttpRequest, status: int, started: float,
+                response: HttpResponse | None) -> None:
+    if not _access.isEnabledFor(logging.INFO):
+        return
+    headers = dict(response.headers) if response is not None else {}
+
+    def text(name: bytes) -> str | None:
+        value = headers.get(name)
+        return value.decode("latin-1") if value is not None else None
+
+    client = request.client
+    _access.info(
+        "%s %s %d", request.method.decode("latin-1"), request.path.decode("latin-1"), status,
+        extra={"method": request.method.decode("latin-1"),
+               "path": request.path.decode("latin-1"), "status": status,
+               "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+               "client": f"{client[0]}:{client[1]}" if client else None,
+               "worker": text(b"x-cortex-assigned-worker"),
+               "match_mode": text(b"x-cortex-match-mode"),
+               "cache_hit_tokens": text(b"x-cortex-cache-hit-tokens")})
