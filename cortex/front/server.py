@@ -21,21 +21,56 @@ from __future__ import annotations
 
 import logging
 import socket
+from dataclasses import dataclass, field
 
 import trio
 
-from cortex.front.connection import HttpConnection, ServerCounters, ServerShared
+from cortex.front.connection import HttpConnection
 from cortex.front.limits import ServerLimits
 from cortex.front.messages import Handler
 
-__all__ = ["HttpServer", "ServerCounters"]
+__all__ = ["HttpServer", "ServerCounters", "ServerShared"]
 
 log = logging.getLogger("cortex.front")
 
 _ACCEPT_BACKOFF_S = 0.1  # after an accept error such as EMFILE
 
 
+@dataclass(slots=True)
+class ServerCounters:
+    """What the server counts; plain ints, exported by the metrics layer."""
+
+    connections_opened: int = 0
+    connections_open: int = 0
+    requests: int = 0  # complete requests handed to the handler
+    bad_requests: int = 0  # malformed request line, headers, framing or chunked encoding
+    too_large: int = 0  # 413 and 431 refusals
+    header_timeouts: int = 0
+    body_timeouts: int = 0
+    client_gone: int = 0  # client left while its request was handled or its body streamed
+    handler_errors: int = 0  # 500s from bugs, and body iterators failing after the head
+    responses_by_status: dict[int, int] = field(default_factory=dict)
+
+    def count_status(self, status: int) -> None:
+        self.responses_by_status[status] = self.responses_by_status.get(status, 0) + 1
+
+
+@dataclass(slots=True)
+class ServerShared:
+    """State every connection of one server shares (owned by the trio thread)."""
+
+    handler: Handler
+    limits: ServerLimits
+    counters: ServerCounters
+    server_header: bytes
+    draining: bool = False
+    in_flight: int = 0
+    idle_scopes: set[trio.CancelScope] = field(default_factory=set)
+
+
 class HttpServer:
+    """Serves ``handler`` over HTTP/1.1 on one port; ``serve`` runs it, ``drain`` stops it."""
+
     def __init__(self, handler: Handler, limits: ServerLimits = ServerLimits(),
                  server_header: bytes = b"cortex") -> None:
         self.counters = ServerCounters()

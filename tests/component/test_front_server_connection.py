@@ -1,13 +1,19 @@
 """One server connection over trio memory streams on a virtual clock: the read deadlines are
-exact and absolute (a dribbling client cannot extend them), idle keep-alive ends quietly."""
+exact and absolute (a dribbling client cannot extend them), idle keep-alive ends quietly, and
+no byte sequence makes the connection crash or answer anything but 2xx/4xx."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from cortex.front.connection import HttpConnection, ServerCounters, ServerShared
+from cortex.front.connection import HttpConnection
+from cortex.front.server import ServerCounters, ServerShared
 from cortex.front.limits import ServerLimits
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from tests.front_http_client import RawClient, build_request
@@ -114,3 +120,50 @@ async def test_pipelined_request_after_a_slow_one_gets_its_own_deadline(clock):
         assert (await client.read_response()).status == 200
         assert trio.current_time() == 0
         nursery.cancel_scope.cancel()
+
+
+ANSWERS = {200, 400, 408, 413, 431}
+PREFIXES = [b"", b"GET / HTTP/1.1\r\nhost: t\r\n", b"POST / HTTP/1.1\r\nhost: t\r\n"
+            b"transfer-encoding: chunked\r\n\r\n", b"POST / HTTP/1.1\r\nhost: t\r\n"
+            b"content-length: 5\r\n\r\n"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(prefix=st.sampled_from(PREFIXES), noise=st.binary(max_size=300),
+       split=st.integers(min_value=0, max_value=400), close=st.booleans())
+def test_any_bytes_get_a_client_error_or_an_answer_never_a_crash(prefix, noise, split, close):
+    """Whatever a client sends, the connection ends with 2xx/4xx answers (or none) and
+    ``run`` returns without raising or logging a failure."""
+    data = prefix + noise
+    limits = ServerLimits(header_timeout_s=5, body_timeout_s=5, keepalive_idle_s=5,
+                          max_header_bytes=256, max_body_bytes=128)
+
+    async def main() -> bytes:
+        client_stream, server_stream = trio.testing.memory_stream_pair()
+        shared = ServerShared(ok, limits, ServerCounters(), b"cortex")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(HttpConnection(server_stream, shared).run)
+            await client_stream.send_all(data[:split])
+            await client_stream.send_all(data[split:])
+            if close:
+                await client_stream.send_eof()
+            received = b""
+            while chunk := await client_stream.receive_some(65536):
+                received += chunk
+        assert shared.counters.handler_errors == 0
+        assert set(shared.counters.responses_by_status) <= ANSWERS
+        return received
+
+    records: list[logging.LogRecord] = []
+    catcher = logging.Handler()
+    catcher.emit = records.append
+    logger = logging.getLogger("cortex.front")
+    logger.addHandler(catcher)
+    try:
+        received = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    finally:
+        logger.removeHandler(catcher)
+    assert not records
+    for line in received.split(b"\r\n"):
+        if line.startswith(b"HTTP/1.1 "):
+            assert int(line.split()[1]) in ANSWERS | {100}

@@ -167,6 +167,20 @@ async def test_chunked_body_is_counted_while_read_and_refused_past_the_limit():
             assert answer(await client.read_response())["body"] == "abcde"
 
 
+async def test_large_body_arrives_whole():
+    body = bytes(range(256)) * 8192  # 2 MiB, many reads
+    with trio.fail_after(TIMEOUT):
+        async with serving(_length) as served:
+            client = await served.connect()
+            for _ in range(2):
+                response = await client.request(b"POST", b"/big", body)
+                assert response.body == b"%d %d" % (len(body), hash(body))
+
+
+async def _length(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(200, [], b"%d %d" % (len(request.body), hash(request.body)))
+
+
 async def test_too_many_or_too_large_headers_get_431_and_close():
     with trio.fail_after(TIMEOUT):
         async with serving(max_header_count=10, max_header_bytes=2048) as served:

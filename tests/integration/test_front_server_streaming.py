@@ -349,3 +349,25 @@ async def test_unsendable_response_from_the_handler_is_a_500(bad, caplog):
             assert response.status == 500
             assert await client.read_until_eof() == b""
             assert served.counters.handler_errors == 1
+
+
+async def test_bytes_pipelined_while_the_handler_runs_wait_for_the_next_cycle():
+    script = Script()
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        if request.path == b"/slow":
+            script.handler_started.set()
+            await script.release.wait()
+        return json_response(200, b'{"path":"%s"}' % request.path)
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            await client.send(build_request(b"POST", b"/slow", b"{}"))
+            await script.handler_started.wait()
+            await client.send(build_request(b"POST", b"/next", b"x" * 70_000))
+            await trio.testing.wait_all_tasks_blocked()
+            script.release.set()
+            assert json.loads((await client.read_response()).body) == {"path": "/slow"}
+            assert json.loads((await client.read_response()).body) == {"path": "/next"}
+            assert served.counters.client_gone == 0 and served.counters.requests == 2
