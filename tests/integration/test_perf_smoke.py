@@ -34,6 +34,12 @@ def _tokenize(result: dict) -> None:
     assert result["cache"]["hits"] > 0
 
 
+def _http(result: dict) -> None:
+    for server in ("lean", "hypercorn"):
+        assert result[server]["concurrency_1"]["round_trip_us"]["p99"] > 0
+        assert result[server]["concurrency_64"]["req_per_s"] > 0
+
+
 def _gateway(result: dict) -> None:
     cortex = result["cortex"]
     for phase in ("latency_small", "latency_large", "ttfb"):
@@ -45,6 +51,7 @@ def _gateway(result: dict) -> None:
 
 
 CHECKS = {
+    "bench_http.py": _http,
     "bench_gateway.py": _gateway,
     "bench_ingest.py": _ingest,
     "bench_ledger.py": _ledger,
