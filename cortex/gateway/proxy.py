@@ -47,6 +47,7 @@ from cortex.gateway.endpoints import (
 from cortex.gateway.legs import RETRY_STATUSES, Leg, RetryableStatus
 from cortex.gateway.observer import RouteObserver
 from cortex.gateway.pool import ModelPool, Route
+from cortex.logs import request_started
 from cortex.pd.orchestrate import PdOrchestrator
 from cortex.pd.plan import PdSettings
 from cortex.profile.trio_tokenize import encode_array
@@ -83,6 +84,7 @@ class Gateway:
         self.admissions: dict[str, Admission] = {}
 
     async def handle(self, request: HttpRequest) -> HttpResponse:
+        request_started(request)  # the request id every log record of this request carries
         path = request.path
         endpoint = ENDPOINTS.get(path)
         if endpoint is not None:
