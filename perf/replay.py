@@ -52,6 +52,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import replay_cluster as rc  # noqa: E402
+from replay_report import markdown, summarize, table  # noqa: E402
 import trace_text as tt  # noqa: E402
 from benchkit import machine_info  # noqa: E402
 
@@ -92,6 +93,7 @@ class Params:
     gsp_rate: float = 4.0
     seed: int = 0
     affinity_tolerance_s: float = -1.0  # Cortex's exact_kv tolerance; < 0: its default
+    engine_procs: str = "engine"  # engine: one process per engine | flavor: one per flavor
 
     def flavor_list(self) -> list[str]:
         if self.flavors in ("vllm", "sglang"):
@@ -149,6 +151,26 @@ def slice_facts(records: list[tt.TraceRecord]) -> dict[str, float]:
     return {"blocks": total, "unique_blocks": len(seen),
             "intrinsic_reuse": round(1 - len(seen) / total, 4) if total else 0.0,
             "single_cache_block_hit": round(hits / total, 4) if total else 0.0}
+
+
+def token_bound(records: list[tt.TraceRecord], text: tt.TraceText, engine_block: int) -> float:
+    """The hit rate in prompt tokens of one engine with an infinite cache seeing the whole
+    slice: each request's longest earlier-seen id prefix, in whole engine blocks (BOS and the
+    message markers included), capped at ``(prompt - 1) // block`` blocks as engines do."""
+    seen: set[int] = set()
+    cached = prompt = 0
+    for r in records:
+        hit = 0
+        for h in r.hash_ids:
+            if h not in seen:
+                break
+            hit += 1
+        tokens = text.prompt_tokens(r)
+        shared = 1 + hit * text.block_tokens if hit else 0
+        cached += min(shared // engine_block, (tokens - 1) // engine_block) * engine_block
+        prompt += tokens
+        seen.update(r.hash_ids)
+    return round(cached / prompt, 4) if prompt else 0.0
 
 
 def capacity_per_engine(p: Params, unique_blocks: int) -> int:
@@ -289,55 +311,6 @@ async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
     return results
 
 
-# -- figures -----------------------------------------------------------------------------------
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else 0.0
-
-
-def summarize(results: list[Result], p: Params, engines: int, ledger: dict | None) -> dict:
-    ok = [r for r in results if r.status == 200]
-    ttft = [r.ttft_s * 1000 for r in ok]
-    prompt = sum(r.prompt_tokens for r in ok)
-    cached = sum(r.cached_tokens for r in ok)
-    per_worker: dict[str, int] = {}
-    for r in ok:
-        per_worker[r.worker] = per_worker.get(r.worker, 0) + 1
-    span = max((max((r.sent_s + r.total_s for r in ok), default=0.0)
-                - min((r.sent_s for r in ok), default=0.0)), 1e-9)
-    # Busy slot time as the engines' timing model has it: prefill of the uncached tokens,
-    # then one decode step per output token after the first.
-    busy = sum((r.prompt_tokens - r.cached_tokens) / p.prefill_tokens_per_s
-               + max(r.output_tokens - 1, 0) * p.decode_ms_per_token / 1000 for r in ok)
-    predicted = [r for r in ok if r.predicted is not None]
-    exact = sum(1 for r in predicted if r.predicted == r.cached_tokens)
-    mean_load = len(ok) / engines if engines else 0.0
-    modes: dict[str, int] = {}
-    for r in ok:
-        modes[r.mode or "-"] = modes.get(r.mode or "-", 0) + 1
-    return {
-        "requests": len(results), "failed": len(results) - len(ok),
-        "hit_rate": round(cached / prompt, 4) if prompt else 0.0,
-        "ttft_ms": {"mean": round(sum(ttft) / len(ttft), 1) if ttft else 0.0,
-                    "p50": round(_pct(ttft, 0.5), 1), "p99": round(_pct(ttft, 0.99), 1)},
-        "prompt_tokens": prompt, "prefill_tokens": prompt - cached,
-        "duplicated_blocks": None if ledger is None else ledger["duplicated_blocks"],
-        "blocks_held": None if ledger is None else ledger["blocks_held"],
-        "req_per_s": round(len(ok) / span, 2),
-        "load_spread": round(max(per_worker.values(), default=0) / mean_load, 3)
-        if mean_load else 0.0,
-        "per_worker": dict(sorted(per_worker.items())),
-        "modes": modes,
-        "utilization": round(busy / (engines * p.max_running * span), 3),
-        "client_late_ms_p99": round(_pct([r.late_s * 1000 for r in results], 0.99), 1),
-        "ledger": {"predicted": len(predicted),
-                   "exact_share": round(exact / len(predicted), 4) if predicted else None,
-                   "abs_error_tokens": sum(abs(r.predicted - r.cached_tokens)
-                                           for r in predicted)},
-    }
-
-
 # -- one router, all routers --------------------------------------------------------------------
 
 def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: list[bytes],
@@ -346,7 +319,8 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
     try:
         settings = rc.EngineSettings(MODEL, p.engine_block, capacity, p.prefill_tokens_per_s,
                                      p.decode_ms_per_token, p.max_running)
-        engines = rc.start_engines(procs, settings, p.flavor_list())
+        engines = rc.start_engines(procs, settings, p.flavor_list(),
+                                   per_engine=p.engine_procs == "engine")
         policy = router if router in GATEWAY_POLICIES else "cortex"
         gateway = rc.start_gateway(procs, engines, policy, MODEL, p.engine_block,
                                    p.prefill_tokens_per_s, p.affinity_tolerance_s)
@@ -379,6 +353,7 @@ def compare(p: Params, routers: list[str], keep_results: bool = False,
     records = workload(p)
     text = tt.TraceText(tt.single_token_words(ds.TOKENIZER_JSON), p.block_tokens)
     facts = slice_facts(records)
+    facts["single_cache_token_hit"] = token_bound(records, text, p.engine_block)
     basis = basis_unique_blocks(p, facts)
     capacity = capacity_per_engine(p, basis)
     scale, prefill = load_for(p, records, text, capacity)
@@ -426,21 +401,6 @@ def capacity_search(p: Params, routers: list[str], scales: list[float], bound_ms
     return out
 
 
-def table(result: dict) -> str:
-    cols = ("hit", "ttft mean", "p50", "p99", "prefill tok", "dup blocks", "req/s", "spread",
-            "util", "ledger exact")
-    lines = [f"{'router':<16}" + "".join(f"{c:>13}" for c in cols)]
-    for name, r in result["routers"].items():
-        exact = r["ledger"]["exact_share"]
-        cells = (f"{r['hit_rate']:.1%}", f"{r['ttft_ms']['mean']:.0f} ms",
-                 f"{r['ttft_ms']['p50']:.0f} ms", f"{r['ttft_ms']['p99']:.0f} ms",
-                 f"{r['prefill_tokens']:,}", f"{r['duplicated_blocks']:,}",
-                 f"{r['req_per_s']:.1f}", f"{r['load_spread']:.2f}", f"{r['utilization']:.0%}",
-                 "-" if exact is None else f"{exact:.1%}")
-        lines.append(f"{name:<16}" + "".join(f"{c:>13}" for c in cells))
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = Params()
@@ -452,7 +412,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated time scales to try per router")
     parser.add_argument("--p99-bound-ms", type=float, default=2000.0)
     parser.add_argument("--out", default="", help="write the JSON here too")
+    parser.add_argument("--keep-results", action="store_true",
+                        help="include every request's record in the JSON")
+    parser.add_argument("--render", default="", help="print a result file as Markdown, exit")
     args = parser.parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            print(markdown(json.load(f)))
+        return 0
     values = {name: getattr(args, name) for name in asdict(defaults)}
     routers = [r for r in args.routers.split(",") if r]
     if args.quick:
@@ -465,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {"machine": machine_info(), "params": asdict(p),
                   "capacity": capacity_search(p, routers, scales, args.p99_bound_ms, log)}
     else:
-        result = compare(p, routers, log=log)
+        result = compare(p, routers, keep_results=args.keep_results, log=log)
         log(table(result))
     text = json.dumps(result, indent=1)
     if args.out:

@@ -1,9 +1,10 @@
 """The processes of one trace-replay run: simulated engines, the gateway, sglang-router.
 
-* ``start_engines(...)``: ``python -m cortex sim --count N`` once per flavor (vLLM-flavoured
-  and SGLang-flavoured engines in separate processes, so the two vCPUs share the engines'
-  tokenization); each prints one line per engine once it listens (``cortex.sim.cli``), which
-  gives its URL and its KV-event and replay endpoints.
+* ``start_engines(...)``: ``python -m cortex sim`` once per engine (or once per flavor with
+  ``--count N``); each prints one line per engine once it listens (``cortex.sim.cli``), which
+  gives its URL and its KV-event and replay endpoints. A simulated engine tokenizes on its
+  event loop (one full encode, as real engines do), so engines sharing a process delay each
+  other's timers by that much: one process per engine keeps that out of the measurements.
 * ``start_gateway(...)``: ``perf/replay_gateway.py`` with a spec file; ready when it prints
   ``ready <port>`` (every worker live, every ledger READY). ``ledger_report()`` asks it for
   the ledger's view of the caches (duplicated blocks).
@@ -100,15 +101,21 @@ def _line(running: peers.Running) -> str:
     return line.strip()
 
 
-def start_engines(procs: Procs, settings: EngineSettings, flavors: list[str]) -> list[Engine]:
-    """One ``cortex sim`` process per flavor; engines named v0.. (vLLM) and s0.. (SGLang)."""
-    counts = {flavor: flavors.count(flavor) for flavor in ("vllm", "sglang")}
+def start_engines(procs: Procs, settings: EngineSettings, flavors: list[str],
+                  per_engine: bool = True) -> list[Engine]:
+    """``cortex sim`` processes: one per engine (``per_engine``: one engine's tokenization
+    never delays another's timers) or one per flavor. Engines are named by flavor and index:
+    ``v0_0``, ``s1_0`` per engine; ``v0``, ``s0`` per flavor."""
+    groups: list[tuple[str, str, int]] = []  # (flavor, name prefix, count)
+    if per_engine:
+        groups = [(flavor, f"{flavor[0]}{i}_", 1) for i, flavor in enumerate(flavors)]
+    else:
+        groups = [(flavor, flavor[0], flavors.count(flavor)) for flavor in ("vllm", "sglang")
+                  if flavor in flavors]
     started = []
-    for flavor, count in counts.items():
-        if not count:
-            continue
+    for flavor, prefix, count in groups:
         argv = [sys.executable, "-m", "cortex", "sim", "--engine", flavor, "--count", str(count),
-                "--name", flavor[0], "--model", settings.model, "--port", "0",
+                "--name", prefix, "--model", settings.model, "--port", "0",
                 "--block-size", str(settings.block_size),
                 "--capacity-blocks", str(settings.capacity_blocks),
                 "--prefill-tokens-per-s", str(settings.prefill_tokens_per_s),
@@ -116,7 +123,7 @@ def start_engines(procs: Procs, settings: EngineSettings, flavors: list[str]) ->
                 "--max-running", str(settings.max_running),
                 "--tokenizer", ds.TOKENIZER_JSON, "--chat-template", procs.template(),
                 "--bos-token", ds.BOS, "--eos-token", ds.EOS]
-        started.append((flavor, count, _spawn(procs, f"sim-{flavor}", argv)))
+        started.append((flavor, count, _spawn(procs, f"sim-{prefix}", argv)))
     engines = []
     for flavor, count, running in started:
         for _ in range(count):
