@@ -18,12 +18,16 @@ Rules:
   prepended (HF tokenizers add it in their post-processor; the profile states it explicitly).
 * Token ids (``prompt`` / ``input_ids`` as a list of ints) are taken as they are.
 * One prompt per request: a batch (list of prompts) is refused (400).
+* The ids of the last ``MEMO_ENTRIES`` distinct (text, add_special_tokens) are remembered, so a
+  replayed prompt does not stall the event loop again (an encode of a 4k-token text takes tens
+  of milliseconds here); a new text is always one full encode.
 * No profile (or no chat template) means text (or chat) requests are refused with 400, as a
   real engine without a chat template refuses chat.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,14 +35,16 @@ from cortex.errors import BadRequest
 from cortex.profile.model_profile import ModelProfile
 
 MEDIA_PLACEHOLDER = "<media>"
+MEMO_ENTRIES = 256
 _MAX_TOKEN_ID = 1 << 32
 
 
 class SimTokenizer:
-    __slots__ = ("profile",)
+    __slots__ = ("profile", "_memo")
 
     def __init__(self, profile: ModelProfile | None) -> None:
         self.profile = profile
+        self._memo: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
 
     def chat_ids(self, body: Mapping[str, Any]) -> list[int]:
         profile = self.profile
@@ -88,12 +94,20 @@ class SimTokenizer:
         profile = self.profile
         if profile is None:
             raise BadRequest("this simulated engine has no tokenizer: send token ids")
+        key = (text, add_special_tokens)
+        ids = self._memo.get(key)
+        if ids is not None:
+            self._memo.move_to_end(key)
+            return list(ids)
         ids = profile.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens and profile.add_bos and profile.bos_id is not None:
             ids.insert(0, profile.bos_id)
         if not ids:
             raise BadRequest("the prompt is empty")
-        return ids
+        self._memo[key] = ids
+        if len(self._memo) > MEMO_ENTRIES:
+            self._memo.popitem(last=False)
+        return list(ids)
 
 
 def _plain_message(message: object) -> dict[str, Any]:

@@ -90,3 +90,14 @@ def test_random_conversations_agree_with_cortex(contents):
     messages = [{"role": roles[i % 2], "content": c} for i, c in enumerate(contents)]
     body = {"messages": messages}
     assert SimTokenizer(deepseek()).chat_ids(body) == cortex_chat_ids(body)
+
+
+def test_a_repeated_text_is_remembered_and_the_memo_is_bounded(monkeypatch):
+    monkeypatch.setattr("cortex.sim.tokenize.MEMO_ENTRIES", 2)
+    sim = SimTokenizer(deepseek())
+    first = sim.prompt_ids({}, "hello world", "prompt")
+    first.append(1)  # callers get their own list
+    assert sim.prompt_ids({}, "hello world", "prompt") == ds.tokenizer().encode("hello world").ids
+    for text in ("a", "b", "c"):
+        sim.prompt_ids({}, text, "prompt")
+    assert len(sim._memo) == 2
