@@ -382,6 +382,7 @@ async def run_gateway(config: CortexConfig, *,
         metrics.watch_http(lambda: server.counters)
         control = ControlApp(metrics=metrics, readiness=gateway.readiness,
                              auth=BearerAuth(config.control.read_admin_token()), admin=workers,
+                             worker_hosts=config.control.worker_host_policy(),
                              ledger=lambda: ledger_figures(book))
         control_port = await nursery.start(partial(serve_control, control, config.control.host,
                                                    config.control.port))

@@ -30,6 +30,8 @@ SECTIONS: dict[str, str] = {
 }
 
 DOCS: dict[str, str] = {
+    "control.worker_hosts": "networks (CIDR) and host names that workers added through the "
+                            "admin API may use, comma-separated; \"*\": any host",
     "admission.max_waiting": "requests that may wait for capacity per model; more get 429",
     "admission.max_wait_s": "seconds a request waits for capacity before 503",
     "admission.retry_after_s": "seconds sent as Retry-After with 429 and saturation 503",

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from cortex.control.admin import WorkerHostPolicy
 from cortex.gateway.settings import AdmissionSettings
 from cortex.pd.plan import PdSettings
 from cortex.errors import ConfigError
@@ -52,6 +53,10 @@ class ServerConfig:
             raise ConfigError(problems)
 
 
+PRIVATE_NETWORKS = ("127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7,"
+                    "localhost")
+
+
 @dataclass(frozen=True, slots=True)
 class ControlConfig:
     host: str = "127.0.0.1"
@@ -59,9 +64,24 @@ class ControlConfig:
     admin_token: str | None = field(default=None, repr=False, metadata=SECRET)
     admin_token_file: str | None = None
     allow_remote: bool = False  # admin API on a non-loopback host: only when this says so
+    # Where workers added through the admin API may live (no SSRF through /admin): networks
+    # and host names, comma-separated; "*" accepts any host. Link-local (cloud metadata) is
+    # not in the default.
+    worker_hosts: str = PRIVATE_NETWORKS
+
+    def worker_host_policy(self) -> WorkerHostPolicy | None:
+        """The admin API's host allow-list (``None``: any host)."""
+        if self.worker_hosts.strip() == "*":
+            return None
+        return WorkerHostPolicy.parse(
+            entry for entry in self.worker_hosts.split(",") if entry.strip())
 
     def __post_init__(self) -> None:
         problems = _port_problems(self.port)
+        try:
+            self.worker_host_policy()
+        except ConfigError as error:
+            problems += error.problems
         if not self.host:
             problems.append("host must not be empty")
         if self.admin_token is not None and self.admin_token_file is not None:

@@ -55,6 +55,10 @@ async def test_admin_add_drain_remove_at_runtime():
         status, answer = await control(running.control_port, b"POST", b"/admin/workers",
                                        {**spec, "dp_size": 0, "engine": "tgi"})
         assert status == 400 and len(answer["error"]["problems"]) >= 2
+        status, answer = await control(running.control_port, b"POST", b"/admin/workers",
+                                       {**spec, "name": "meta",
+                                        "url": "http://169.254.169.254:80"})
+        assert status == 400 and "allowed worker hosts" in json.dumps(answer)  # no SSRF
         status, _ = await control(running.control_port, b"POST", b"/admin/workers", spec)
         assert status == 201
         await cluster.until(lambda: all_ready(running) and len(running.pools[MODEL].views()) == 2)
