@@ -105,7 +105,8 @@ def build_pools(
             passthrough=model.passthrough, cost=scheduler.cost,
             watermarks=scheduler.watermarks, bounds=scheduler.bounds,
             rng=random.Random(rng.getrandbits(64)),
-            segment_cache_bytes=model.segment_cache_bytes)
+            segment_cache_bytes=model.segment_cache_bytes,
+            route_on_partial=scheduler.route_on_partial)
     for worker in config.workers:
         name = model_of(worker, config)
         if name not in pools:

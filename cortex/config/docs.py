@@ -30,6 +30,8 @@ SECTIONS: dict[str, str] = {
 }
 
 DOCS: dict[str, str] = {
+    "scheduler.route_on_partial": "route on a PARTIAL ledger (history lost: its hits are "
+                                  "true, some blocks may be missing) as if it were READY",
     "control.worker_hosts": "networks (CIDR) and host names that workers added through the "
                             "admin API may use, comma-separated; \"*\": any host",
     "admission.max_waiting": "requests that may wait for capacity per model; more get 429",

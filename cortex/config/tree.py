@@ -167,6 +167,7 @@ class SchedulerConfig:
     watermarks: Watermarks = field(default_factory=Watermarks)
     bounds: BoundedLoad = field(default_factory=BoundedLoad)
     seed: int | None = None  # RNG seed of the power-of-two-choices fallback; None: random
+    route_on_partial: bool = False  # route exact on PARTIAL ledgers (true lower bounds)
 
     def __post_init__(self) -> None:
         problems = []

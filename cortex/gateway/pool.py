@@ -11,6 +11,9 @@ Rules:
   tokenized and every worker's ledger counts as unknown, so the chain falls to load-based
   policies — never a guessed hit. A ``passthrough`` pool (another component schedules it) always
   goes round robin over its live workers with Cortex's own KV decisions off.
+* ``route_on_partial``: a worker whose ledger is PARTIAL (true but incomplete: history lost
+  beyond repair) is routed on as if READY — its hits are real, it may miss some. Off by
+  default; readiness still reports the PARTIAL state (``ledger_state``).
 * ``policy`` other than ``"cortex"`` routes without the ledger (comparison baselines).
 * ``route`` decides and returns a ``Route`` whose ``hold`` (in-flight accounting) the caller
   enters for the life of the upstream exchange. ``exclude`` names workers that already failed
@@ -101,12 +104,14 @@ class ModelPool:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.perf_counter,
         segment_cache_bytes: int = 64 << 20,
+        route_on_partial: bool = False,
     ) -> None:
         self.model = model
         self.book = book
         self.profiles = profiles
         self.profile = profiles.profile(model)
         self.passthrough = passthrough
+        self.route_on_partial = route_on_partial
         self.clock = clock
         self.tokenizer = (None if self.profile is None or passthrough
                           else self.profile.new_cached_tokenizer(segment_cache_bytes))
@@ -173,8 +178,11 @@ class ModelPool:
         if spec is None:
             return
         figures = self._figures.get(name, WorkerFigures())
+        state = self.ledger_state(name)
+        if state is TargetState.PARTIAL and self.route_on_partial:
+            state = TargetState.READY  # a lower bound: misses possible, never a false hit
         self.pending.track(WorkerView(
-            spec.name, self.targets.get(name, ()), figures.healthy, self.ledger_state(name),
+            spec.name, self.targets.get(name, ()), figures.healthy, state,
             spec.role, 0, 0, figures.engine_queue, figures.kv_usage,
             figures.prefill_tokens_per_s))
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import replace
 from functools import partial
 from collections.abc import AsyncIterator, Callable, Mapping
 import msgspec
@@ -275,7 +276,8 @@ class Gateway:
         return json_response(200, msgspec.json.encode({"object": "list", "data": data}))
 
     def _pool_readiness(self) -> Readiness:
-        views = [view for pool in self.pools.values() for view in pool.views()]
+        views = [replace(view, ledger_state=pool.ledger_state(view.worker))
+                 for pool in self.pools.values() for view in pool.views()]
         extra = [f"model {name}: exact routing off ({pool.exact_off})"
                  for name, pool in sorted(self.pools.items())
                  if pool.exact_off is not None and not pool.passthrough]

@@ -122,3 +122,18 @@ def test_comparison_policies_ignore_the_ledger():
         decisions = [pool.decide(TOKENS, PROMPT).decision for _ in range(4)]
         assert all(d.predicted_cached_tokens == 0 for d in decisions)
         assert all(d.mode is not Mode.EXACT_KV_EVENTS for d in decisions)
+
+
+def test_a_partial_ledger_is_routed_on_only_when_configured():
+    book = LedgerBook()
+    profiles = ProfileSet({MODEL: model_profile()}, {})
+    for route_on_partial, mode in ((False, Mode.FALLBACK_ROUND_ROBIN),
+                                  (True, Mode.EXACT_KV_EVENTS)):
+        pool = ModelPool(MODEL, book, profiles=profiles, rng=random.Random(1),
+                         route_on_partial=route_on_partial)
+        a = add(pool, book, f"a{route_on_partial}", port=1)
+        store(book, a[0], 2)
+        book.set_state(a[0], TargetState.PARTIAL)
+        pool.refresh(f"a{route_on_partial}")
+        assert pool.ledger_state(f"a{route_on_partial}") is TargetState.PARTIAL
+        assert pool.decide(TOKENS, PROMPT).decision.mode is mode
