@@ -12,8 +12,9 @@ it is not installed).
 Scale: ``--block-tokens`` tokens of text per trace block (the trace's are 512); lower values
 keep the reuse structure and cut tokenization (the dominant CPU cost on a 2-vCPU machine) by
 the same factor; every token count reported is in these simulated tokens. The engines' KV
-block is ``--engine-block`` tokens; ``--capacity`` is the share of the slice's unique blocks
-the whole cluster can hold (split evenly across engines), or ``--capacity-blocks`` per engine.
+block is ``--engine-block`` tokens; ``--capacity`` is the share of the whole trace file's
+unique blocks (``--capacity-basis slice``: of the replayed slice's) the cluster can hold, split
+evenly across engines, or ``--capacity-blocks`` per engine. Engines run one process each.
 
 Per request: the worker (from the response id ``chatcmpl-<engine>-<n>``), TTFT (request sent
 -> first SSE data event), total time, the engine-reported ``cached_tokens`` (usage event) and
