@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo build bench debug-build clean
+.PHONY: test demo build bench debug-build clean dist dist-smoke
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,28 @@ demo: build
 bench: build
 	$(BIN)/python perf/bench_ledger.py
 	$(BIN)/python perf/bench_ingest.py
+
+# The one-file executable dist/cortex (PyInstaller, packaging/cortex.spec): Cortex, its Cython
+# units and native dependencies in one file to copy to a host (packaging/cortex.service runs it).
+DIST_STAMP := $(VENV)/.dist-installed
+$(DIST_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install -q --no-build-isolation -e '.[test,dist]'
+	touch $(DIST_STAMP)
+
+dist: build $(DIST_STAMP)
+	$(BIN)/pyinstaller --noconfirm --clean --log-level WARN --distpath dist \
+		--workpath build/pyinstaller packaging/cortex.spec
+
+# Build it, then smoke-test the binary: --version, check-config, cortex sim + cortex serve.
+dist-smoke: dist
+	CORTEX_DIST_REQUIRED=1 $(BIN)/python -m pytest -q tests/integration/test_dist_binary.py
+
+# CI (CI=true) builds the binary before the suite, whose smoke test then runs it (a missing or
+# stale binary fails instead of skipping): ~1 min of CPU for the build, see perf/RESULTS.md.
+ifeq ($(CI),true)
+test: dist
+export CORTEX_DIST_REQUIRED := 1
+endif
 
 clean:
 	rm -rf $(VENV) build cortex/_fast/*.c cortex/_fast/*.so cortex/_fast/*.html

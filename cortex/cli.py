@@ -124,7 +124,19 @@ def run_serve(args: argparse.Namespace) -> int:
         print("cortex serve: the gateway (cortex.app) is not part of this build yet; "
               "--dry-run validates the configuration", file=sys.stderr)
         return 1
-    return serve(config)
+    from cortex.config import load_config
+    from cortex.logs import configure
+
+    configure(config.log, secrets=_secrets(config))
+    return serve(config, reload=lambda: load_config(args, os.environ))  # SIGHUP: same sources
+
+
+def _secrets(config: CortexConfig) -> list[str | None]:
+    """What logs must never show: the admin token, inline or from its file."""
+    try:
+        return [config.control.read_admin_token()]
+    except (ConfigError, OSError):
+        return [config.control.admin_token]
 
 
 def run_check_config(args: argparse.Namespace) -> int:
