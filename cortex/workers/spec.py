@@ -17,6 +17,7 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -41,10 +42,9 @@ class WorkerSpec:
 
     @property
     def origin(self) -> str:
-        """``scheme://host:port`` as the upstream pool keys connections."""
-        parts = urlsplit(self.url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        return f"{parts.scheme}://{parts.hostname}:{port}"
+        """``scheme://host:port`` as the upstream pool keys connections (parsed once per URL:
+        this is read on every request)."""
+        return _origin_of(self.url)
 
     def validate(self) -> list[str]:
         problems: list[str] = []
@@ -78,3 +78,13 @@ class WorkerSpec:
         if not self.weight > 0:
             problems.append(f"{label}: weight must be > 0")
         return problems
+
+
+@lru_cache(maxsize=4096)
+def _origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 literal keeps its brackets
+    return f"{parts.scheme}://{host}:{port}"
