@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from cortex.errors import UpstreamError
+from cortex.workers.breaker import BreakerState
 from cortex.workers.health import HealthSettings, probe_verdict
 from cortex.workers.load import LoadParseError, RankLoad, parse_sglang_loads, parse_vllm_metrics
 from cortex.workers.registry import ChangeKind, WorkerRegistry
@@ -122,7 +123,7 @@ async def _load_loop(registry: WorkerRegistry, fetch: Fetch, settings: HealthSet
         if spec.name not in registry:
             return
         status = registry.status(spec.name)
-        if status.live or (status.healthy and status.draining):
+        if status.healthy and status.breaker is BreakerState.CLOSED:  # draining or not
             outcome = await poller.poll()
             if isinstance(outcome, dict):
                 registry.load_result(spec.name, outcome)

@@ -263,3 +263,21 @@ async def test_a_fetch_enforcing_a_timeout_itself_is_a_failure_not_a_crash(
     assert registry.counters("v").probe_failures == 3
     poller = LoadPoller(VLLM, strict_fetch, 1.0)
     assert await poller.poll() == ("/metrics: no answer within 1.0 s", False)
+
+
+async def test_a_draining_worker_is_still_probed_and_polled(autojump_clock, registry,
+                                                            engines) -> None:
+    engines.set(VLLM, "/health", (200, b""))
+    engines.set(VLLM, "/metrics", (200, VLLM_METRICS))
+    registry.add(VLLM)
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        await nursery.start(run_monitor, registry, engines.fetch, SETTINGS)
+        await trio.sleep(0.5)
+        assert not registry.drain("v", in_flight=3)
+        await trio.sleep(2.0)
+        nursery.cancel_scope.cancel()
+    assert engines.times(VLLM, "/health", start) == [0.0, 2.0]
+    assert engines.times(VLLM, "/metrics", start) == [0.01, 1.01, 2.01]
+    status = registry.status("v")
+    assert status.draining and not status.live and status.loads
