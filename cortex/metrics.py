@@ -10,7 +10,8 @@ Rules:
 * What Cortex already counts elsewhere is *read at scrape time*, never mirrored: event-stream
   counters (``IngestCounters`` per worker/rank), ledger state and sizes (``LedgerFigures``),
   worker load (``WorkerView``s, i.e. ``PendingWork.views``), the data plane's ``ServerCounters``,
-  the worker monitor's counters and the upstream pool's stats. A source is a zero-argument
+  the worker monitor's counters and the upstream pool's stats; and the process's own RSS, CPU
+  time and open descriptors (``cortex_process_*``, from ``/proc``). A source is a zero-argument
   callable returning the live objects; ``watch_*`` registers it without calling it.
 * What only the request path knows (decisions, timings, cached-token accuracy, upstream errors,
   retries) is recorded through the methods here, at well under a microsecond each
@@ -23,6 +24,9 @@ Rules:
 
 from __future__ import annotations
 
+import os
+import resource
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, get_args
@@ -348,6 +352,32 @@ def _model_writer(source: ModelSource) -> Writer:
     return write
 
 
+_PAGE_BYTES = resource.getpagesize()
+_STARTED_AT = time.time()
+
+
+def _write_process(out: TextWriter) -> None:
+    """Resident memory, CPU time, open descriptors (Linux ``/proc``; absent elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            resident = int(handle.read().split()[1]) * _PAGE_BYTES
+        fds = len(os.listdir("/proc/self/fd"))
+    except (OSError, ValueError, IndexError):
+        resident = fds = None
+    times = os.times()
+    rows = (("cortex_process_cpu_seconds_total", "counter", "CPU time (user + system)",
+             times.user + times.system),
+            ("cortex_process_resident_memory_bytes", "gauge", "Resident set size", resident),
+            ("cortex_process_open_fds", "gauge", "Open file descriptors", fds),
+            ("cortex_process_start_time_seconds", "gauge",
+             "When Cortex's metrics were loaded (about the process start), Unix time",
+             _STARTED_AT))
+    for name, kind, text, value in rows:
+        if value is not None:
+            out.header(name, kind, text)
+            out.sample(name, "", value)
+
+
 class _RegistryView:
     """Exposes a ``CortexMetrics`` through a ``prometheus_client`` registry (compatibility)."""
 
@@ -404,7 +434,7 @@ class CortexMetrics:
         self._families = (build, self._route, self._tokenize, self._hash, self._decisions,
                           self._no_worker, self._predicted, self._reported, self._error,
                           self._exact, self._upstream_errors, self._retries)
-        self._writers: list[Writer] = []
+        self._writers: list[Writer] = [_write_process]
         if registry is not None:
             registry.register(_RegistryView(self))
 

@@ -311,3 +311,10 @@ def test_exact_routing_per_model():
     assert value(m, "cortex_model_exact_routing", model="qwen") == 0
     off["qwen"] = None
     assert value(m, "cortex_model_exact_routing", model="qwen") == 1
+
+
+def test_process_figures():
+    m = CortexMetrics()
+    assert value(m, "cortex_process_resident_memory_bytes") > 1 << 20
+    assert value(m, "cortex_process_cpu_seconds_total") > 0
+    assert value(m, "cortex_process_open_fds") >= 3
