@@ -381,6 +381,15 @@ async def run_gateway(config: CortexConfig, *,
         metrics.watch_ingest(lambda: [(book.info(t).worker, book.info(t).rank, c)
                                       for t, c in list(counters.items())])
         metrics.watch_http(lambda: server.counters)
+        metrics.watch_probes(lambda: [(spec.name, registry.counters(spec.name))
+                                      for spec in registry.specs()])
+        metrics.watch_upstream_pool(lambda: [(spec.name, upstream.stats(spec.origin))
+                                             for spec in registry.specs()])
+        metrics.watch_models(lambda: [(name, None if pool.passthrough else pool.exact_off)
+                                      for name, pool in sorted(pools.items())])
+        metrics.watch_pd(lambda: gateway.pd.counters)
+        metrics.watch_admission(lambda: [(model, admission.counters) for model, admission
+                                         in sorted(gateway.admissions.items())])
         control = ControlApp(metrics=metrics, readiness=gateway.readiness,
                              auth=BearerAuth(config.control.read_admin_token()), admin=workers,
                              worker_hosts=config.control.worker_host_policy(),

@@ -332,6 +332,40 @@ def _named_writer(source: Callable[[], Iterable[tuple[str, object]]],
     return write
 
 
+_PD_COUNTERS = (
+    ("served", "cortex_pd_served_total", "counter",
+     "Requests answered through a prefill/decode pair"),
+    ("bypassed", "cortex_pd_bypassed_total", "counter",
+     "PD requests served by decode alone because it held the prefix"),
+    ("retried_prefill", "cortex_pd_prefill_failures_total", "counter",
+     "Prefill legs that failed before the first byte (the pair was retried or fell back)"),
+    ("retried_decode", "cortex_pd_decode_failures_total", "counter",
+     "Decode legs that failed before the first byte (the pair was retried or fell back)"),
+    ("fallback_both", "cortex_pd_fallback_both_total", "counter",
+     "PD requests served by a `both` worker after the PD legs failed"),
+    ("failed", "cortex_pd_failed_total", "counter",
+     "PD requests that ended with an error before their first byte"),
+)
+_ADMISSION_COUNTERS = (
+    ("waited", "cortex_admission_waited_total", "counter",
+     "Requests that found every worker above a watermark and waited for capacity"),
+    ("admitted_after_wait", "cortex_admission_admitted_total", "counter",
+     "Waiting requests that got capacity before their deadline"),
+    ("rejected_queue_full", "cortex_admission_rejected_total", "counter",
+     "Requests refused with 429: the admission queue was full"),
+    ("timed_out", "cortex_admission_timed_out_total", "counter",
+     "Requests refused with 503 after waiting out their deadline"),
+)
+
+
+def _labelled_writer(label: str, source: Callable[[], Iterable[tuple[str, object]]],
+                     table: tuple[tuple[str, str, str, str], ...]) -> Writer:
+    def write(out: TextWriter) -> None:
+        rows = [(format_labels((label,), (name,)), obj) for name, obj in source()]
+        _per_worker(rows, out, table)
+    return write
+
+
 def _http_writer(source: HttpSource) -> Writer:
     def write(out: TextWriter) -> None:
         figures = source()
@@ -515,6 +549,16 @@ class CortexMetrics:
     def watch_models(self, source: ModelSource) -> None:
         """Export whether exact KV routing is on per model."""
         self._writers.append(_model_writer(source))
+
+    def watch_pd(self, source: Callable[[], object]) -> None:
+        """Export the PD orchestrator's outcome counters (``PdCounters``)."""
+        def write(out: TextWriter) -> None:
+            _per_worker([("", source())], out, _PD_COUNTERS)
+        self._writers.append(write)
+
+    def watch_admission(self, source: Callable[[], Iterable[tuple[str, object]]]) -> None:
+        """Export each model's admission counters (``(model, AdmissionCounters)`` pairs)."""
+        self._writers.append(_labelled_writer("model", source, _ADMISSION_COUNTERS))
 
     def watch_upstream_pool(self, source: PoolSource) -> None:
         """Export the upstream pool's per-worker connection figures."""

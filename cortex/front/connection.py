@@ -34,8 +34,11 @@ Running the handler and answering:
   ``cortex.front``, counted, answered 500 and the connection closed.
 * A ``bytes`` body goes out with the head in one write, with ``content-length``. An iterator
   body is written chunk by chunk (chunked, or close-delimited for HTTP/1.0, unless the handler
-  set ``content-length``); each chunk is written before the next is awaited. If the iterator
-  raises, the connection is closed without the terminating chunk.
+  set ``content-length``); each chunk is written before the next is awaited. A chunked head
+  goes out at once (an SSE client sees it before the first event); a ``content-length`` head
+  waits for the first chunk and shares its write. If the iterator raises after the head went
+  out, the connection is closed without the terminating chunk; before (a held head), the
+  client gets the error's JSON answer instead.
 * The server sets ``date`` and ``server``; hop-by-hop headers and the handler's own ``date``,
   ``server`` and framing headers are dropped. While the server drains, every answer carries
   ``connection: close``.
@@ -400,14 +403,21 @@ class HttpConnection:
 
     async def _stream_body(self, request: HttpRequest, response: HttpResponse,
                            body: AsyncIterator[bytes], close: bool, no_body: bool) -> bool:
+        """Streams an iterator body. With a handler-set ``content-length`` the head waits for
+        the first chunk and goes out with it in one write (a proxied JSON answer is then one
+        send, as for a ``bytes`` body); a chunked stream (SSE) gets its head at once."""
+        conn = self._h11
         try:
             headers = self._response_headers(response, close, None)
             try:
-                head = self._h11.send(_head(response.status, headers))
+                head_event = _head(response.status, headers)
             except h11.LocalProtocolError:
                 return await self._handler_bug(request, "unsendable response head")
-            self._shared.counters.count_status(response.status)
-            await self._stream.send_all(head)
+            held = no_body is False and any(
+                name == b"content-length" for name, _ in headers)
+            if not held:
+                self._shared.counters.count_status(response.status)
+                await self._stream.send_all(conn.send(head_event))
             if not no_body:
                 chunks = body.__aiter__()
                 while True:
@@ -416,27 +426,51 @@ class HttpConnection:
                     except StopAsyncIteration:
                         break
                     except CortexError as exc:
+                        if held:  # nothing sent yet: the client gets a proper error
+                            return await self._send_error_and_close(exc)
                         log.warning("response body of %s failed after the head: %r",
                                     request.path.decode("latin-1", "replace"), exc)
                         return False
                     except Exception:
-                        return await self._handler_bug(request, "response body failed after the head")
-                    if chunk:
-                        try:
-                            data = self._h11.send(h11.Data(data=chunk))
-                        except h11.LocalProtocolError:
-                            return await self._handler_bug(request, "body exceeds its content-length")
-                        await self._stream.send_all(data)
+                        return await self._handler_bug(request, "response body failed")
+                    if not chunk:
+                        continue
+                    data = b""
+                    if held:
+                        held = False
+                        self._shared.counters.count_status(response.status)
+                        data = conn.send(head_event)
+                    try:
+                        data += conn.send(h11.Data(data=chunk))
+                    except h11.LocalProtocolError:
+                        return await self._handler_bug(request, "body exceeds content-length")
+                    await self._stream.send_all(data)
+            data = b""
+            if held:
+                self._shared.counters.count_status(response.status)
+                data = conn.send(head_event)
             try:
-                data = self._h11.send(h11.EndOfMessage())
+                data += conn.send(h11.EndOfMessage())
             except h11.LocalProtocolError:
-                return await self._handler_bug(request, "body shorter than its content-length")
-            await self._stream.send_all(data)
+                return await self._handler_bug(request, "body shorter than content-length")
+            if data:
+                await self._stream.send_all(data)
             return True
         finally:
             aclose = getattr(body, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    async def _send_error_and_close(self, error: CortexError) -> bool:
+        """Answers ``error`` instead of the response whose head was not sent; closes after."""
+        conn = self._h11
+        response = error_response(error)
+        headers = self._response_headers(response, True, len(response.body))
+        data = conn.send(_head(response.status, headers))
+        data += conn.send(h11.Data(data=response.body)) + conn.send(h11.EndOfMessage())
+        self._shared.counters.count_status(response.status)
+        await self._stream.send_all(data)
+        return False
 
     async def _handler_bug(self, request: HttpRequest, what: str) -> bool:
         """Logs and counts a response the handler got wrong; answers 500 if no head went out.
@@ -444,14 +478,8 @@ class HttpConnection:
         log.exception("%s on %s %s", what, request.method.decode("latin-1"),
                       request.path.decode("latin-1", "replace"))
         self._shared.counters.handler_errors += 1
-        conn = self._h11
-        if conn.our_state is h11.SEND_RESPONSE:
-            response = error_response(InternalServerError())
-            headers = self._response_headers(response, True, len(response.body))
-            data = conn.send(_head(response.status, headers))
-            data += conn.send(h11.Data(data=response.body)) + conn.send(h11.EndOfMessage())
-            self._shared.counters.count_status(response.status)
-            await self._stream.send_all(data)
+        if self._h11.our_state is h11.SEND_RESPONSE:
+            return await self._send_error_and_close(InternalServerError())
         return False
 
     def _response_headers(self, response: HttpResponse, close: bool,

@@ -15,7 +15,6 @@ from cortex.metrics import CortexMetrics
 from cortex.workers.registry import WorkerRegistry
 
 
-
 class MetricsObserver(RouteObserver):
     def __init__(self, metrics: CortexMetrics, registry: WorkerRegistry) -> None:
         self.metrics = metrics
@@ -30,6 +29,9 @@ class MetricsObserver(RouteObserver):
         hash_s = route.timings.get("hash_s")
         if hash_s is not None:
             self.metrics.observe_hash(hash_s)
+
+    def no_worker(self, model: str) -> None:
+        self.metrics.record_no_worker(model)
 
     def upstream_failed(
         self, worker: str, error: Exception, retried: bool, after_first_byte: bool = False

@@ -23,6 +23,9 @@ class RouteObserver:
     def decided(self, model: str, route: Route, seconds: float) -> None:
         """The first decision of a request, ``seconds`` after its body was in."""
 
+    def no_worker(self, model: str) -> None:
+        """A request for ``model`` was refused: no worker could take it."""
+
     def upstream_failed(
         self, worker: str, error: Exception, retried: bool, after_first_byte: bool = False
     ) -> None:

@@ -49,8 +49,8 @@ from cortex.scheduling import (
     Watermarks,
     WorkerView,
 )
-from cortex.scheduling.inflight import Hold
 from cortex.scheduling.chain import no_events_chain
+from cortex.scheduling.inflight import Hold
 from cortex.scheduling.p2c import PowerOfTwo
 from cortex.scheduling.round_robin import RoundRobin
 from cortex.workers.spec import WorkerSpec

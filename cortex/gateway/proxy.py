@@ -24,17 +24,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from functools import partial
-from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
 import msgspec
 import trio
 
 from cortex.control.readiness import Readiness, assess
-from cortex.errors import BadRequest, CortexError, NotFound, UpstreamError
+from cortex.errors import BadRequest, CortexError, NotFound, NoWorkerAvailable, UpstreamError
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.gateway.admission import Admission
-from cortex.gateway.settings import AdmissionSettings
 from cortex.gateway.endpoints import (
     ENDPOINTS,
     Endpoint,
@@ -48,6 +49,7 @@ from cortex.gateway.endpoints import (
 from cortex.gateway.legs import RETRY_STATUSES, Leg, RetryableStatus
 from cortex.gateway.observer import RouteObserver
 from cortex.gateway.pool import ModelPool, Route
+from cortex.gateway.settings import AdmissionSettings
 from cortex.logs import request_started
 from cortex.pd.orchestrate import PdOrchestrator
 from cortex.pd.plan import PdSettings
@@ -128,8 +130,27 @@ class Gateway:
                                                    prompt.add_special_tokens)
                     self.observer.tokenized(pool.model, trio.current_time() - tokenize_start)
         headers = forwarded_headers(request.headers)
-        if self.pd is not None and self.pd.enabled(pool):
-            return await self.pd.serve(pool, endpoint, request, body, headers, token_ids, prompt)
+        try:
+            if self.pd is not None and self.pd.enabled(pool):
+                return await self.pd.serve(pool, endpoint, request, body, headers, token_ids,
+                                           prompt)
+            return await self._serve_single(pool, endpoint, request, body, headers, token_ids,
+                                            prompt, started)
+        except NoWorkerAvailable:
+            self.observer.no_worker(pool.model)
+            raise
+
+    async def _serve_single(
+        self,
+        pool: ModelPool,
+        endpoint: Endpoint,
+        request: HttpRequest,
+        body: dict,
+        headers: list[tuple[bytes, bytes]],
+        token_ids: Any,
+        prompt: Any,
+        started: float,
+    ) -> HttpResponse:
         failed: list[str] = []
         last_error: CortexError | None = None
         admission = self._admission(pool)

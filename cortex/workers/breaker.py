@@ -11,7 +11,9 @@ States and rules:
 * ``HALF_OPEN`` — exactly one trial may go (``allow()`` hands it out once). Its success closes
   the breaker, its failure opens it again for another ``open_s``. While the trial is out,
   ``allow()`` refuses everything else. The trial's owner must report its outcome (a trial that
-  times out is a failure); any outcome reported while half-open is taken as the trial's.
+  times out is a failure); any outcome reported while half-open is taken as the trial's. A
+  trial never reported within ``open_s`` (its owner was cancelled) is forgotten and the next
+  ``allow()`` hands out a new one, so a lost trial cannot keep a worker out forever.
 * Outcomes reported while ``OPEN`` (late answers of exchanges started before it opened) change
   nothing: only the trial decides.
 
@@ -35,7 +37,7 @@ class BreakerState(enum.Enum):
 
 class CircuitBreaker:
     __slots__ = ("_failures_to_open", "_open_s", "_clock", "_opened_at", "_failures",
-                 "_trial_out")
+                 "_trial_at")
 
     def __init__(self, failures_to_open: int, open_s: float,
                  clock: Callable[[], float]) -> None:
@@ -51,7 +53,7 @@ class CircuitBreaker:
         self._clock = clock
         self._opened_at: float | None = None  # None: CLOSED
         self._failures = 0  # consecutive failures counted (none while OPEN), 0 after a success
-        self._trial_out = False
+        self._trial_at: float | None = None  # when the half-open trial was handed out
 
     @property
     def state(self) -> BreakerState:
@@ -76,9 +78,12 @@ class CircuitBreaker:
         state = self.state
         if state is BreakerState.CLOSED:
             return True
-        if state is BreakerState.OPEN or self._trial_out:
+        if state is BreakerState.OPEN:
             return False
-        self._trial_out = True
+        now = self._clock()
+        if self._trial_at is not None and now < self._trial_at + self._open_s:
+            return False
+        self._trial_at = now
         return True
 
     def record_success(self) -> None:
@@ -87,7 +92,7 @@ class CircuitBreaker:
             return
         self._opened_at = None
         self._failures = 0
-        self._trial_out = False
+        self._trial_at = None
 
     def record_failure(self) -> bool:
         """Count one failure; true when this failure opened (or re-opened) the breaker."""
@@ -97,6 +102,6 @@ class CircuitBreaker:
         self._failures += 1
         if state is BreakerState.HALF_OPEN or self._failures >= self._failures_to_open:
             self._opened_at = self._clock()
-            self._trial_out = False
+            self._trial_at = None
             return True
         return False

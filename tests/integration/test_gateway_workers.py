@@ -135,4 +135,7 @@ async def test_metrics_count_decisions_and_ledger_accuracy():
         assert 'cortex_decisions_total{model="deepseek",mode="load_aware"' in text
         assert "cortex_cached_tokens_reported_total" in text
         assert "cortex_route_seconds_bucket" in text
-        assert 'cortex_ledger_state{' in text or "cortex_ledger" in text
+        assert 'cortex_ledger_state{' in text
+        assert 'cortex_model_exact_routing{model="deepseek"} 1' in text
+        assert "cortex_worker_probes_total" in text and "cortex_pd_served_total 0" in text
+        assert "cortex_admission_waited_total" in text or not text.count("admission")
