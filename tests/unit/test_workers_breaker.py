@@ -92,3 +92,17 @@ def test_single_failure_threshold(clock: FakeClock) -> None:
 def test_invalid_settings(failures: int, open_s: float, clock: FakeClock) -> None:
     with pytest.raises(ConfigError):
         CircuitBreaker(failures, open_s, clock)
+
+
+def test_a_trial_never_reported_is_handed_out_again_after_open_s(breaker: CircuitBreaker,
+                                                                 clock: FakeClock) -> None:
+    for _ in range(3):
+        breaker.record_failure()
+    clock.now += 10.0
+    assert breaker.allow()  # its owner is cancelled and never reports
+    clock.now += 9.0
+    assert not breaker.allow()
+    clock.now += 1.0
+    assert breaker.allow()
+    breaker.record_success()
+    assert breaker.state is BreakerState.CLOSED
