@@ -62,7 +62,6 @@ from cortex.profile.profile_set import ProfileSet, load_profiles
 from cortex.systemd import Notifier, run_watchdog
 from cortex.upstream.pool import UpstreamPool
 from cortex.workers.breaker import BreakerState
-from cortex.workers.health import HealthSettings
 from cortex.workers.monitor import Fetch, run_monitor
 from cortex.workers.registry import ChangeKind, WorkerRegistry
 from cortex.workers.spec import WorkerSpec
@@ -345,9 +344,7 @@ async def run_gateway(config: CortexConfig, *,
     book = LedgerBook()
     pools, profiles = build_pools(config, book)
     metrics = CortexMetrics()
-    health = config.health
-    settings = HealthSettings(health.interval_s, health.timeout_s, health.failures_to_open,
-                              health.open_s, health.load_interval_s)
+    settings = config.health
     registry = WorkerRegistry(settings, trio.current_time)
     upstream = UpstreamPool(config.upstream.limits)
     counters: dict[int, IngestCounters] = {}

@@ -18,14 +18,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from cortex.control.admin import WorkerHostPolicy
-from cortex.gateway.settings import AdmissionSettings
-from cortex.pd.plan import PdSettings
 from cortex.errors import ConfigError
 from cortex.events.source import IngestSettings
 from cortex.front.limits import ServerLimits
+from cortex.gateway.settings import AdmissionSettings
+from cortex.pd.plan import PdSettings
 from cortex.scheduling.cost import BoundedLoad, CostConfig
 from cortex.scheduling.watermark import Watermarks
 from cortex.upstream.limits import PoolLimits
+from cortex.workers.health import HealthSettings
 from cortex.workers.spec import WorkerSpec
 
 if TYPE_CHECKING:
@@ -179,21 +180,8 @@ class SchedulerConfig:
             raise ConfigError(problems)
 
 
-@dataclass(frozen=True, slots=True)
-class HealthConfig:
-    interval_s: float = 2.0
-    timeout_s: float = 1.0
-    failures_to_open: int = 3
-    open_s: float = 10.0
-    load_interval_s: float = 1.0
-
-    def __post_init__(self) -> None:
-        problems = [f"{name} must be > 0" for name in (
-            "interval_s", "timeout_s", "open_s", "load_interval_s") if not getattr(self, name) > 0]
-        if self.failures_to_open < 1:
-            problems.append("failures_to_open must be >= 1")
-        if problems:
-            raise ConfigError(problems)
+# The health section is the monitor's own settings type (one definition of its fields).
+HealthConfig = HealthSettings
 
 
 @dataclass(frozen=True, slots=True)

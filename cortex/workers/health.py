@@ -30,11 +30,11 @@ class HealthSettings:
     load_interval_s: float = 1.0  # between two load polls of one healthy worker
 
     def __post_init__(self) -> None:
-        problems = [f"health setting {name} must be > 0" for name in (
+        problems = [f"{name} must be > 0" for name in (
             "interval_s", "timeout_s", "open_s", "load_interval_s")
             if not getattr(self, name) > 0]
         if self.failures_to_open < 1:
-            problems.append("health setting failures_to_open must be >= 1")
+            problems.append("failures_to_open must be >= 1")
         if problems:
             raise ConfigError(problems)
 
