@@ -12,10 +12,11 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cortex.errors import UpstreamError
 from cortex.front.connection import HttpConnection
-from cortex.front.server import ServerCounters, ServerShared
 from cortex.front.limits import ServerLimits
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
+from cortex.front.server import ServerCounters, ServerShared
 from tests.front_http_client import RawClient, build_request
 
 LIMITS = ServerLimits(header_timeout_s=10, body_timeout_s=30, keepalive_idle_s=75)
@@ -167,3 +168,50 @@ def test_any_bytes_get_a_client_error_or_an_answer_never_a_crash(prefix, noise, 
     for line in received.split(b"\r\n"):
         if line.startswith(b"HTTP/1.1 "):
             assert int(line.split()[1]) in ANSWERS | {100}
+
+
+async def test_iterator_body_with_content_length_goes_out_with_its_head_in_one_write():
+    async def chunks():
+        yield b'{"ok":'
+        yield b"true}"
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, [(b"content-length", b"11")], chunks())
+
+    writes: list[bytes] = []
+    to_client = trio.testing.MemorySendStream()
+    from_client = trio.testing.MemoryReceiveStream()
+
+    async def record() -> None:
+        writes.append(to_client.get_data_nowait())
+
+    to_client.send_all_hook = record
+    from_client.put_data(build_request(b"GET", b"/"))
+    shared = ServerShared(handler, LIMITS, ServerCounters(), b"cortex")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(HttpConnection(trio.StapledStream(to_client, from_client), shared).run)
+        await trio.testing.wait_all_tasks_blocked()  # answered, idle for the next request
+        nursery.cancel_scope.cancel()
+    assert len(writes) == 2  # head + first chunk, then the second chunk
+    assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writes[0].endswith(b'{"ok":')
+    assert writes[1] == b"true}"
+
+
+async def test_body_failing_before_its_held_head_becomes_an_error_answer():
+    async def chunks():
+        raise UpstreamError("worker closed before its body")
+        yield b""  # pragma: no cover
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, [(b"content-length", b"11")], chunks())
+
+    client_stream, server_stream = trio.testing.memory_stream_pair()
+    shared = ServerShared(handler, LIMITS, ServerCounters(), b"cortex")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(HttpConnection(server_stream, shared).run)
+        client = RawClient(client_stream)
+        response = await client.request(b"GET", b"/")
+        assert response.status == 502
+        assert response.header(b"connection") == b"close"
+        assert await client.read_until_eof() == b""
+    assert shared.counters.responses_by_status == {502: 1}

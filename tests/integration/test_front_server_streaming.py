@@ -13,8 +13,10 @@ import trio
 import trio.testing
 
 from cortex.errors import ConfigError, NotFound, UpstreamError
+from cortex.front.limits import ServerLimits
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
-from tests.front_http_client import build_request
+from cortex.front.server import HttpServer
+from tests.front_http_client import RawClient, build_request
 from tests.integration.test_front_server import TIMEOUT, serving
 
 
@@ -309,10 +311,6 @@ async def test_serve_returns_after_drain_and_cancels_stragglers_at_the_deadline(
             await trio.sleep_forever()
         finally:
             script.handler_finally.set()
-
-    from cortex.front.limits import ServerLimits
-    from cortex.front.server import HttpServer
-    from tests.front_http_client import RawClient
 
     server = HttpServer(handler, ServerLimits(drain_timeout_s=0.2))
     with trio.fail_after(TIMEOUT):
