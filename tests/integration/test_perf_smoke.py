@@ -50,6 +50,14 @@ def _gateway(result: dict) -> None:
             f"{name}: {why.splitlines()[0]}" for name, why in result["skipped"].items()))
 
 
+def _soak(result: dict) -> None:
+    requests = result["requests"]
+    assert requests["sent"] > 0 and requests["hung"] == 0 and requests["no_answer"] == 0
+    assert requests["succeeded"] > requests["sent"] // 2
+    assert len(result["rss_samples"]) >= 5
+    assert result["rss_slope_bytes_per_min"]["all"] is not None
+
+
 CHECKS = {
     "bench_http.py": _http,
     "bench_gateway.py": _gateway,
@@ -57,6 +65,7 @@ CHECKS = {
     "bench_ledger.py": _ledger,
     "bench_scheduler.py": _scheduler,
     "bench_tokenize.py": _tokenize,
+    "soak.py": _soak,
 }
 
 
