@@ -7,7 +7,8 @@
 * ``start_sglang_router(urls)``: ``python -m sglang_router.launch_router --policy
   cache_aware``; ready when one chat completion goes through (it registers workers in the
   background after it listens: it probes ``/health``, ``/server_info``, ``/model_info`` and
-  tries HTTP/2 prior knowledge, which the mock refuses).
+  tries HTTP/2 prior knowledge, which the mock refuses). Its Prometheus exporter gets a free
+  port too (the default one is fixed: a second router on the machine would fail to start).
 * ``start_nginx(urls)``: ``nginx -p DIR -c DIR/nginx.conf -g 'daemon off;'`` with a generated
   round-robin config (upstream keep-alive, HTTP/1.1 to the upstream, ``proxy_buffering off``
   for SSE, ``tcp_nodelay``), one worker process; ready when one chat completion goes through.
@@ -211,6 +212,7 @@ def start_sglang_router(worker_urls: list[str], model: str) -> Running:
     port = free_port()
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", HOST,
             "--port", str(port), "--policy", "cache_aware", "--log-level", "warn",
+            "--prometheus-host", HOST, "--prometheus-port", str(free_port()),
             "--worker-urls", *worker_urls]
     process, log_path = _spawn("sglang-router", argv, tmpdir)
     running = Running("sglang-router", port, process, tmpdir, log_path)
