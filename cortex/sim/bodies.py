@@ -9,7 +9,9 @@ Pure builders (plain dicts and bytes); ``cortex.sim.http_engine`` serves them. S
   chunks ``text_completion``; the usage event has ``choices: []``.
 * SGLang ``/generate``: ``finish_reason`` is ``{"type": "length", "length": N}`` on the last
   event and null before; streamed ``text``/``output_ids`` are cumulative (SGLang's default,
-  ``--stream-output`` off).
+  ``--stream-output`` off). ``return_logprob`` adds ``meta_info.input_token_logprobs``; a PD
+  decode engine returns an empty list there (it did not compute the prompt: the gateway
+  prepends the prefill's, protocols/pd-disaggregation.md §1.3 step 7).
 * vLLM metrics carry the labels ``model_name`` and ``engine`` (the DP rank).
 * KV usage (vLLM ``kv_cache_usage_perc``, SGLang ``token_usage``/``num_used_tokens``) counts
   the tokens of running requests, as the engines do (evictable cached blocks are free space);
@@ -96,11 +98,20 @@ class OpenAIShape:
                     "usage": usage(prompt, completion, cached)})
 
 
+def input_logprobs(token_ids: Sequence[int]) -> list[list[Any]]:
+    """SGLang ``meta_info.input_token_logprobs``: ``[logprob, token_id, None]`` per prompt
+    token, the first without a logprob (stand-in values, stable per token id)."""
+    return [[None if i == 0 else -0.1 - (tid % 7) / 10, tid, None]
+            for i, tid in enumerate(token_ids)]
+
+
 def generate_body(
-    rid: str, gen: Generation, pieces: Sequence[tuple[str, int]], e2e_s: float, *, done: bool
+    rid: str, gen: Generation, pieces: Sequence[tuple[str, int]], e2e_s: float, *, done: bool,
+    logprobs: list[list[Any]] | None = None,
 ) -> dict[str, Any]:
-    """SGLang ``/generate`` answer (or streamed event) after ``pieces`` output tokens."""
-    return {
+    """SGLang ``/generate`` answer (or streamed event) after ``pieces`` output tokens; with
+    ``logprobs`` (``return_logprob``) ``meta_info.input_token_logprobs`` is that list."""
+    body = {
         "text": "".join(text for text, _ in pieces),
         "output_ids": [tid for _, tid in pieces],
         "meta_info": {
@@ -112,6 +123,9 @@ def generate_body(
             "e2e_latency": e2e_s,
         },
     }
+    if logprobs is not None:
+        body["meta_info"]["input_token_logprobs"] = logprobs
+    return body
 
 
 def error_body(message: str, status: int) -> dict[str, Any]:

@@ -12,6 +12,7 @@ Routes (both flavors unless marked):
   ``max_completion_tokens``/``max_tokens`` (default 16); every request ends with ``length``.
 * SGLang ``POST /generate`` (``text`` or ``input_ids``; ``sampling_params.max_new_tokens``;
   ``meta_info.prompt_tokens``/``cached_tokens``; SSE with cumulative ``text``/``output_ids``).
+  Several prompts (a batch) run at once and answer a JSON list, not streamed.
 * ``GET /v1/models``; ``GET /health`` (200, 503 while the ``unhealthy`` fault is on).
 * SGLang ``GET /server_info`` (and ``/get_server_info``), ``GET /v1/loads`` (``?dp_rank=N``),
   ``POST|GET /flush_cache`` (400 while requests run or wait).
@@ -53,11 +54,11 @@ from urllib.parse import parse_qs
 import msgspec
 import trio
 
-from cortex.errors import BadRequest, NotFound
+from cortex.errors import BadRequest, CortexError, NotFound
 from cortex.events.model import EngineFamily
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.profile.request_text import split_model_name
-from cortex.sim import bodies
+from cortex.sim import bodies, pd
 from cortex.sim.engine import EngineCrashed, Generation, SimEngine
 
 DEFAULT_MAX_TOKENS = 16
@@ -180,23 +181,31 @@ class SimHttpHandler:
         if not isinstance(params, dict):
             raise BadRequest("sampling_params must be an object (one request per call)")
         out = _max_tokens(params.get("max_new_tokens"), "max_new_tokens")
-        if body.get("input_ids") is not None:
-            token_ids = engine.tokenizer.prompt_ids(body, body["input_ids"], "input_ids")
-        else:
-            token_ids = engine.tokenizer.prompt_ids(body, body.get("text"), "text")
+        name = "input_ids" if body.get("input_ids") is not None else "text"
+        prompts = body.get(name)
         salt = _salt(body)
         rid = body.get("rid")
         if not isinstance(rid, str) or not rid:
             rid = bodies.response_id("generate", engine.name)
+        if isinstance(prompts, list) and len(prompts) > 1 and isinstance(
+                prompts[0], (list, str)):
+            items = [engine.tokenizer.prompt_ids(body, [p], name) for p in prompts]
+            return await self._generate_batch(body, rank, items, out, lora, salt, rid)
+        token_ids = engine.tokenizer.prompt_ids(body, prompts, name)
         if (early := await self._fault_gate()) is not None:
             return early
+        logprobs = None
+        if _bool(body, "return_logprob", False):
+            decode = engine.pd is not None and engine.pd.role == "decode"
+            logprobs = [] if decode else bodies.input_logprobs(token_ids)
         began = trio.current_time()
         generation, _ = await self._generation(body, rank, token_ids, out, lora, salt)
         if not _bool(body, "stream", False):
             async with generation as gen:
                 pieces = [(text, tid) async for _, text, tid in gen]
                 e2e = trio.current_time() - began
-                return _json(200, bodies.generate_body(rid, gen, pieces, e2e, done=True))
+                return _json(200, bodies.generate_body(rid, gen, pieces, e2e, done=True,
+                                                       logprobs=logprobs))
 
         async def events() -> AsyncIterator[bytes]:
             async with generation as gen:
@@ -205,11 +214,48 @@ class SimHttpHandler:
                     pieces.append((text, tid))
                     done = i == gen.plan.output_tokens - 1
                     e2e = trio.current_time() - began
-                    payload = bodies.generate_body(rid, gen, pieces, e2e, done=done)
+                    payload = bodies.generate_body(rid, gen, pieces, e2e, done=done,
+                                                   logprobs=logprobs)
                     yield bodies.sse(payload)
             yield DONE
 
         return HttpResponse(200, list(SSE_HEADERS), self._breakable(events()))
+
+    async def _generate_batch(self, body: dict[str, Any], rank: int, items: list[list[int]],
+                              out: int, lora: str | None, salt: str | None,
+                              rid: str) -> HttpResponse:
+        """SGLang ``/generate`` with several prompts: the items run at once (each its own PD
+        request on a PD engine, with its own room); the answer is a JSON list in item order.
+        The simulator streams single prompts only."""
+        engine = self.engine
+        if _bool(body, "stream", False):
+            raise BadRequest("the simulated engine streams one prompt per request")
+        if (early := await self._fault_gate()) is not None:
+            return early
+        wants_logprobs = _bool(body, "return_logprob", False)
+        decode = engine.pd is not None and engine.pd.role == "decode"
+        answers: list[Any] = [None] * len(items)
+        began = trio.current_time()
+
+        async def item(i: int) -> None:
+            item_body = pd.batch_item_body(body, i, len(items)) if engine.pd else body
+            generation, _ = await self._generation(item_body, rank, items[i], out, lora, salt)
+            async with generation as gen:
+                pieces = [(text, tid) async for _, text, tid in gen]
+            logprobs = None
+            if wants_logprobs:
+                logprobs = [] if decode else bodies.input_logprobs(items[i])
+            answers[i] = bodies.generate_body(f"{rid}-{i}", gen, pieces,
+                                              trio.current_time() - began, done=True,
+                                              logprobs=logprobs)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for i in range(len(items)):
+                    nursery.start_soon(item, i)
+        except* CortexError as group:
+            raise _first_leaf(group) from None
+        return _json(200, answers)
 
     async def _generation(
         self,
@@ -333,6 +379,11 @@ class SimHttpHandler:
 # ---------------------------------------------------------------- body helpers
 
 
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
 def _json(status: int, payload: object) -> HttpResponse:
     return json_response(status, msgspec.json.encode(payload))
 
@@ -342,6 +393,8 @@ def _json_body(request: HttpRequest) -> dict[str, Any]:
         body = msgspec.json.decode(request.body) if request.body else {}
     except msgspec.DecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return body

@@ -6,8 +6,9 @@ SGLang flavor (``pd_role`` prefill or decode):
 
 * Every generation request must carry ``bootstrap_host`` (str), ``bootstrap_port`` (int or
   null = the receiving engine's own ``bootstrap_port``) and ``bootstrap_room`` (int in
-  [0, 2**63-1], or a list with one room per item; the simulator serves one item per request, so
-  a list has length 1); otherwise 400.
+  [0, 2**63-1], or a list with one room per item; a single room ``r`` for a batch means
+  ``r + i`` for item ``i``); otherwise 400. Batches (``/generate`` with several prompts) run
+  each item as its own PD request (``batch_item_body``).
 * prefill: runs the bootstrap listener; queues and prefills the prompt as usual (cache
   admission, KV events), offers the room's KV, then waits for the decode engine to fetch it
   (``bootstrap_timeout_s``, SGLang's default 300 s; on timeout 500) before answering with one
@@ -105,6 +106,21 @@ def sglang_fields(body: dict[str, Any]) -> SglangFields:
     if problems:
         raise BadRequest("; ".join(problems))
     return SglangFields(host, port, room)  # type: ignore[arg-type]
+
+
+def batch_item_body(body: dict[str, Any], index: int, items: int) -> dict[str, Any]:
+    """The body of item ``index`` of a batch of ``items``: its own bootstrap fields (a list
+    gives one value per item; a single room ``r`` means ``r + index``, as SGLang expands it)."""
+    item = dict(body)
+    for name in ("bootstrap_host", "bootstrap_port", "bootstrap_room"):
+        value = body.get(name)
+        if isinstance(value, list):
+            if len(value) != items:
+                raise BadRequest(f"{name} has {len(value)} values for {items} items")
+            item[name] = value[index]
+        elif name == "bootstrap_room" and type(value) is int:
+            item[name] = value + index
+    return item
 
 
 def vllm_params(body: dict[str, Any]) -> dict[str, Any] | None:

@@ -123,6 +123,22 @@ async def test_prefill_killed_before_decode_starts_is_retried_on_another_prefill
 
 
 @pytest.mark.parametrize("flavor", sorted(FLAVORS))
+async def test_decode_killed_before_its_answer_is_retried_on_another_decode(flavor):
+    async with pd_cluster(flavor, ("prefill", "decode", "decode")) as cluster:
+        cluster.stop_engine("e1")
+        for question in ("Which decode?", "And this one?", "Once more?"):
+            response = await cluster.chat(messages(question))
+            assert response.status == 200, response.body
+            assert response.header(b"x-cortex-decode-worker") == b"e2"
+            assert json.loads(response.body)["choices"][0]["message"]["content"] == (
+                " The quick brown fox")
+        alive = [engine(cluster, "e0"), engine(cluster, "e2")]
+        with trio.fail_after(10):
+            while not all(e.pd.idle() and not e.busy() for e in alive):  # type: ignore[union-attr]
+                await trio.sleep(0.01)
+
+
+@pytest.mark.parametrize("flavor", sorted(FLAVORS))
 async def test_only_prefill_killed_falls_back_to_a_both_worker(flavor):
     async with pd_cluster(flavor, ("prefill", "decode", "both")) as cluster:
         cluster.stop_engine("e0")
@@ -216,4 +232,44 @@ async def test_vllm_bypass_when_decode_holds_the_prefix():
         answer = json.loads(second.body)
         assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
         assert cluster.running.gateway.pd.counters.bypassed == 1  # type: ignore[attr-defined]
+        await all_clean(cluster)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_sglang_prefill_input_logprobs_reach_the_client(stream):
+    async with pd_cluster("sglang", ("prefill", "decode")) as cluster:
+        body = json.dumps({"model": MODEL, "text": SYSTEM_TEXT + "Logprobs, please.",
+                           "sampling_params": {"max_new_tokens": 3}, "return_logprob": True,
+                           "stream": stream}).encode()
+        client = await RawClient.connect(cluster.port)
+        response = await client.request(b"POST", b"/generate", body,
+                                        [(b"content-type", b"application/json")])
+        await client.aclose()
+        assert response.status == 200, response.body
+        assert response.header(b"x-cortex-prefill-worker") == b"e0"
+        if stream:
+            payloads = [json.loads(line[6:]) for line in response.body.split(b"\n")
+                        if line.startswith(b"data: {")]
+            assert len(payloads) == 3
+        else:
+            payloads = [json.loads(response.body)]
+        for payload in payloads:  # decode's own list is empty: all of it is prefill's
+            meta = payload["meta_info"]
+            assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"] > 200
+            assert meta["input_token_logprobs"][0][0] is None
+        assert payloads[-1]["text"] == " The quick brown"
+        await all_clean(cluster)
+
+
+async def test_sglang_batch_gets_one_room_per_item_through_cortex():
+    async with pd_cluster("sglang", ("prefill", "decode")) as cluster:
+        body = json.dumps({"model": MODEL, "text": ["One prompt.", "Another prompt here."],
+                           "sampling_params": {"max_new_tokens": 2}}).encode()
+        client = await RawClient.connect(cluster.port)
+        response = await client.request(b"POST", b"/generate", body,
+                                        [(b"content-type", b"application/json")])
+        await client.aclose()
+        assert response.status == 200, response.body
+        assert response.header(b"x-cortex-decode-worker") == b"e1"
+        assert [item["text"] for item in json.loads(response.body)] == [" The quick"] * 2
         await all_clean(cluster)

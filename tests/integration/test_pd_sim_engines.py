@@ -99,7 +99,34 @@ async def test_sglang_generate_batch_room_list_of_one():
             answer = await post(decode, "/generate", body)
         assert answer.status == 200
         assert json.loads(answer.body)["text"] == " The quick brown"
-        body["bootstrap_room"] = [7, 8]
+        body["bootstrap_room"] = [7, 8]  # two rooms for one prompt
+        assert (await post(decode, "/generate", body)).status == 400
+        await idle(prefill, decode)
+
+
+async def test_sglang_batch_one_room_per_item():
+    async with pair("sglang-0.5.23") as (prefill, decode):
+        body = {"text": ["First prompt.", "Second, longer prompt."],
+                "sampling_params": {"max_new_tokens": 2}, "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": prefill.pd.bootstrap_port, "bootstrap_room": [21, 22]}
+        for rooms in ([21, 22], 30):  # a list, or one room r meaning r, r + 1
+            body["bootstrap_room"] = rooms
+            answers = {}
+
+            async def leg(engine: SimEngine) -> None:
+                answers[engine.name] = await post(engine, "/generate", body)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(leg, prefill)
+                nursery.start_soon(leg, decode)
+            assert answers["d0"].status == answers["p0"].status == 200, answers["d0"].body
+            items = json.loads(answers["d0"].body)
+            assert [item["text"] for item in items] == [" The quick", " The quick"]
+            assert items[0]["meta_info"]["prompt_tokens"] < items[1]["meta_info"]["prompt_tokens"]
+            assert [i["meta_info"]["completion_tokens"]
+                    for i in json.loads(answers["p0"].body)] == [1, 1]
+        await idle(prefill, decode)
+        body["bootstrap_room"] = [21]
         assert (await post(decode, "/generate", body)).status == 400
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from cortex.errors import BadRequest, ConfigError
 from cortex.sim.pd import MAX_ROOM, PdSimSettings, SglangFields, sglang_fields, vllm_decode_params
-from cortex.sim.pd import vllm_params
+from cortex.sim.pd import batch_item_body, vllm_params
 
 
 def test_sglang_fields_single_and_list_of_one():
@@ -57,3 +57,14 @@ def test_settings_are_positive():
     with pytest.raises(ConfigError) as info:
         PdSimSettings(waiting_timeout_s=0, kv_lease_s=-1)
     assert len(info.value.problems) == 2
+
+
+def test_batch_items_get_their_own_bootstrap_fields():
+    body = {"bootstrap_host": ["p1", "p2"], "bootstrap_port": 8998, "bootstrap_room": [4, 9],
+            "text": ["a", "b"]}
+    assert sglang_fields(batch_item_body(body, 1, 2)) == SglangFields("p2", 8998, 9)
+    single = {**body, "bootstrap_host": "p1", "bootstrap_room": 100}
+    assert [sglang_fields(batch_item_body(single, i, 3)).room for i in range(3)] == [
+        100, 101, 102]
+    with pytest.raises(BadRequest, match="3 items"):
+        batch_item_body(body, 0, 3)
