@@ -3,8 +3,9 @@
 Order of start (each step done before the next begins, via ``nursery.start``):
 
 1. the upstream pool (idle reaper) and the ledger book;
-2. the worker registry with the configured workers — each worker's KV-event ingestion (one
-   subscriber per DP rank) starts when it is added and stops when it is removed;
+2. the worker registry with the configured workers, then those of ``discovery`` (DNS, first
+   answer applied; added and drained like admin changes) — each worker's KV-event ingestion
+   (one subscriber per DP rank) starts when it is added and stops when it is removed;
 3. the health/load monitor (a worker is routable after its first good probe);
 4. the control plane (hypercorn, loopback by default) and the data plane (lean h11 server).
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import logging
 import random
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -62,6 +64,7 @@ from cortex.profile.profile_set import ProfileSet, load_profiles
 from cortex.systemd import Notifier, run_watchdog
 from cortex.upstream.pool import UpstreamPool
 from cortex.workers.breaker import BreakerState
+from cortex.workers.dns_watch import run_dns_discovery
 from cortex.workers.monitor import Fetch, run_monitor
 from cortex.workers.registry import ChangeKind, WorkerRegistry
 from cortex.workers.spec import WorkerSpec
@@ -145,6 +148,7 @@ class _Workers(AdminOps):
         self.targets: dict[str, tuple[int, ...]] = {}
         self.worker_of_target: dict[int, str] = {}
         self.model: dict[str, str] = {}
+        self.discovered: list[set[str]] = []  # per DNS service: the names it added
         registry.on_change(self.on_change)
         book.on_state_change(self.on_state)
 
@@ -208,7 +212,8 @@ class _Workers(AdminOps):
         self._start_ingestion(spec)
 
     async def _check_report(self, spec: WorkerSpec, pool: ModelPool) -> None:
-        """Compare what the worker says it serves (model, page size) with the profile."""
+        """Read what the worker says about itself: model and page size (compared with the
+        profile), and a PD prefill's bootstrap port."""
         timeout = self.config.health.timeout_s
         try:
             if spec.engine == "sglang":
@@ -225,6 +230,9 @@ class _Workers(AdminOps):
             self.reported.discard(spec.name)  # asked again when it is next seen live
             return
         if spec.name not in pool.workers:
+            return
+        pool.set_report(spec.name, report)
+        if pool.profile is None:
             return
         reason = pool.note_report(spec.name, report.model_for(pool.model), report.block_size)
         if reason is not None:
@@ -254,7 +262,7 @@ class _Workers(AdminOps):
         queue = sum(load.waiting for load in loads) if loads else None
         usages = [load.kv_usage for load in loads if load.kv_usage is not None]
         pool.set_figures(name, WorkerFigures(status.live, queue, max(usages, default=None)))
-        if status.live and name not in self.reported and pool.profile is not None:
+        if status.live and name not in self.reported and not pool.passthrough:
             self.reported.add(name)
             self.nursery.start_soon(self._check_report, self.registry.spec(name), pool)
         dead = status.breaker is BreakerState.OPEN
@@ -306,6 +314,8 @@ class _Workers(AdminOps):
         changes: list[str] = []
         problems: list[str] = []
         for spec in self.registry.specs():
+            if any(spec.name in owned for owned in self.discovered):
+                continue  # DNS discovery's own
             new = wanted.get(spec.name)
             if new is None and spec.origin in origins:
                 self.remove(spec.name)
@@ -341,7 +351,7 @@ class _Workers(AdminOps):
 
 async def run_gateway(config: CortexConfig, *,
                       task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
-    book = LedgerBook()
+    book = LedgerBook(config.ledger.max_entries, config.ledger.low_water)
     pools, profiles = build_pools(config, book)
     metrics = CortexMetrics()
     settings = config.health
@@ -372,6 +382,10 @@ async def run_gateway(config: CortexConfig, *,
         if problems:
             raise ConfigError(problems)
         nursery.start_soon(workers.report_in_flight)
+        for service in config.discovery:  # its first DNS answer is applied before we go on
+            workers.discovered.append(owned := set())  # SIGHUP leaves these to discovery
+            await nursery.start(partial(run_dns_discovery, service, workers, registry,
+                                        owned=owned))
         await nursery.start(run_monitor, registry, fetch, settings)
         metrics.watch_ledger(lambda: ledger_figures(book))
         metrics.watch_workers(lambda: [v for pool in pools.values() for v in pool.views()])
@@ -402,12 +416,10 @@ async def run_gateway(config: CortexConfig, *,
 
 async def _until_signal(server: HttpServer, drain_timeout_s: float) -> None:
     """Return after SIGINT/SIGTERM once the data plane drained, or never (until cancelled)."""
-    try:
-        receiver = trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
-    except RuntimeError:  # not the main thread (tests): cancellation is the only way out
-        await trio.sleep_forever()
+    if threading.current_thread() is not threading.main_thread():
+        await trio.sleep_forever()  # signals reach the main thread only: cancellation stops us
         return
-    with receiver as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             log.info("signal %s: draining", signal.Signals(signum).name)
             break

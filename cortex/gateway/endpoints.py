@@ -60,6 +60,8 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         body = _json_decoder.decode(raw)
     except msgspec.DecodeError as error:
         raise BadRequest(f"request body is not valid JSON: {error}") from None
+    except RecursionError:  # msgspec's own depth guard
+        raise BadRequest("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return body

@@ -46,4 +46,4 @@ class MetricsObserver(RouteObserver):
             self.registry.upstream_connect_failed(worker, str(error))
 
     def cached_tokens(self, model: str, route: Route, predicted: int, reported: int) -> None:
-        self.metrics.record_cached_tokens(model, predicted, reported)
+        self.metrics.record_cached_tokens(model, predicted, reported, route.prompt_tokens)

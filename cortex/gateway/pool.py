@@ -34,6 +34,7 @@ from typing import Any, Literal
 from cortex.events.model import EngineFamily
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.state import TargetState
+from cortex.gateway.worker_report import WorkerReport
 from cortex.profile.profile_set import ProfileSet
 from cortex.profile.request_keys import request_block_keys
 from cortex.profile.request_text import RequestPrompt
@@ -120,6 +121,7 @@ class ModelPool:
         self.targets: dict[str, tuple[int, ...]] = {}
         self._figures: dict[str, WorkerFigures] = {}
         self._capacity_listeners: list[Callable[[str], None]] = []
+        self.reports: dict[str, WorkerReport] = {}  # what each worker said about itself
         rng = rng or random.Random()
         self.scheduler = FastScheduler(rng, cost, watermarks, bounds)
         if passthrough:
@@ -153,7 +155,28 @@ class ModelPool:
         self.targets[spec.name] = targets
         self.refresh(spec.name)
 
+    def bootstrap_port(self, spec: WorkerSpec) -> int | None:
+        """A PD prefill worker's bootstrap port: as registered, else as it reported it."""
+        if spec.bootstrap_port is not None:
+            return spec.bootstrap_port
+        report = self.reports.get(spec.name)
+        return None if report is None else report.bootstrap_port
+
+    def set_report(self, name: str, report: WorkerReport) -> None:
+        """What the worker said about itself; may make it pairable (capacity listeners)."""
+        if name in self.workers:
+            self.reports[name] = report
+            for listener in self._capacity_listeners:
+                listener(name)
+
+    def awaiting_report(self, spec: WorkerSpec) -> bool:
+        """An SGLang prefill worker registered without a bootstrap port is not paired before
+        its own report (``/server_info``) says which port it uses."""
+        return (spec.engine == "sglang" and spec.role is Role.PREFILL
+                and spec.bootstrap_port is None and spec.name not in self.reports)
+
     def remove_worker(self, name: str) -> None:
+        self.reports.pop(name, None)
         self.profiles.forget_worker(self.model, name)
         self.workers.pop(name, None)
         self.targets.pop(name, None)

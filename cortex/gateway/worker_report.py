@@ -1,7 +1,8 @@
 """What a worker says about itself, for the model profile check. Pure parsers.
 
 engine-endpoints.md §2 and §6: SGLang's ``GET /server_info`` carries ``served_model_name`` (or
-``model_path``) and ``page_size``; vLLM's ``GET /v1/models`` lists the served model ids and its
+``model_path``), ``page_size`` and, on a PD prefill server, ``disaggregation_bootstrap_port``
+(pd-disaggregation.md §1.2: used when the worker was registered without one); vLLM's ``GET /v1/models`` lists the served model ids and its
 ``GET /metrics`` has the ``vllm:cache_config_info`` gauge whose ``block_size`` label is the
 block size. Whatever a worker does not say stays ``None`` — the profile check then reports it
 as missing instead of assuming agreement.
@@ -21,6 +22,7 @@ _BLOCK_SIZE_LABEL = re.compile(r'(?:^|,)\s*block_size="(\d+)"')
 class WorkerReport:
     models: tuple[str, ...]
     block_size: int | None
+    bootstrap_port: int | None = None  # SGLang PD prefill: disaggregation_bootstrap_port
 
     def model_for(self, wanted: str) -> str | None:
         """``wanted`` if the worker serves it, else the first model it names (or ``None``)."""
@@ -39,7 +41,9 @@ def sglang_server_info(body: bytes) -> WorkerReport:
     models = [name for name in (info.get("served_model_name"), info.get("model_path"))
               if isinstance(name, str) and name]
     page = info.get("page_size")
-    return WorkerReport(tuple(models), page if type(page) is int and page > 0 else None)
+    port = info.get("disaggregation_bootstrap_port")
+    return WorkerReport(tuple(models), page if type(page) is int and page > 0 else None,
+                        port if type(port) is int and 0 < port < 65536 else None)
 
 
 def vllm_models(body: bytes) -> tuple[str, ...]:

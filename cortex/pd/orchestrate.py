@@ -6,8 +6,11 @@ Rules (issue 6, protocols/pd-disaggregation.md):
   Prefill is chosen by the scheduler on ledger overlap and load; decode by the same scheduler
   (ledger credit counts when the decode engine publishes events). ``both`` workers never take
   a PD leg; they are the fallback.
-* SGLang: both legs get the same body with ``bootstrap_host/port/room`` and are sent at once;
-  a leg that fails while the two heads are awaited cancels the other (one nursery). Prefill's
+* SGLang: both legs get the same body with ``bootstrap_host/port/room`` (the port as
+  registered, else as the prefill server reported it) and are sent at once; a leg that fails
+  (transport error or a 5xx head) while the two heads are awaited cancels the other at once
+  (one nursery) — its peer would otherwise wait for its own PD timeout; a leg answering 4xx
+  (the engine refuses the request itself) closes the other and is the client's answer. Prefill's
   body is read to the end (the engine frees its slot; logprobs merged from it when asked), then
   decode's answer streams to the client.
 * vLLM: prefill first (``max_tokens`` 1, not streamed, ``do_remote_decode``), its
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
+from functools import partial
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -85,6 +89,15 @@ class LegFailed(Exception):
         self.error = error
 
 
+class LegRefused(Exception):
+    """A leg answered 4xx: the engine refuses the request itself; the client gets that answer."""
+
+    def __init__(self, leg: str, answer: Leg) -> None:
+        super().__init__(f"{leg} leg answered {answer.response.status}")
+        self.leg = leg
+        self.answer = answer
+
+
 class PdOrchestrator:
     def __init__(self, gateway: Gateway, settings: PdSettings | None = None,
                  new_request_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> None:
@@ -110,15 +123,15 @@ class PdOrchestrator:
     ) -> HttpResponse:
         views = pool.views()
         both = {view.worker for view in views if view.role is Role.BOTH}
+        admission = self.gateway._admission(pool)
         failed_prefill: set[str] = set()
         failed_decode: set[str] = set()
         last: BaseException | None = None
         for _ in range(self.settings.retries + 1):
             try:
-                prefill = pool.decide(token_ids, prompt, exclude=both | failed_prefill,
-                                      role=Role.PREFILL)
-                decode = pool.decide(token_ids, prompt, exclude=both | failed_decode,
-                                     role=Role.DECODE)
+                prefill, decode = await admission.admit(partial(
+                    self._pair, pool, token_ids, prompt, both | failed_prefill,
+                    both | failed_decode))
             except NoWorkerAvailable as error:
                 last = last or error
                 break
@@ -168,6 +181,24 @@ class PdOrchestrator:
             raise error if isinstance(error, CortexError) else UpstreamError(str(last))
         raise last if last is not None else NoWorkerAvailable("no prefill/decode pair")
 
+    @staticmethod
+    def _pair(pool: ModelPool, token_ids: Any, prompt: Any, not_prefill: set[str],
+              not_decode: set[str]) -> tuple[Route, Route]:
+        """A prefill and a decode route. A prefill worker still awaiting its own report (an
+        SGLang prefill registered without a bootstrap port) makes the pool count as saturated,
+        so the request waits for the report instead of failing."""
+        awaiting = {name for name, spec in pool.workers.items() if pool.awaiting_report(spec)}
+        try:
+            prefill = pool.decide(token_ids, prompt, exclude=not_prefill | awaiting,
+                                  role=Role.PREFILL)
+        except NoWorkerAvailable as error:
+            if awaiting - not_prefill and not error.saturated:
+                raise NoWorkerAvailable(f"{error}; prefill {', '.join(sorted(awaiting))} "
+                                        "not reported yet", saturated=True) from None
+            raise
+        decode = pool.decide(token_ids, prompt, exclude=not_decode, role=Role.DECODE)
+        return prefill, decode
+
     # ------------------------------------------------------------------ SGLang
 
     async def _sglang(self, pool: ModelPool, prefill: Route, decode: Route, endpoint: Endpoint,
@@ -176,7 +207,7 @@ class PdOrchestrator:
         gateway = self.gateway
         path = endpoint.value
         host = urlsplit(prefill.worker.url).hostname or ""
-        raw, _rooms = sglang_leg_body(body, host, prefill.worker.bootstrap_port,
+        raw, _rooms = sglang_leg_body(body, host, pool.bootstrap_port(prefill.worker),
                                       batch_items(path, body))
         legs: dict[str, Leg] = {}
         decode_stack = contextlib.AsyncExitStack()
@@ -184,22 +215,32 @@ class PdOrchestrator:
 
         async def open_leg(name: str, route: Route, stack: contextlib.AsyncExitStack) -> None:
             try:
-                legs[name] = await gateway.open_leg(stack, route.worker.origin, request.target,
-                                                    headers, raw, retry_statuses=True)
+                leg = await gateway.open_leg(stack, route.worker.origin, request.target,
+                                             headers, raw, retry_statuses=True)
             except (UpstreamError, OSError, RetryableStatus) as error:
                 raise LegFailed(name, route.worker.name, error) from None
+            status = leg.response.status
+            if status >= 500:  # a failed leg cancels the other at once (its peer would wait)
+                raise LegFailed(name, route.worker.name,
+                                UpstreamError(f"{name} answered {status}"))
+            if status >= 400:  # the engine refused the request itself: the client's answer
+                raise LegRefused(name, leg)
+            legs[name] = leg
 
         try:
             prefill_stack.enter_context(prefill.hold)
             decode_stack.enter_context(_decode_hold(pool, decode))
-            await _first_failure(open_leg, ("prefill", prefill, prefill_stack),
-                                 ("decode", decode, decode_stack))
-            prefill_leg = legs["prefill"]
-            if prefill_leg.response.status >= 400:  # the engine refused the request itself
-                await decode_stack.aclose()
-                return gateway.respond(prefill_leg, prefill_stack,
+            try:
+                await _first_failure(open_leg, ("prefill", prefill, prefill_stack),
+                                     ("decode", decode, decode_stack))
+            except LegRefused as refused:  # forwarded as it is; the other leg is closed
+                mine, other = ((prefill_stack, decode_stack) if refused.leg == "prefill"
+                               else (decode_stack, prefill_stack))
+                await other.aclose()
+                return gateway.respond(refused.answer, mine,
                                        self._headers(prefill, decode, "sglang"),
                                        prefill.worker.name)
+            prefill_leg = legs["prefill"]
             try:
                 prefill_answer = await _read_rest(prefill_leg)
             except UpstreamError as error:
@@ -315,7 +356,7 @@ async def _first_failure(open_leg: Callable[..., Any], *legs: tuple[Any, ...]) -
             for leg in legs:
                 nursery.start_soon(open_leg, *leg)
     except BaseExceptionGroup as group:
-        failed = [e for e in _leaves(group) if isinstance(e, LegFailed)]
+        failed = [e for e in _leaves(group) if isinstance(e, (LegFailed, LegRefused))]
         if failed:
             raise failed[0] from None
         raise

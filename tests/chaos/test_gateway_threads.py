@@ -8,7 +8,6 @@ from __future__ import annotations
 import queue
 import threading
 
-import pytest
 import trio
 
 from tests.chaos.cluster import chaos_cluster
@@ -29,11 +28,6 @@ def _serve_in_thread(results: queue.Queue[object]) -> None:
         results.put(error)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cortex/app.py _until_signal: trio.open_signal_receiver raises its 'only possible in the "
-    "main thread' RuntimeError when the context manager is ENTERED (with receiver as ...), not "
-    "when it is called, so the except RuntimeError around the call never catches it and "
-    "run_gateway dies at start off the main thread"))
 def test_gateway_serves_off_the_main_thread() -> None:
     results: queue.Queue[object] = queue.Queue()
     thread = threading.Thread(target=_serve_in_thread, args=(results,), daemon=True)

@@ -24,7 +24,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -361,10 +360,6 @@ async def test_fuzz_bodies() -> None:
                    fuzz_deeply_nested_bodies, fuzz_huge_bodies)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cortex/gateway/endpoints.py parse_body: msgspec.json.Decoder raises RecursionError (not "
-    "DecodeError) on JSON nested ~1000 deep, which escapes as a 500 'handler failed'; "
-    "parse_body should map RecursionError to BadRequest (the simulator's _json_body too)"))
 async def test_deeply_nested_json_is_a_client_error() -> None:
     await run_fuzz(fuzz_very_deeply_nested_bodies)
 

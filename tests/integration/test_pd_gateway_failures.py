@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-import pytest
 import trio
 
 from cortex.sim.pd import PdSimSettings
@@ -21,11 +20,6 @@ from tests.gateway_cluster import MODEL
 from tests.integration.test_pd_gateway import NO_BYPASS, engine, messages, pd_cluster
 
 PATIENT = PdSimSettings(waiting_timeout_s=30.0, bootstrap_timeout_s=30.0, kv_lease_s=30.0)
-ORCHESTRATOR_WAITS = ("PdOrchestrator._sglang waits for BOTH leg heads (_first_failure) and "
-                      "only raises on transport errors or 502/503/504: a leg answering 500 does "
-                      "not cancel the other, so the client waits for the other engine's own "
-                      "PD timeout")
-
 
 async def timed_chat(cluster, question: str) -> tuple[int, float, bytes]:  # noqa: ANN001
     started = trio.current_time()
@@ -36,7 +30,7 @@ async def timed_chat(cluster, question: str) -> tuple[int, float, bytes]:  # noq
     return response.status, trio.current_time() - started, response.body
 
 
-@pytest.mark.xfail(strict=True, reason=ORCHESTRATOR_WAITS)
+
 async def test_sglang_decode_answering_500_cancels_the_prefill_leg_at_once():
     async with pd_cluster("sglang", ("prefill", "decode", "decode"),
                           pd_settings=PATIENT) as cluster:
@@ -46,7 +40,7 @@ async def test_sglang_decode_answering_500_cancels_the_prefill_leg_at_once():
         assert status >= 500
 
 
-@pytest.mark.xfail(strict=True, reason=ORCHESTRATOR_WAITS)
+
 async def test_sglang_prefill_answering_500_cancels_the_decode_leg_and_falls_back():
     async with pd_cluster("sglang", ("prefill", "decode", "both"),
                           pd_settings=PATIENT) as cluster:
@@ -56,10 +50,6 @@ async def test_sglang_prefill_answering_500_cancels_the_decode_leg_and_falls_bac
         assert json.loads(body)["choices"][0]["message"]["content"] == " The quick brown fox"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the bootstrap port of a prefill worker comes only from its WorkerSpec: when it is not "
-    "registered, Cortex sends bootstrap_port null (decode then uses its own default port) "
-    "instead of the prefill's /server_info disaggregation_bootstrap_port"))
 async def test_sglang_bootstrap_port_learnt_from_server_info():
     async with pd_cluster("sglang", ("prefill", "decode"), pd_settings=PATIENT,
                           config_changes={"pd": NO_BYPASS}) as cluster:
