@@ -39,19 +39,15 @@ Running the handler and answering:
   waits for the first chunk and shares its write. If the iterator raises after the head went
   out, the connection is closed without the terminating chunk; before (a held head), the
   client gets the error's JSON answer instead.
-* The server sets ``date`` and ``server``; hop-by-hop headers and the handler's own ``date``,
-  ``server`` and framing headers are dropped. While the server drains, every answer carries
-  ``connection: close``.
+* Response heads follow ``cortex.front.response_head`` (server-owned ``date`` and ``server``,
+  no hop-by-hop headers). While the server drains, every answer carries ``connection: close``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import AsyncIterator
-from email.utils import formatdate
-from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 import h11
@@ -65,6 +61,7 @@ from cortex.front.errors_http import (
     error_response,
 )
 from cortex.front.messages import Headers, HttpRequest, HttpResponse
+from cortex.front.response_head import NO_BODY_STATUS, REASONS, response_headers
 
 if TYPE_CHECKING:
     from cortex.front.server import ServerShared
@@ -75,31 +72,8 @@ READ_SIZE = 65_536
 LINGER_S = 2.0  # a refused client gets this long to read the answer before the socket closes
 _LINGER_BYTES = 1 << 20
 
-_DROPPED_RESPONSE_HEADERS = frozenset({
-    b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
-    b"date", b"server",
-})
-_NO_BODY_STATUS = frozenset({204, 304})
-_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
-
-
-class _DateHeader:
-    """The ``date`` value, formatted once per second."""
-
-    second = -1
-    value = b""
-
-    @classmethod
-    def now(cls) -> bytes:
-        second = int(time.time())
-        if second != cls.second:
-            cls.value = formatdate(second, usegmt=True).encode()
-            cls.second = second
-        return cls.value
-
-
 def _head(status: int, headers: Headers) -> h11.Response:
-    return h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))
+    return h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
 
 
 def _only_cortex_error(exc: Exception) -> CortexError | None:
@@ -386,7 +360,7 @@ class HttpConnection:
                              keep_alive: bool) -> bool:
         body = response.body
         close = not keep_alive or self._shared.draining
-        no_body = request.method == b"HEAD" or response.status in _NO_BODY_STATUS
+        no_body = request.method == b"HEAD" or response.status in NO_BODY_STATUS
         if isinstance(body, (bytes, bytearray, memoryview)):
             headers = self._response_headers(response, close, len(body))
             try:
@@ -484,20 +458,8 @@ class HttpConnection:
 
     def _response_headers(self, response: HttpResponse, close: bool,
                           length: int | None) -> Headers:
-        headers: Headers = [(b"date", _DateHeader.now()), (b"server", self._shared.server_header)]
-        for name, value in response.headers:
-            lower = name.lower()
-            if lower in _DROPPED_RESPONSE_HEADERS or lower.startswith(b"proxy-"):
-                continue
-            if lower == b"content-length" and (length is not None
-                                               or response.status in _NO_BODY_STATUS):
-                continue
-            headers.append((lower, value))
-        if length is not None and response.status not in _NO_BODY_STATUS:
-            headers.append((b"content-length", b"%d" % length))
-        if close:
-            headers.append((b"connection", b"close"))
-        return headers
+        return response_headers(response.status, response.headers, self._shared.server_header,
+                                close, length)
 
     async def _refuse(self, error: CortexError) -> None:
         """Answers a request that could not be read, then closes gracefully (bounded)."""
