@@ -17,6 +17,8 @@ SECTIONS: dict[str, str] = {
     "models": "Served models. Each needs its tokenizer and KV block size for exact KV routing, "
               "unless passthrough.",
     "workers": "Static workers (more can be added at runtime through the admin API).",
+    "discovery": "Workers discovered from the DNS records of a headless service, refreshed "
+                 "periodically; a record that disappears is drained.",
     "scheduler": "Routing decisions.",
     "scheduler.cost": "Cost of sending a request to a worker (lower is better).",
     "scheduler.watermarks": "A worker at or above any of these gets no new request "
@@ -133,4 +135,23 @@ DOCS: dict[str, str] = {
     "workers.bootstrap_port": "SGLang PD bootstrap port of a prefill worker",
     "workers.weight": "relative weight of the worker (> 0; SIGHUP and the admin API may "
                       "change it)",
+    "discovery.service": "DNS name of the headless service (required)",
+    "discovery.record": "\"A\", \"AAAA\" (one worker per address on http_port) or \"SRV\" "
+                        "(the record's target and port)",
+    "discovery.nameserver": "DNS server, ip or ip:port (\"\": the system resolver)",
+    "discovery.interval_s": "seconds between two resolutions",
+    "discovery.timeout_s": "seconds one resolution may take (a failure changes nothing)",
+    "discovery.name_prefix": "workers are named <prefix>-<ip>-<port> (\"\": the service name)",
+    "discovery.http_port": "engines' HTTP port (A/AAAA records; SRV records carry theirs)",
+    "discovery.engine": "\"sglang\" or \"vllm\"",
+    "discovery.model": "served model name (unset: learnt from /v1/models)",
+    "discovery.role": "\"both\", \"prefill\" or \"decode\"",
+    "discovery.dp_size": "data-parallel ranks behind each address",
+    "discovery.events_port": "KV-event port of DP rank 0 on each address (rank r: port + r)",
+    "discovery.events_offset": "or: KV-event port = the worker's HTTP port + this offset",
+    "discovery.replay_port": "KV-event replay port of DP rank 0 on each address",
+    "discovery.replay_offset": "or: replay port = the worker's HTTP port + this offset",
+    "discovery.topic": "ZeroMQ topic prefix of the KV events (\"\": all)",
+    "discovery.bootstrap_port": "SGLang PD bootstrap port of prefill workers",
+    "discovery.weight": "relative weight of each discovered worker (> 0)",
 }

@@ -30,12 +30,14 @@ from cortex.config.docs import DOCS
 from cortex.config.tree import CortexConfig, ModelConfig
 from cortex.config.walk import (
     ScalarKey, Text, optional_inner, scalar_keys, suggest, type_hints)
+from cortex.workers.discovery import DnsService
 from cortex.workers.spec import WorkerSpec
 
 ENV_PREFIX = "CORTEX_"
 CONFIG_ENV = "CORTEX_CONFIG"
 LISTS = {"workers": ("CORTEX_WORKERS", "worker", "url", WorkerSpec),
-         "models": ("CORTEX_MODELS", "model", "name", ModelConfig)}
+         "models": ("CORTEX_MODELS", "model", "name", ModelConfig),
+         "discovery": ("CORTEX_DISCOVERY", "discover", "service", DnsService)}
 FOREIGN_PREFIXES = ("CORTEX_SIM_", "CORTEX_CYTHON_", "CORTEX_SHARED_")
 FLAG_DEST = "cfg."  # namespace attribute of a scalar flag: "cfg.server.limits.max_body_bytes"
 

@@ -26,6 +26,7 @@ from cortex.pd.plan import PdSettings
 from cortex.scheduling.cost import BoundedLoad, CostConfig
 from cortex.scheduling.watermark import Watermarks
 from cortex.upstream.limits import PoolLimits
+from cortex.workers.discovery import DnsService
 from cortex.workers.health import HealthSettings
 from cortex.workers.spec import WorkerSpec
 
@@ -198,6 +199,7 @@ class CortexConfig:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     models: tuple[ModelConfig, ...] = ()
     workers: tuple[WorkerSpec, ...] = ()
+    discovery: tuple[DnsService, ...] = ()  # workers from DNS records, refreshed
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     ingest: IngestSettings = field(default_factory=IngestSettings)
     health: HealthConfig = field(default_factory=HealthConfig)

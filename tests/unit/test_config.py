@@ -26,6 +26,7 @@ from cortex.errors import ConfigError
 from cortex.front.limits import ServerLimits
 from cortex.scheduling.cost import BoundedLoad
 from cortex.scheduling.view import Role
+from cortex.workers.discovery import DnsService
 from cortex.workers.spec import WorkerSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -267,9 +268,10 @@ def test_every_scalar_key_has_an_env_twin_a_flag_and_a_meaning():
         assert ".".join(key.path) in DOCS
     assert len(env_twins) == len(keys())
     generated = {option for option in options if option.startswith("--")} - {
-        "--help", "--config", "--worker", "--model"}
+        "--help", "--config", "--worker", "--model", "--discover"}
     assert {flag_name(key.path) for key in keys()} == generated
-    for cls, prefix in ((WorkerSpec, "workers"), (ModelConfig, "models")):
+    for cls, prefix in ((WorkerSpec, "workers"), (ModelConfig, "models"),
+                        (DnsService, "discovery")):
         for field in dataclasses.fields(cls):
             assert f"{prefix}.{field.name}" in DOCS
 
