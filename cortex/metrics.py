@@ -454,6 +454,11 @@ class CortexMetrics:
                                       "Predicted minus engine-reported cached tokens, per "
                                       "request (no _sum: the bias is predicted_total - "
                                       "reported_total)", _TOKEN_ERROR_BUCKETS, ("model",))
+        self._prompt = CounterFamily("cortex_prompt_tokens_total",
+                                     "Prompt tokens (Cortex's count) of the requests whose "
+                                     "engine reported cached tokens: the real hit rate is "
+                                     "cached_tokens_reported_total / this, per model",
+                                     ("model",))
         self._exact = CounterFamily("cortex_cached_tokens_exact_total",
                                     "Requests whose predicted cached tokens equal the reported",
                                     ("model",))
@@ -466,7 +471,8 @@ class CortexMetrics:
         build = GaugeFamily("cortex_build_info", "Cortex build (value is always 1)", ("version",))
         build.set((__version__,), 1)
         self._families = (build, self._route, self._tokenize, self._hash, self._decisions,
-                          self._no_worker, self._predicted, self._reported, self._error,
+                          self._no_worker, self._predicted, self._reported, self._prompt,
+                          self._error,
                           self._exact, self._upstream_errors, self._retries)
         self._writers: list[Writer] = [_write_process]
         if registry is not None:
@@ -500,11 +506,15 @@ class CortexMetrics:
     def record_no_worker(self, model: str) -> None:
         self._no_worker.inc((model,))
 
-    def record_cached_tokens(self, model: str, predicted: int, reported: int) -> None:
-        """One request whose engine reported its cached prompt tokens."""
+    def record_cached_tokens(self, model: str, predicted: int, reported: int,
+                             prompt_tokens: int | None = None) -> None:
+        """One request whose engine reported its cached prompt tokens (``prompt_tokens``:
+        Cortex's count of the prompt, ``None`` when it was not tokenized)."""
         labels = (model,)
         self._predicted.inc(labels, predicted)
         self._reported.inc(labels, reported)
+        if prompt_tokens is not None:
+            self._prompt.inc(labels, prompt_tokens)
         self._error.observe(labels, predicted - reported)
         if predicted == reported:
             self._exact.inc(labels)
