@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -427,6 +428,7 @@ def main() -> int:
     finally:
         for running in started.values():
             running.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(result, indent=2))
     return 1 if error else 0
 
