@@ -22,6 +22,13 @@ Store: blocks/s while building (array inputs) and with Python lists in 32-block 
 
 Usage: ``python perf/bench_ledger.py`` (10M entries, ~1 GB RAM, under a minute), ``--layout
 decode`` for the scattered worst case, ``--quick`` for a smoke run.
+
+``--budget FRACTION`` measures the cost of the entry budget instead (``ledger.pyx`` R6/R7): the
+same population is built twice in one run, each store stamped with its event number, first with
+no budget, then with ``max_entries = FRACTION x`` the population's entries (evicting the least
+recently stored conversations, ``--low-water`` of the budget at a time); reported: store
+throughput of each build, evictions and their longest pause, and match latency of the same
+queries (conversations from the most recent 30 %, held in both trees) on each tree.
 """
 
 from __future__ import annotations
@@ -84,9 +91,15 @@ def main() -> None:
         help="prefill: each tail arrives as events of 32 blocks (a prompt's blocks get "
              "consecutive nodes); decode: one block per event, 256 conversations interleaved "
              "(consecutive blocks land far apart: the worst case for match's memory access)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="compare no budget with a budget of this fraction of the entries")
+    parser.add_argument("--low-water", type=float, default=0.95)
     args = parser.parse_args()
     if args.quick:
         args.entries, args.queries = 200_000, 3_000
+    if args.budget is not None:
+        compare_budget(args)
+        return
 
     rng = random.Random(20261130)
     seed = namespace_seed("bench-model")
@@ -224,6 +237,114 @@ def main() -> None:
         },
     }
     print(json.dumps(result, indent=2))
+
+
+def compare_budget(args: argparse.Namespace) -> None:
+    """The same population and queries without and with an entry budget (module docstring)."""
+    rng = random.Random(20261130)
+    seed = namespace_seed("bench-model")
+    n_targets, tail_blocks = args.targets, args.tail_blocks
+    system_tokens = [tokens_of(rng, SYSTEM_BLOCKS * BLOCK) for _ in range(args.system_prompts)]
+    system_hashes = [hashes_of(rng, SYSTEM_BLOCKS) for _ in range(args.system_prompts)]
+    system_entries = args.system_prompts * SYSTEM_BLOCKS * n_targets
+    n_conversations = max(1, int((args.entries - system_entries) / (tail_blocks * 1.3)))
+    holders_of = [rng.sample(range(n_targets), 2 if rng.random() < 0.3 else 1)
+                  for _ in range(n_conversations)]
+
+    def build(tree: BlockTree) -> dict:
+        now = 0
+        stored = 0
+        pauses: list[int] = []
+        clock = time.perf_counter_ns
+        started = time.perf_counter()
+        for target in range(n_targets):
+            for prompt in range(args.system_prompts):
+                now += 1
+                stored += tree.store(target, None, system_hashes[prompt], system_tokens[prompt],
+                                     seed, now=now)
+        for first in range(0, n_conversations, INTERLEAVED):
+            group = []
+            for conversation in range(first, min(n_conversations, first + INTERLEAVED)):
+                prompt = conversation % args.system_prompts
+                tail_rng = random.Random(conversation)
+                tokens = memoryview(tokens_of(tail_rng, tail_blocks * BLOCK))
+                hashes = memoryview(hashes_of(tail_rng, tail_blocks))
+                group.append((system_hashes[prompt][-1], holders_of[conversation], tokens, hashes))
+            for start in range(0, tail_blocks, EVENT_BLOCKS):
+                stop = min(tail_blocks, start + EVENT_BLOCKS)
+                for system_parent, holders, tokens, hashes in group:
+                    parent = hashes[start - 1] if start else system_parent
+                    for target in holders:
+                        now += 1
+                        evictions = tree.evictions
+                        t0 = clock()
+                        stored += max(0, tree.store(target, parent, hashes[start:stop],
+                                                    tokens[start * BLOCK:stop * BLOCK], seed,
+                                                    now=now))
+                        if tree.evictions != evictions:
+                            pauses.append(clock() - t0)
+        build_s = time.perf_counter() - started
+        return {"build_s": round(build_s, 2), "blocks_per_s": round(stored / build_s),
+                "entries": tree.entries, "nodes": tree.nodes,
+                "memory_bytes": tree.memory_bytes, "evicted_entries": tree.evicted_entries,
+                "evictions": tree.evictions,
+                "eviction_pause_ms": {"max": round(max(pauses, default=0) / 1e6, 1),
+                                      "mean": round(sum(pauses) / max(1, len(pauses)) / 1e6, 1)}}
+
+    def conversation_keys(conversation: int, fresh_from: int | None) -> array:
+        prompt = conversation % args.system_prompts
+        tail = tokens_of(random.Random(conversation), tail_blocks * BLOCK).tolist()
+        if fresh_from is not None:
+            tail[fresh_from * BLOCK:] = tokens_of(rng, (tail_blocks - fresh_from) * BLOCK)
+        return block_keys(system_tokens[prompt].tolist() + tail, BLOCK, seed)
+
+    recent = range(int(n_conversations * 0.7), n_conversations)
+    queries = []
+    for _ in range(min(args.queries // 3, 3_000)):
+        conversation = rng.choice(recent)
+        queries.append(("hit", conversation_keys(conversation, None)))
+        queries.append(("partial", conversation_keys(conversation, tail_blocks // 2)))
+        queries.append(("miss", conversation_keys(conversation, 0)))
+
+    def time_matches(tree: BlockTree) -> dict:
+        clock = time.perf_counter_ns
+        timings: dict[str, list[int]] = {"hit": [], "partial": [], "miss": []}
+        order = list(range(len(queries)))
+        for _ in range(max(1, args.queries // len(order))):
+            rng.shuffle(order)
+            for i in order:
+                kind, keys = queries[i]
+                t0 = clock()
+                tree.match(keys)
+                timings[kind].append(clock() - t0)
+        all_ns = [ns for samples in timings.values() for ns in samples]
+        return {"all": percentiles_us(all_ns)} | {
+            kind: percentiles_us(samples) for kind, samples in timings.items()}
+
+    runs = {}
+    budget = 0
+    for name in ("no_budget", "budget"):
+        gc.collect()
+        tree = BlockTree(BLOCK)
+        if name == "budget":
+            tree.set_budget(budget, args.low_water)
+        runs[name] = build(tree)
+        if name == "no_budget":
+            budget = int(tree.entries * args.budget)
+        hit = tree.match(queries[0][1])
+        assert max(hit.values()) == SYSTEM_BLOCKS + tail_blocks and len(hit) == n_targets, hit
+        runs[name]["match_us"] = time_matches(tree)
+        del tree
+    runs["budget"]["max_entries"] = budget
+    runs["budget"]["low_water"] = args.low_water
+    print(json.dumps({
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "machine": machine_info(),
+        "population": {"targets": n_targets, "conversations": n_conversations,
+                       "tail_blocks": tail_blocks, "queries": "hit/partial/miss of the "
+                       "most recent 30% of conversations"},
+        "runs": runs,
+    }, indent=2))
 
 
 if __name__ == "__main__":

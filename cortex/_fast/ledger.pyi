@@ -19,6 +19,12 @@ Single owner (the trio thread); no method blocks or yields; no locks.
   dropped early: a miss, never a false hit). ``now`` is kept modulo 2**32. Arguments are all
   checked before anything changes, so an invalid call (ValueError/OverflowError/TypeError)
   leaves the tree untouched.
+* Recency and budget (rules R6, R7 in ``ledger.pyx``): ``store(now=...)`` stamps the nodes it
+  touches and the path above its parent, so a node is never older than its descendants. With
+  ``max_entries`` > 0 a store that leaves more entries evicts down to ``low_water *
+  max_entries``: least-recently-touched nodes first, childless first among equals, each losing
+  every holder exactly as BlockRemoved of the hashes naming it would. Evicted hashes are then
+  unknown (removals counted in ``unknown_removal``, stores under them in ``unknown_parent``).
 * Sequences of ints may also be given as buffers: ``array('Q')`` for hashes and keys,
   ``array('I')`` for token ids.
 """
@@ -35,8 +41,19 @@ class BlockTree:
     unknown_removal: int  # removed hashes the target does not hold: ignored
     duplicate_store: int  # stores of a hash the target already holds (refcount + 1)
     hash_conflict: int  # a held hash re-stored with a different key: old entry replaced
+    evicted_entries: int  # entries evicted to keep within max_entries
+    evictions: int  # eviction rounds (each frees down to the low water)
+    max_entries: int  # entry budget; 0: none
+    low_water: float  # an eviction goes down to low_water * max_entries
+    clock: int  # newest ``now`` given to store, modulo 2**32
 
-    def __init__(self, block_size: int) -> None: ...
+    def __init__(self, block_size: int, max_entries: int = 0, low_water: float = 0.95) -> None: ...
+    def set_budget(self, max_entries: int, low_water: float = 0.95) -> None:
+        """Change the budget (0: none); applies from the next store. ValueError unless
+        0 < low_water <= 1."""
+    def evict(self, goal: int) -> int:
+        """Evict least-recently-touched entries until at most ``goal`` are left; how many were
+        evicted. O(nodes + target map slots) per call."""
     def store(
         self,
         target: int,

@@ -24,15 +24,28 @@ Rules (they hold whenever no method is running):
   holders (plus node lifetimes).
 * R5 — atomic inputs: every argument is converted and checked before anything changes, so a
   bad argument raises and leaves the tree as it was.
+* R6 — recency: a store stamps every node it touches with ``now`` and so do the ancestors of its
+  parent (walking up while they are older), so a node is never older than its descendants
+  (while ``now`` does not go backwards). ``clock`` is the newest ``now`` seen; a node's age is
+  ``clock - stamp`` modulo 2**32.
+* R7 — entry budget: with ``max_entries`` > 0, a store that leaves more entries than that evicts
+  down to ``low_water * max_entries``: every entry of the oldest nodes (all their holders, all
+  media, exactly as BlockRemoved of each target's hashes naming them would), oldest first; among
+  nodes of the same age, deepest first, so by R6 eviction never takes a node from a target
+  while leaving a descendant. Evicted entries are counted
+  (``evicted_entries``); later events naming evicted hashes are unknown ones (counted, ignored;
+  a store under an evicted parent is skipped). Eviction only removes, so it never makes a false
+  hit. Cost: up to seven sequential passes over the node pool and two over every target map
+  per eviction, amortized over the ``(1 - low_water) * max_entries`` entries it frees.
 
-Costs: store O(blocks x holders of the touched nodes), remove O(hashes), clear_target O(the
+Costs: store O(blocks x holders of the touched nodes + ancestors stamped), remove O(hashes), clear_target O(the
 target's entries), match O(depth x targets still matching) with the key-map and node loads of
 the next levels prefetched while the current level is processed.
 """
 
 cimport cython
-from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memset
 
 from cortex._fast.blockkeys cimport key_scratch_bytes, opaque_block_key, token_block_key
@@ -104,6 +117,11 @@ cdef class BlockTree:
     cdef readonly unsigned long long unknown_removal
     cdef readonly unsigned long long duplicate_store
     cdef readonly unsigned long long hash_conflict
+    cdef readonly unsigned long long evicted_entries
+    cdef readonly unsigned long long evictions  # eviction rounds (each down to the low water)
+    cdef readonly unsigned long long max_entries  # 0: no budget
+    cdef readonly double low_water
+    cdef readonly uint32_t clock  # newest ``now`` seen (modulo 2**32)
 
     cdef Node* pool
     cdef uint32_t pool_cap, pool_top, free_head, n_nodes
@@ -128,10 +146,12 @@ cdef class BlockTree:
     cdef uint16_t* dropped
     cdef size_t dropped_cap
 
-    def __cinit__(self, Py_ssize_t block_size):
+    def __cinit__(self, Py_ssize_t block_size, unsigned long long max_entries=0,
+                  double low_water=0.95):
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
+        self.set_budget(max_entries, low_water)
         self.free_head = NO_NODE
         self.key_input = <uint8_t*>malloc(key_scratch_bytes(block_size))
         self.keys.slots = <uint64_t*>big_calloc(MIN_TABLE * sizeof(uint64_t))
@@ -182,6 +202,9 @@ cdef class BlockTree:
         cdef uint64_t parent_key = 0, key
         cdef bint has_parent = False
         cdef uint64_t* keys
+        cdef uint32_t stamp = <uint32_t>now, up
+        if <int32_t>(stamp - self.clock) > 0:
+            self.clock = stamp
         if parent_hash is not None:
             found = targetmap_find(tm, parent_wanted)
             if found == NULL:
@@ -190,6 +213,10 @@ cdef class BlockTree:
             parent = found.node
             parent_key = self.pool[parent].key
             has_parent = True
+            up = parent  # R6: the parent's path is touched too
+            while up != NO_NODE and <int32_t>(stamp - self.pool[up].stamp) > 0:
+                self.pool[up].stamp = stamp
+                up = self.pool[up].parent
         # Keys first (CPU only), prefetching the key-map and target-map slots each block will
         # probe, so the event's random loads overlap instead of stalling one after another.
         _grow(<void**>&self.event_keys, &self.event_keys_cap, n, sizeof(uint64_t))
@@ -208,10 +235,25 @@ cdef class BlockTree:
                 cortex_prefetch(&tm.slots[hash_home(self.words[i], tm.shift)])
         for i in range(n):
             node = self._node_of(keys[i], parent)
-            self.pool[node].stamp = <uint32_t>now
+            self.pool[node].stamp = stamp
             self._attach(tm, <uint16_t>target, self.words[i], node, medium)
             parent = node
+        if self.max_entries and self.n_entries > self.max_entries:
+            self._evict(<uint64_t>(self.max_entries * self.low_water))
         return n
+
+    def set_budget(self, unsigned long long max_entries, double low_water=0.95):
+        """Entry budget (0: none) and the fraction of it an eviction goes down to (R7); takes
+        effect at the next store."""
+        if not 0.0 < low_water <= 1.0:
+            raise ValueError(f"low_water must be in (0, 1], got {low_water}")
+        self.max_entries = max_entries
+        self.low_water = low_water
+
+    def evict(self, unsigned long long goal):
+        """Evict least-recently-touched entries until at most ``goal`` are left (R7); the
+        number evicted."""
+        return self._evict(goal)
 
     def remove(self, int target, block_hashes, int medium=0):
         """Apply one BlockRemoved; the number of hashes the target did not hold."""
@@ -494,6 +536,196 @@ cdef class BlockTree:
                                  int medium) noexcept:
         holder_sub(&self.pool[node], node, tm, target, medium, &self.holder_bytes)
 
+    cdef uint64_t _evict(self, uint64_t goal) except? 0xFFFFFFFFFFFFFFFF:
+        """R7: evict the oldest nodes' entries until ``n_entries <= goal``."""
+        cdef uint64_t before = self.n_entries, progress
+        cdef uint64_t* hist
+        cdef uint8_t* marks
+        if before <= goal:
+            return 0
+        hist = <uint64_t*>calloc(65536, sizeof(uint64_t))
+        marks = <uint8_t*>malloc(self.pool_top if self.pool_top else 1)
+        if hist == NULL or marks == NULL:
+            free(hist)
+            free(marks)
+            raise MemoryError()
+        try:
+            while self.n_entries > goal:
+                progress = self.n_entries
+                self._evict_round(goal, hist, marks)
+                if self.n_entries == progress:
+                    break  # nothing left to evict (cannot happen while entries > 0)
+        finally:
+            free(hist)
+            free(marks)
+        self.evictions += 1
+        self.evicted_entries += before - self.n_entries
+        return before - self.n_entries
+
+    cdef int _evict_round(self, uint64_t goal, uint64_t* hist, uint8_t* marks) except -1:
+        cdef uint64_t excess = self.n_entries - goal, acc = 0
+        cdef uint32_t i, age, cutoff, top = self.pool_top, n_marked
+        cdef Py_ssize_t hb, lb
+        cdef Node* nd
+        # The cutoff age: fewer than ``excess`` entries are older, at least ``excess`` are as
+        # old or older. A radix select on the high then the low half of the age, each node
+        # weighted by its entries.
+        memset(hist, 0, 65536 * sizeof(uint64_t))
+        for i in range(top):
+            nd = &self.pool[i]
+            if nd.n_holders and nd.children != FREE_MARK:
+                hist[<uint32_t>(self.clock - nd.stamp) >> 16] += _node_entries(nd)
+        hb = 65535
+        while hb > 0 and acc + hist[hb] < excess:
+            acc += hist[hb]
+            hb -= 1
+        memset(hist, 0, 65536 * sizeof(uint64_t))
+        for i in range(top):
+            nd = &self.pool[i]
+            if nd.n_holders and nd.children != FREE_MARK:
+                age = <uint32_t>(self.clock - nd.stamp)
+                if age >> 16 == <uint32_t>hb:
+                    hist[age & 0xFFFF] += _node_entries(nd)
+        lb = 65535
+        while lb > 0 and acc + hist[lb] < excess:
+            acc += hist[lb]
+            lb -= 1
+        cutoff = (<uint32_t>hb << 16) | <uint32_t>lb
+        # Every node strictly older than the cutoff (by R6 so are its descendants).
+        memset(marks, 0, top)
+        n_marked = 0
+        for i in range(top):
+            nd = &self.pool[i]
+            if (nd.n_holders and nd.children != FREE_MARK
+                    and <uint32_t>(self.clock - nd.stamp) > cutoff):
+                marks[i] = 1
+                n_marked += 1
+        if n_marked:
+            self._drop_marked(marks, top)
+        if self.n_entries > goal:
+            self._evict_deepest(goal, cutoff, hist, marks)
+        return 0
+
+    cdef int _evict_deepest(self, uint64_t goal, uint32_t cutoff, uint64_t* hist,
+                            uint8_t* marks) except -1:
+        """Among nodes of age ``cutoff``, evict the deepest first until ``n_entries <= goal``
+        (depth from the root: a node's descendants of the same age are deeper, so they go
+        first). One pass finds the depths (memoized walks up), one selects, one marks."""
+        cdef uint32_t top = self.pool_top, i, up, d, n_path
+        cdef uint64_t need = self.n_entries - goal, acc = 0
+        cdef Py_ssize_t db
+        cdef Node* nd
+        cdef uint32_t path_cap = 256
+        cdef uint32_t* grown
+        cdef uint32_t* path = <uint32_t*>malloc(path_cap * sizeof(uint32_t))
+        cdef uint32_t* depth = <uint32_t*>calloc(top if top else 1, sizeof(uint32_t))
+        if depth == NULL or path == NULL:
+            free(depth)
+            free(path)
+            raise MemoryError()
+        try:
+            memset(hist, 0, 65536 * sizeof(uint64_t))
+            for i in range(top):
+                nd = &self.pool[i]
+                if not (nd.n_holders and nd.children != FREE_MARK
+                        and <uint32_t>(self.clock - nd.stamp) == cutoff):
+                    continue
+                # Walk up to a node of known depth (or past the root), then fill the path.
+                n_path = 0
+                up = i
+                while up != NO_NODE and depth[up] == 0:
+                    if n_path == path_cap:
+                        grown = <uint32_t*>realloc(path, 2 * path_cap * sizeof(uint32_t))
+                        if grown == NULL:
+                            raise MemoryError()
+                        path = grown
+                        path_cap *= 2
+                    path[n_path] = up
+                    n_path += 1
+                    up = self.pool[up].parent
+                d = 0 if up == NO_NODE else depth[up]
+                while n_path:
+                    n_path -= 1
+                    d += 1
+                    depth[path[n_path]] = d
+                hist[depth[i] if depth[i] < 65535 else 65535] += _node_entries(nd)
+            db = 65535
+            while db > 0 and acc + hist[db] < need:
+                acc += hist[db]
+                db -= 1
+            memset(marks, 0, top)
+            for i in range(top):
+                nd = &self.pool[i]
+                if not (nd.n_holders and nd.children != FREE_MARK
+                        and <uint32_t>(self.clock - nd.stamp) == cutoff):
+                    continue
+                d = depth[i] if depth[i] < 65535 else 65535
+                if d > <uint32_t>db:
+                    marks[i] = 1
+                elif d == <uint32_t>db and acc < need:
+                    marks[i] = 1
+                    acc += _node_entries(nd)
+            self._drop_marked(marks, top)
+        finally:
+            free(depth)
+            free(path)
+        return 0
+
+    cdef int _drop_marked(self, const uint8_t* marks, uint32_t top) except -1:
+        """Drop every entry naming a marked node, then the nodes' holders (R1-R3 hold after)."""
+        cdef uint32_t t, i, doomed, cap, shift
+        cdef size_t j, mask
+        cdef uint64_t dropped
+        cdef TargetMap* tm
+        cdef Entry* fresh
+        cdef Node* nd
+        for t in range(self.n_maps):
+            tm = &self.maps[t]
+            doomed = 0
+            dropped = 0
+            for i in range(tm.cap):
+                if tm.slots[i].refs and marks[tm.slots[i].node]:
+                    doomed += 1
+                    dropped += media_count(tm.slots[i].refs)
+            if not doomed:
+                continue
+            cap = 0
+            fresh = NULL
+            if tm.used > doomed:
+                cap = tm.cap
+                while cap > MIN_TABLE and (tm.used - doomed) * 8 < cap:
+                    cap //= 2
+                fresh = <Entry*>big_calloc(cap * sizeof(Entry))
+                if fresh == NULL:
+                    raise MemoryError()
+                shift = 64 - _log2(cap)
+                mask = cap - 1
+                for i in range(tm.cap):
+                    if tm.slots[i].refs and not marks[tm.slots[i].node]:
+                        j = hash_home(tm.slots[i].hash, shift)
+                        while fresh[j].refs:
+                            j = (j + 1) & mask
+                        fresh[j] = tm.slots[i]
+            else:
+                shift = 0
+            big_free(tm.slots, tm.cap * sizeof(Entry))
+            tm.slots = fresh
+            tm.cap = cap
+            tm.shift = shift
+            tm.used -= doomed
+            tm.entries -= dropped
+            self.n_entries -= dropped
+        for i in range(top):
+            if marks[i]:
+                nd = &self.pool[i]
+                if nd.heap_cap:
+                    free(nd.holders.heap)
+                    self.holder_bytes -= nd.heap_cap * sizeof(Holder)
+                    nd.heap_cap = 0
+                nd.n_holders = 0
+                self._release(i)
+        return 0
+
     cdef void _release(self, uint32_t node) noexcept:
         """Free ``node`` and then its ancestors while they have no holder and no child (R3)."""
         cdef uint32_t parent
@@ -511,6 +743,25 @@ cdef class BlockTree:
             if parent != NO_NODE:
                 self.pool[parent].children -= 1
             node = parent
+
+
+cdef inline uint64_t _node_entries(Node* nd) noexcept nogil:
+    """Entries naming the node (holder counts, which saturate at 255: a selection weight)."""
+    cdef Holder* hs = holders_of(nd)
+    cdef uint64_t total = 0
+    cdef Py_ssize_t j
+    cdef int m
+    for j in range(nd.n_holders):
+        for m in range(4):
+            total += hs[j].count[m]
+    return total
+
+
+cdef inline uint32_t _log2(uint32_t power) noexcept nogil:
+    cdef uint32_t bits = 0
+    while (<uint32_t>1 << bits) < power:
+        bits += 1
+    return bits
 
 
 cdef inline int _check_target(int target) except -1:

@@ -25,6 +25,7 @@ SECTIONS: dict[str, str] = {
                             "(\"none\": not checked).",
     "scheduler.bounds": "Bounded-load cap of the policies that pick among all open workers.",
     "ingest": "KV-event ingestion from the engines (ZeroMQ).",
+    "ledger": "Which worker holds which prompt blocks (fed by the KV events), and its bound.",
     "health": "Health probing, load polling and the per-worker circuit breaker.",
     "admission": "What happens when every worker of a model is above its watermarks.",
     "pd": "Prefill/decode disaggregation (models with prefill and decode workers).",
@@ -100,6 +101,11 @@ DOCS: dict[str, str] = {
     "ingest.replay_timeout_s": "seconds for one replay request, sent to last reply",
     "ingest.replay_max_items": "event batches read by one history replay at most",
     "ingest.rcvhwm": "ZeroMQ SUB receive high-water mark, messages (0: unlimited)",
+    "ledger.max_entries": "(block, worker rank, medium) entries kept, all models together "
+                          "(~75 bytes each); past it the least recently stored go first "
+                          "(\"none\": no bound)",
+    "ledger.evict_fraction": "fraction of max_entries one eviction frees (0 < x < 1): "
+                             "fewer, larger evictions",
     "ingest.dedupe_window": "recent batches remembered per publisher to tell duplicates "
                             "from restarts",
     "health.interval_s": "seconds between two health probes of a worker",

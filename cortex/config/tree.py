@@ -4,6 +4,7 @@ Rules:
 
 * Sections reuse the frozen types their components already own (``ServerLimits``,
   ``PoolLimits``, ``CostConfig``, ``Watermarks``, ``BoundedLoad``, ``IngestSettings``,
+  ``LedgerSettings``,
   ``WorkerSpec``) instead of re-declaring fields; a component is handed its own sub-tree.
 * Every section validates itself in ``__post_init__`` and raises ``ConfigError`` listing all of
   its own problems; problems that span sections live in ``checks``.
@@ -22,6 +23,7 @@ from cortex.errors import ConfigError
 from cortex.events.source import IngestSettings
 from cortex.front.limits import ServerLimits
 from cortex.gateway.settings import AdmissionSettings
+from cortex.ledger.book import LedgerSettings
 from cortex.pd.plan import PdSettings
 from cortex.scheduling.cost import BoundedLoad, CostConfig
 from cortex.scheduling.watermark import Watermarks
@@ -202,6 +204,7 @@ class CortexConfig:
     discovery: tuple[DnsService, ...] = ()  # workers from DNS records, refreshed
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     ingest: IngestSettings = field(default_factory=IngestSettings)
+    ledger: LedgerSettings = field(default_factory=LedgerSettings)
     health: HealthConfig = field(default_factory=HealthConfig)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     pd: PdSettings = field(default_factory=PdSettings)

@@ -5,7 +5,7 @@ the Cython ``BlockTree`` (``cortex/_fast/ledger.pyx``).
 """
 
 from cortex._fast.ledger import ALL_MEDIA, GPU_ONLY, BlockTree
-from cortex.ledger.book import ApplyResult, LedgerBook, TargetInfo
+from cortex.ledger.book import ApplyResult, LedgerBook, LedgerSettings, TargetInfo
 from cortex.ledger.state import TargetState
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "ApplyResult",
     "BlockTree",
     "LedgerBook",
+    "LedgerSettings",
     "TargetInfo",
     "TargetState",
 ]

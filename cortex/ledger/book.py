@@ -1,7 +1,7 @@
 """``LedgerBook``: every target's ledger entries, in one ``BlockTree`` per (engine family,
 model, block size), plus the registry of targets and their trust states.
 
-Pure: no I/O, no clock (``now`` is passed in), single owner (the trio thread). Decisions about
+Pure: no I/O, no wall clock, single owner (the trio thread). Decisions about
 states are made by the sync machine (``cortex.events.sync``); the book only stores them.
 
 Rules:
@@ -19,6 +19,15 @@ Rules:
   group is skipped (``skipped_non_main``). BlockRemoved carries no block size: its hashes are
   looked up in the trees the target stored into (almost always one). AllBlocksCleared empties
   the target everywhere.
+* Recency: the book owns a logical clock, one tick per ``apply`` (a batch), and stamps every
+  store with it, so the trees' least-recently-touched order is the order batches arrived in.
+* Entry budget: with ``max_entries`` set, a BlockStored that leaves more than ``max_entries``
+  entries in all trees together evicts down to ``low_water * max_entries`` (amortized: one
+  eviction frees ``(1 - low_water) * max_entries`` entries), least recently touched first,
+  deepest first (``ledger.pyx`` R6/R7). With several trees each gives up a share of the excess
+  proportional to its entries. Evictions only remove entries, so a target's ledger stays a true
+  lower bound (misses only, no false hits); later events naming evicted hashes are counted as
+  unknown ones. ``evicted_entries`` / ``evictions`` count them (all trees, since start).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from dataclasses import dataclass
 
 from cortex._fast.blockkeys import namespace_seed
 from cortex._fast.ledger import ALL_MEDIA, GPU_ONLY, BlockTree
-from cortex.errors import CortexError
+from cortex.errors import ConfigError, CortexError
 from cortex.events.model import (
     AllBlocksCleared,
     BlockRemoved,
@@ -44,6 +53,31 @@ MAX_TARGETS = 65535
 MAX_BLOCK_SIZE = 1 << 16  # tokens; larger values are corrupt input, not a cache geometry
 _CACHE_LIMIT = 4096  # namespace seeds / media remembered before the caches are reset
 _INPUT_ERRORS = (ValueError, OverflowError, TypeError)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSettings:
+    """The ``ledger`` section of the configuration."""
+
+    # (block, worker rank, medium) entries kept in all trees together; None: no budget.
+    # ~75 bytes each (perf/RESULTS.md), so the default bounds the ledger near 1.5 GB.
+    max_entries: int | None = 20_000_000
+    # Fraction of max_entries one eviction frees (it goes down to the low water 1 - this):
+    # amortizes the eviction's passes over the tree.
+    evict_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.max_entries is not None and self.max_entries < 1:
+            problems.append("max_entries must be >= 1 (or none: no budget)")
+        if not 0.0 < self.evict_fraction < 1.0:
+            problems.append("evict_fraction must be in (0, 1)")
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def low_water(self) -> float:
+        return 1.0 - self.evict_fraction
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +104,14 @@ class ApplyResult:
 
 
 class LedgerBook:
-    def __init__(self) -> None:
+    def __init__(self, max_entries: int | None = None, low_water: float = 0.95) -> None:
+        if max_entries is not None and max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1 (or None: no budget), got {max_entries}")
+        if not 0.0 < low_water <= 1.0:
+            raise ValueError(f"low_water must be in (0, 1], got {low_water}")
+        self.max_entries = max_entries
+        self.low_water = low_water
+        self._clock = 0
         self._trees: dict[tuple[EngineFamily, str, int], BlockTree] = {}
         self._infos: dict[int, TargetInfo] = {}
         self._ids: dict[tuple[str, int], int] = {}
@@ -151,9 +192,11 @@ class LedgerBook:
 
     # ------------------------------------------------------------------ events
 
-    def apply(self, target: int, batch: EventBatch, now: int = 0) -> ApplyResult:
+    def apply(self, target: int, batch: EventBatch) -> ApplyResult:
         """Apply a batch's events in order (see the rules at the top)."""
         model = self._infos[target].model
+        self._clock = now = (self._clock + 1) & 0xFFFFFFFF
+        budget = self.max_entries
         trees = self._target_trees[target]
         seeds, media = self._seeds, self._media
         stored_blocks = removed_blocks = unknown_parent = unknown_removal = 0
@@ -190,6 +233,8 @@ class LedgerBook:
                     unknown_parent += 1
                 else:
                     stored_blocks += stored
+                    if budget is not None and self.entries > budget:
+                        self._evict(budget)
             elif kind is BlockRemoved:
                 try:
                     unknown = self._remove(target, trees, event)
@@ -204,6 +249,26 @@ class LedgerBook:
                 cleared += 1
         return ApplyResult(stored_blocks, removed_blocks, unknown_parent, unknown_removal,
                            duplicates, skipped, cleared, conflicts, invalid)
+
+    def _evict(self, budget: int) -> None:
+        """Evict down to the low water (rules at the top)."""
+        trees = list(self._trees.values())
+        total = sum(tree.entries for tree in trees)
+        excess = total - int(budget * self.low_water)
+        for tree in trees:
+            share = -(-excess * tree.entries // total) if len(trees) > 1 else excess
+            if share > 0:
+                tree.evict(max(0, tree.entries - share))
+
+    @property
+    def evicted_entries(self) -> int:
+        """Entries evicted to keep within ``max_entries`` since start (all trees)."""
+        return sum(tree.evicted_entries for tree in self._trees.values())
+
+    @property
+    def evictions(self) -> int:
+        """Evictions (of many entries each) since start, summed over the trees."""
+        return sum(tree.evictions for tree in self._trees.values())
 
     def drop_target_entries(self, target: int) -> int:
         """Drop everything the target holds (replay failure, restart, death); entries dropped."""

@@ -4,6 +4,15 @@ Streams mix chained stores of a few shared prompts (engine hashes as an engine w
 equal prefixes, equal hashes), stores under wrong or unknown parents, arbitrary hashes that
 collide with held ones, removals of known and unknown hashes, clears and restarts, on several
 targets and media. After every step every observable of the tree must equal the reference's.
+
+``BudgetMachine`` runs such streams with a small entry budget on the tree only (the reference
+keeps everything) and a clock ticking once per call: after every step the tree holds a subset
+of the reference (same hash, same key, per medium), matches no more than it for any target (no
+false hit), counts at least as many unknown parents and removals, and stays within its budget.
+Its engine hashes name their content as a real engine's do (one hash, one key): a store under
+an evicted parent is skipped like any unknown parent, so it cannot replace a held entry whose
+hash now names other content — with such collisions the skipped store would leave the old
+entry in place, exactly as without a budget.
 """
 
 from __future__ import annotations
@@ -124,7 +133,90 @@ class LedgerMachine(RuleBasedStateMachine):
             assert getattr(self.tree, counter) == getattr(self.ref, counter), counter
 
 
+BUDGET = 6
+
+
+class BudgetMachine(LedgerMachine):
+    @initialize(prompts=st.lists(PROMPTS, min_size=1, max_size=4))
+    def setup(self, prompts: list[list[int]]) -> None:
+        super().setup(prompts)
+        self.tree = BlockTree(BLOCK, max_entries=BUDGET, low_water=0.5)
+        self.now = 0
+
+    store_arbitrary = None  # colliding hashes: see the module docstring
+    store_chain = None
+
+    @rule(
+        who=st.sampled_from(TARGETS),
+        prompt=st.integers(min_value=0, max_value=3),
+        seed_index=st.integers(min_value=0, max_value=1),
+        start=st.integers(min_value=0, max_value=23),
+        count=st.integers(min_value=0, max_value=20),
+        medium=MEDIA,
+        reproducible=st.booleans(),
+    )
+    def store_prompt(self, who, prompt, seed_index, start, count, medium, reproducible) -> None:
+        """store_chain with hashes that also name how the key is made (one hash, one key)."""
+        tokens = self.prompts[prompt % len(self.prompts)]
+        n_blocks = len(tokens) // BLOCK
+        start = min(start, n_blocks - 1)
+        stop = min(n_blocks, start + count)
+        space = 2 * seed_index + reproducible
+        hashes = [self.engine_hash(space, tokens[: (i + 1) * BLOCK]) for i in range(start, stop)]
+        parent = self.engine_hash(space, tokens[: start * BLOCK]) if start else None
+        chunk = tokens[start * BLOCK : stop * BLOCK]
+        self.both("store", who, parent, hashes, chunk, SEEDS[seed_index], medium, reproducible)
+
+    def both(self, method: str, *args: object) -> None:
+        self.now += 1
+        kwargs = {"now": self.now} if method == "store" else {}
+        got = getattr(self.tree, method)(*args, **kwargs)
+        want = getattr(self.ref, method)(*args)
+        if method == "store":
+            assert got in (want, -1), (args, got, want)
+        elif method in ("remove", "clear_target"):
+            pass  # the tree may have lost entries the reference still counts
+        else:
+            self.check_match(got, want)
+
+    @staticmethod
+    def check_match(got: dict[int, int], want: dict[int, int]) -> None:
+        for target, blocks in got.items():
+            assert blocks <= want.get(target, 0), (target, got, want)
+
+    @invariant()
+    def same_matches(self) -> None:
+        for seed in SEEDS:
+            for tokens in self.prompts:
+                keys = block_keys(tokens, BLOCK, seed)
+                for media in (GPU_ONLY, ALL_MEDIA):
+                    self.check_match(self.tree.match(keys, media), self.ref.match(keys, media))
+
+    @invariant()
+    def same_contents(self) -> None:
+        assert self.tree.entries <= BUDGET
+        for target in TARGETS:
+            for medium in range(4):
+                mask = 1 << medium
+                assert self.tree.target_keys(target, mask) <= self.ref.target_keys(target, mask)
+            held = self.ref._maps.get(target, {})
+            for engine_hash, entry in held.items():
+                for medium in range(4):
+                    if self.tree.holds(target, engine_hash, medium):
+                        assert medium in entry.refs
+            assert self.tree.target_entries(target) <= self.ref.target_entries(target)
+        assert set(self.tree.targets()) <= set(self.ref.targets())
+        assert self.tree.nodes <= self.ref.nodes
+        assert self.tree.unknown_parent >= self.ref.unknown_parent
+        assert self.tree.unknown_removal >= self.ref.unknown_removal
+        assert self.tree.evicted_entries >= 0
+
+
 TestLedgerStateMachine = LedgerMachine.TestCase
 TestLedgerStateMachine.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None
+)
+TestLedgerBudgetStateMachine = BudgetMachine.TestCase
+TestLedgerBudgetStateMachine.settings = settings(
+    max_examples=100, stateful_step_count=60, deadline=None
 )
