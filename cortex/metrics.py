@@ -143,10 +143,12 @@ class LedgerFigures:
     nodes: int
     entries: int
     memory_bytes: int
+    evicted_entries: int = 0  # dropped by the entry budget since start (least recently touched)
 
     def as_json(self) -> dict[str, object]:
         return {
             "nodes": self.nodes, "entries": self.entries, "memory_bytes": self.memory_bytes,
+            "evicted_entries": self.evicted_entries,
             "targets": [{"worker": t.worker, "rank": t.rank, "state": t.state.value,
                          "reason": t.reason, "entries": t.entries} for t in self.targets],
         }
@@ -160,7 +162,8 @@ def ledger_figures(book: LedgerBook) -> LedgerFigures:
         targets.append(TargetFigures(info.worker, info.rank, state, book.reason(target),
                                      book.target_entries(target)))
     targets.sort(key=lambda t: (t.worker, t.rank))
-    return LedgerFigures(tuple(targets), book.nodes, book.entries, book.memory_bytes)
+    return LedgerFigures(tuple(targets), book.nodes, book.entries, book.memory_bytes,
+                         book.evicted_entries)
 
 
 class HttpFigures(Protocol):
@@ -247,6 +250,9 @@ def _ledger_writer(source: LedgerSource) -> Writer:
                  figures.memory_bytes)):
             out.header(name, "gauge", text)
             out.sample(name, "", value)
+        out.header("cortex_ledger_evicted_entries_total", "counter",
+                   "Ledger entries evicted by the entry budget (least recently touched first)")
+        out.sample("cortex_ledger_evicted_entries_total", "", figures.evicted_entries)
     return write
 
 
