@@ -6,6 +6,8 @@ The server answers from a zone the test edits between refreshes; Cortex's gatewa
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Callable
 
 import dns.flags
@@ -13,6 +15,7 @@ import dns.message
 import dns.rcode
 import dns.rdatatype
 import dns.rrset
+import pytest
 import trio
 
 from cortex.app import run_gateway
@@ -20,6 +23,7 @@ from cortex.config.tree import ControlConfig, CortexConfig, ServerConfig
 from cortex.workers.discovery import DnsService, Endpoint
 from cortex.workers.dns_watch import DnsResolver
 from cortex.workers.health import HealthSettings
+from tests.integration.test_dist_binary import BINARY, _skip_reason
 
 SERVICE = "sglang.llm.test."
 
@@ -153,3 +157,45 @@ async def test_srv_records_with_and_without_glue_and_aaaa(nursery):
         dead = DnsResolver(DnsService("v6.engines.test.", record="AAAA", http_port=8000,
                                       nameserver=f"127.0.0.1:{port}", timeout_s=0.3))
         assert await dead() is None
+
+
+@pytest.fixture
+def binary() -> str:
+    """The one-file binary, skipped (or failed) like the dist smoke test when not fresh."""
+    reason = _skip_reason()
+    if reason is not None:
+        if os.environ.get("CORTEX_DIST_REQUIRED") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return str(BINARY)
+
+
+async def test_the_one_file_binary_discovers_workers(nursery, binary):
+    """dnspython inside the PyInstaller binary: its trio backend loads (it needs trio's
+    metadata) and a vanished record is drained."""
+    zone = Zone()
+    zone.set("engines.test.", "A", "10.0.0.41", "10.0.0.42")
+    port = await nursery.start(serve_dns, zone)
+    process = await trio.lowlevel.open_process(
+        [binary, "serve", "--server-host", "127.0.0.1", "--server-port", "0",
+         "--control-port", "0", "--log-level", "info", "--log-json", "false", "--discover",
+         f"engines.test.,http_port=30000,nameserver=127.0.0.1:{port},interval_s=0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/")
+    output = b""
+    try:
+        with trio.fail_after(120):
+            async for chunk in process.stdout:
+                output += chunk
+                if b"added engines.test.-10.0.0.42-30000" in output:
+                    zone.set("engines.test.", "A", "10.0.0.42")
+                if b"draining engines.test.-10.0.0.41-30000" in output:
+                    break
+            else:
+                raise AssertionError(output.decode(errors="replace"))
+    finally:
+        process.terminate()
+        with trio.move_on_after(30):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
