@@ -80,6 +80,7 @@ async def fetch_replay(
     replied = False
     ended = False
     dealer = ctx.socket(zmq.DEALER)
+    dealer.ipv6 = True  # tcp://[v6 literal]:port endpoints (IPv4 ones still work)
     try:
         dealer.linger = 0
         dealer.connect(endpoint)

@@ -247,6 +247,7 @@ async def run_source(
     sub = ctx.socket(zmq.SUB)
     try:
         sub.linger = 0
+        sub.ipv6 = True  # tcp://[v6 literal]:port endpoints (IPv4 ones still work)
         sub.rcvhwm = settings.rcvhwm
         sub.setsockopt(zmq.SUBSCRIBE, source.topic)
         sub.connect(source.endpoint)
