@@ -36,7 +36,7 @@ Rules (they hold whenever no method is running):
   (``evicted_entries``); later events naming evicted hashes are unknown ones (counted, ignored;
   a store under an evicted parent is skipped). Eviction only removes, so it never makes a false
   hit. Cost: up to seven sequential passes over the node pool and two over every target map
-  per eviction, amortized over the ``(1 - low_water) * max_entries`` entries it frees.
+  (plus one delete per evicted entry) per eviction, amortized over the ``(1 - low_water) * max_entries`` entries it frees.
 
 Costs: store O(blocks x holders of the touched nodes + ancestors stamped), remove O(hashes), clear_target O(the
 target's entries), match O(depth x targets still matching) with the key-map and node loads of
@@ -673,11 +673,10 @@ cdef class BlockTree:
 
     cdef int _drop_marked(self, const uint8_t* marks, uint32_t top) except -1:
         """Drop every entry naming a marked node, then the nodes' holders (R1-R3 hold after)."""
-        cdef uint32_t t, i, doomed, cap, shift
-        cdef size_t j, mask
+        cdef uint32_t t, i, doomed
         cdef uint64_t dropped
+        cdef uint64_t* hashes = NULL
         cdef TargetMap* tm
-        cdef Entry* fresh
         cdef Node* nd
         for t in range(self.n_maps):
             tm = &self.maps[t]
@@ -685,34 +684,20 @@ cdef class BlockTree:
             dropped = 0
             for i in range(tm.cap):
                 if tm.slots[i].refs and marks[tm.slots[i].node]:
+                    if doomed == 0:
+                        hashes = <uint64_t*>malloc(tm.used * sizeof(uint64_t))
+                        if hashes == NULL:
+                            raise MemoryError()
+                    hashes[doomed] = tm.slots[i].hash
                     doomed += 1
                     dropped += media_count(tm.slots[i].refs)
             if not doomed:
                 continue
-            cap = 0
-            fresh = NULL
-            if tm.used > doomed:
-                cap = tm.cap
-                while cap > MIN_TABLE and (tm.used - doomed) * 8 < cap:
-                    cap //= 2
-                fresh = <Entry*>big_calloc(cap * sizeof(Entry))
-                if fresh == NULL:
-                    raise MemoryError()
-                shift = 64 - _log2(cap)
-                mask = cap - 1
-                for i in range(tm.cap):
-                    if tm.slots[i].refs and not marks[tm.slots[i].node]:
-                        j = hash_home(tm.slots[i].hash, shift)
-                        while fresh[j].refs:
-                            j = (j + 1) & mask
-                        fresh[j] = tm.slots[i]
-            else:
-                shift = 0
-            big_free(tm.slots, tm.cap * sizeof(Entry))
-            tm.slots = fresh
-            tm.cap = cap
-            tm.shift = shift
-            tm.used -= doomed
+            # Deleted one by one (backward shift; the map shrinks itself when sparse): the
+            # survivors, most of the map, stay where they are.
+            for i in range(doomed):
+                targetmap_delete(tm, targetmap_find(tm, hashes[i]))
+            free(hashes)
             tm.entries -= dropped
             self.n_entries -= dropped
         for i in range(top):
@@ -755,13 +740,6 @@ cdef inline uint64_t _node_entries(Node* nd) noexcept nogil:
         for m in range(4):
             total += hs[j].count[m]
     return total
-
-
-cdef inline uint32_t _log2(uint32_t power) noexcept nogil:
-    cdef uint32_t bits = 0
-    while (<uint32_t>1 << bits) < power:
-        bits += 1
-    return bits
 
 
 cdef inline int _check_target(int target) except -1:
