@@ -15,8 +15,13 @@ Figures (JSON on stdout):
   growing), plus RSS at start, end and max;
 * ``cpu_s``: Cortex's user+system CPU seconds over the run.
 
-Usage: ``python perf/soak.py [--minutes 10] [--clients 16] [--quick]`` (``--quick``: 20 s,
-sampled every second; CI smoke-runs it). Exit 1 if Cortex does not start or a request hung.
+Every request carries a new user message, so Cortex's token-segment cache (bounded, 64 MiB by
+default) fills for the whole run and its RSS grows with it until the budget is reached;
+``--segment-cache-bytes`` shrinks the budget to tell that bounded growth from a leak.
+
+Usage: ``python perf/soak.py [--minutes 10] [--clients 16] [--segment-cache-bytes N]
+[--quick]`` (``--quick``: 20 s, sampled every second; CI smoke-runs it). Exit 1 if Cortex
+does not start or a request hung.
 """
 
 from __future__ import annotations
@@ -88,13 +93,16 @@ def slope_per_min(samples: list[tuple[float, int]]) -> float | None:
     return cov / var * 60.0
 
 
-def start_cortex(engines: list[SimEngine], tmpdir: str) -> tuple[subprocess.Popen[bytes], int, int]:
+def start_cortex(engines: list[SimEngine], tmpdir: str, segment_cache_bytes: int | None
+                 ) -> tuple[subprocess.Popen[bytes], int, int]:
     port, control = _free_port(), _free_port()
+    cache = "" if segment_cache_bytes is None else f",segment_cache_bytes={segment_cache_bytes}"
     argv = [sys.executable, "-m", "cortex", "serve", "--server-host", HOST,
             "--server-port", str(port), "--control-host", HOST, "--control-port", str(control),
             "--log-level", "warning",
             "--model", f"{MODEL},tokenizer={ds.TOKENIZER_JSON},block_size={BLOCK},"
-                       f"chat_template={template_path()},bos_token={ds.BOS},eos_token={ds.EOS}"]
+                       f"chat_template={template_path()},bos_token={ds.BOS},"
+                       f"eos_token={ds.EOS}{cache}"]
     for engine in engines:
         endpoints = engine.kv.endpoints(0)
         kind = "vllm" if "vllm" in engine.wire.name else "sglang"
@@ -133,7 +141,8 @@ async def wait_ready(process: subprocess.Popen[bytes], control: int, tmpdir: str
     raise RuntimeError(f"Cortex did not become ready (exit {process.poll()}):\n{log}")
 
 
-async def soak(duration_s: float, clients: int, sample_s: float) -> dict[str, object]:
+async def soak(duration_s: float, clients: int, sample_s: float,
+               segment_cache_bytes: int | None = None) -> dict[str, object]:
     tmpdir = tempfile.mkdtemp(prefix="cortex-soak-")
     async with trio.open_nursery() as nursery:
         engines = []
@@ -143,7 +152,7 @@ async def soak(duration_s: float, clients: int, sample_s: float) -> dict[str, ob
                                rng=random.Random(f"soak/{i}"))
             await nursery.start(engine.run)
             engines.append(engine)
-        process, port, control = start_cortex(engines, tmpdir)
+        process, port, control = start_cortex(engines, tmpdir, segment_cache_bytes)
         try:
             await wait_ready(process, control, tmpdir)
             tally = Tally()
@@ -190,6 +199,7 @@ async def soak(duration_s: float, clients: int, sample_s: float) -> dict[str, ob
         },
         "rss_samples": [(round(t, 1), v) for t, v in samples],
         "cpu_s": round(cpu, 1),
+        "segment_cache_bytes": segment_cache_bytes or "default",
     }
 
 
@@ -207,13 +217,15 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--sample-s", type=float, default=5.0)
+    parser.add_argument("--segment-cache-bytes", type=int, default=None,
+                        help="Cortex's token-segment cache budget (default: Cortex's own)")
     parser.add_argument("--quick", action="store_true", help="20 s, sampled every second")
     args = parser.parse_args()
     duration = 20.0 if args.quick else args.minutes * 60
     sample = 1.0 if args.quick else args.sample_s
     started = time.time()
     try:
-        result = trio.run(soak, duration, args.clients, sample)
+        result = trio.run(soak, duration, args.clients, sample, args.segment_cache_bytes)
     except RuntimeError as error:
         print(f"soak: {error}", file=sys.stderr)
         return 1

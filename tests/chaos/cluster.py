@@ -38,6 +38,7 @@ from cortex.sim.engine import SimEngine
 from cortex.sim.kv_engine import SimEndpointConfig
 from cortex.sim.serving import TimingConfig
 from cortex.upstream.limits import PoolLimits
+from cortex.upstream.pool import PoolStats
 from cortex.workers.spec import WorkerSpec
 from tests.gateway_cluster import BLOCK, MODEL, all_ready, model_config, model_profile, wait_for
 
@@ -141,8 +142,9 @@ class ChaosCluster:
         ledger = keys.get(BLOCK, set())
         return Comparison(len(ledger), len(truth), len(ledger - truth), len(truth - ledger))
 
-    def upstream_stats(self, name: str) -> object:
-        """The gateway's upstream pool figures for this worker (diagnostics)."""
+    def upstream_stats(self, name: str) -> PoolStats:
+        """The gateway's upstream pool figures for this worker (``Running`` does not expose the
+        pool, so it is reached through the data plane's handler)."""
         gateway = self.running.server._shared.handler.__self__  # type: ignore[attr-defined]
         return gateway.upstream.stats(f"http://127.0.0.1:{self.slots[name].http_port}")
 

@@ -117,7 +117,8 @@ def chat_body(rng: random.Random, serial: int, *, stream: bool) -> bytes:
     tenant = rng.randrange(TENANTS)
     messages = [
         {"role": "system", "content": f"Tenant {tenant}. {SYSTEM_TEXT}"},
-        {"role": "user", "content": f"Question {serial}: " + "tell me more " * rng.randrange(1, 12)},
+        {"role": "user",
+         "content": f"Question {serial}: " + "tell me more " * rng.randrange(1, 12)},
     ]
     body: dict[str, object] = {"model": MODEL, "messages": messages,
                                "max_tokens": rng.randrange(2, 12)}
