@@ -120,7 +120,6 @@ class Gateway:
                 raise
             except Exception as error:  # a template that cannot render: route on load only
                 self.observer.template_failed(pool.model, error)
-                prompt = None
             if prompt is not None:
                 if prompt.token_ids is not None:
                     token_ids = prompt.token_ids
@@ -131,7 +130,7 @@ class Gateway:
                     self.observer.tokenized(pool.model, trio.current_time() - tokenize_start)
         headers = forwarded_headers(request.headers)
         try:
-            if self.pd is not None and self.pd.enabled(pool):
+            if self.pd.enabled(pool):
                 return await self.pd.serve(pool, endpoint, request, body, headers, token_ids,
                                            prompt)
             return await self._serve_single(pool, endpoint, request, body, headers, token_ids,
