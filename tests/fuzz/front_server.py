@@ -4,9 +4,7 @@ driven by hypothesis, and a small blocking HTTP exchange helper.
 Hypothesis drives synchronous functions, so a fuzz test is an async test that starts the
 gateway (``fuzz_front()``, in the main thread's trio loop) and runs the hypothesis function in
 a worker thread (``trio.to_thread.run_sync``); each fuzz case is one blocking socket exchange
-against the gateway. (The other way round — the gateway's ``trio.run`` in a thread — does not
-work: ``run_gateway`` fails off the main thread, see ``tests/chaos/test_gateway_threads.py``.)
-Read timeouts of the server are short (``LIMITS``), so an incomplete request costs a fraction
+against the gateway. Read timeouts of the server are short (``LIMITS``), so an incomplete request costs a fraction
 of a second, not ten.
 """
 
