@@ -12,8 +12,7 @@ mutated chat bodies, invalid UTF-8, deep nesting, huge bodies), byte-mutated val
 and slowloris (bytes dribbled under the header and body deadlines: cut at the deadline with
 408). The number of cases run per target is printed at the end (``pytest -s``).
 
-atheris is not used: it has no wheel for this Python/platform that installs cleanly without a
-libFuzzer-enabled clang, so structured generation stays with hypothesis.
+atheris was not tried (no attempt to install it was made); generation is hypothesis only.
 """
 
 from __future__ import annotations
