@@ -132,3 +132,21 @@ def build_request(method: bytes, target: bytes, body: bytes = b"",
     if body or method in (b"POST", b"PUT"):
         lines.append(b"content-length: %d" % len(body))
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def chat_request(body: bytes) -> bytes:
+    """A keep-alive ``POST /v1/chat/completions`` carrying ``body`` as JSON."""
+    return build_request(b"POST", b"/v1/chat/completions", body,
+                         [(b"content-type", b"application/json")])
+
+
+async def read_broken_stream(client: RawClient) -> list[bytes]:
+    """The chunks of a chunked body that must end broken (EOF or garbage before the final
+    chunk); fails if it ends as if complete."""
+    chunks = []
+    try:
+        while chunk := await client.read_chunk():
+            chunks.append(chunk)
+    except (EOFError, ValueError):
+        return chunks
+    raise AssertionError("the stream ended as if complete")

@@ -13,7 +13,7 @@ import sys
 import trio
 
 from tests import deepseek_profile as ds
-from tests.front_http_client import RawClient
+from tests.front_http_client import RawClient, chat_request
 from tests.gateway_cluster import SYSTEM_TEXT, template_path
 
 MODEL = "deepseek"
@@ -96,8 +96,7 @@ async def test_cortex_serve_in_front_of_cortex_sim_processes():
             # Graceful shutdown: a streamed request in flight finishes after SIGTERM.
             client = await RawClient.connect(port)
             payload = json.dumps(body("long", stream=True, max_tokens=30)).encode()
-            await client.send(b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n"
-                              b"content-length: %d\r\n\r\n" % len(payload) + payload)
+            await client.send(chat_request(payload))
             status, _, _ = await client.read_head()
             assert status == 200
             assert await client.read_chunk()

@@ -11,7 +11,7 @@ import trio
 from cortex.config.tree import SchedulerConfig
 from cortex.gateway.settings import AdmissionSettings
 from cortex.scheduling import Watermarks
-from tests.front_http_client import RawClient
+from tests.front_http_client import RawClient, chat_request
 from tests.gateway_cluster import MODEL, gateway_cluster
 
 
@@ -24,8 +24,7 @@ async def hold_one(port: int) -> RawClient:
     """A streamed request that keeps the only slot until its client closes."""
     client = await RawClient.connect(port)
     payload = body("hold the slot", stream=True, max_tokens=100_000)
-    await client.send(b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-length: %d"
-                      b"\r\n\r\n" % len(payload) + payload)
+    await client.send(chat_request(payload))
     status, _, _ = await client.read_head()
     assert status == 200
     assert await client.read_chunk()

@@ -9,7 +9,7 @@ import re
 
 import trio
 
-from tests.front_http_client import RawClient
+from tests.front_http_client import RawClient, chat_request, read_broken_stream
 from tests.gateway_cluster import MODEL, SYSTEM_TEXT, gateway_cluster
 
 _VOLATILE = re.compile(rb'"(id|created|cached_tokens)":\s*("[^"]*"|\d+)')
@@ -36,8 +36,7 @@ async def test_sse_through_cortex_is_the_engines_stream():
                          stream_options={"include_usage": True})
         direct = await RawClient.connect(int(engine.url.rsplit(":", 1)[1]))
         via = await RawClient.connect(cluster.port)
-        request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: "
-                   b"application/json\r\ncontent-length: %d\r\n\r\n" % len(body)) + body
+        request = chat_request(body)
         await direct.send(request)
         _, direct_headers, direct_chunks = await read_chunked(direct)
         await via.send(request)
@@ -62,8 +61,7 @@ async def test_client_disconnect_aborts_the_engine_request():
         pool = cluster.running.pools[MODEL]
         client = await RawClient.connect(cluster.port)
         body = chat_body("A long answer, please.", stream=True, max_tokens=10_000)
-        await client.send(b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-length: "
-                          b"%d\r\n\r\n" % len(body) + body)
+        await client.send(chat_request(body))
         status, _, _ = await client.read_head()
         assert status == 200
         assert await client.read_chunk()  # the first event arrived: the request runs
@@ -98,18 +96,11 @@ async def test_worker_dying_mid_stream_ends_the_client_stream_with_an_error():
         cluster.engines[0].faults.update({"die_after_chunks": 2})
         client = await RawClient.connect(cluster.port)
         body = chat_body("Die halfway.", stream=True, max_tokens=20)
-        await client.send(b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-length: "
-                          b"%d\r\n\r\n" % len(body) + body)
+        await client.send(chat_request(body))
         with trio.fail_after(10):
             status, _, _ = await client.read_head()
             assert status == 200
-            chunks = []
-            try:
-                while chunk := await client.read_chunk():
-                    chunks.append(chunk)
-                raise AssertionError("the stream ended as if complete")
-            except (EOFError, ValueError):
-                pass
+            chunks = await read_broken_stream(client)
         assert b"[DONE]" not in b"".join(chunks)
         await client.aclose()
 

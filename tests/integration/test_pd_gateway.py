@@ -16,7 +16,7 @@ import trio
 from cortex.pd.plan import PdSettings
 from cortex.sim.engine import SimEngine
 from cortex.sim.pd import PdSimSettings
-from tests.front_http_client import RawClient
+from tests.front_http_client import RawClient, chat_request, read_broken_stream
 from tests.gateway_cluster import MODEL, SYSTEM_TEXT, Cluster, gateway_cluster
 
 FLAVORS = {"sglang": "sglang-0.5.23", "vllm": "vllm-0.33"}
@@ -31,11 +31,6 @@ def messages(question: str) -> list[dict[str, str]]:
 def chat_body(question: str, **extra: Any) -> bytes:
     return json.dumps({"model": MODEL, "max_tokens": 6, "messages": messages(question),
                        **extra}).encode()
-
-
-def request_bytes(body: bytes) -> bytes:
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: "
-            b"application/json\r\ncontent-length: %d\r\n\r\n" % len(body)) + body
 
 
 def streamed_text(body: bytes) -> str:
@@ -158,18 +153,12 @@ async def test_decode_dying_mid_stream_ends_the_stream_and_cleans_both_legs(flav
     async with pd_cluster(flavor, ("prefill", "decode")) as cluster:
         engine(cluster, "e1").faults.update({"die_after_chunks": 2})
         client = await RawClient.connect(cluster.port)
-        await client.send(request_bytes(chat_body("Die halfway.", stream=True, max_tokens=20)))
+        await client.send(chat_request(chat_body("Die halfway.", stream=True, max_tokens=20)))
         with trio.fail_after(10):
             status, headers, _ = await client.read_head()
             assert status == 200
             assert dict(headers)[b"x-cortex-decode-worker"] == b"e1"
-            chunks = []
-            try:
-                while chunk := await client.read_chunk():
-                    chunks.append(chunk)
-                raise AssertionError("the stream ended as if complete")
-            except (EOFError, ValueError):
-                pass
+            chunks = await read_broken_stream(client)
         assert b"[DONE]" not in b"".join(chunks)
         await client.aclose()
         await all_clean(cluster)
@@ -181,7 +170,7 @@ async def test_client_leaving_mid_stream_aborts_the_decode_leg(flavor):
     slow = {"decode_s_per_token": 0.05}
     async with pd_cluster(flavor, ("prefill", "decode"), timing_changes=slow) as cluster:
         client = await RawClient.connect(cluster.port)
-        await client.send(request_bytes(chat_body("A long answer.", stream=True,
+        await client.send(chat_request(chat_body("A long answer.", stream=True,
                                                   max_tokens=10_000)))
         with trio.fail_after(10):
             status, _, _ = await client.read_head()
@@ -200,7 +189,7 @@ async def test_client_leaving_during_prefill_aborts_both_legs(flavor):
         prefill = engine(cluster, "e0")
         prefill.faults.update({"slow_s": 30.0})  # prefill still busy when the client leaves
         client = await RawClient.connect(cluster.port)
-        await client.send(request_bytes(chat_body("Never mind.", stream=True)))
+        await client.send(chat_request(chat_body("Never mind.", stream=True)))
         pool = cluster.running.pools[MODEL]
         with trio.fail_after(10):  # the prefill leg is in flight (SGLang: decode's too)
             while not pool.pending.in_flight("e0"):
