@@ -9,7 +9,8 @@ Rules:
   key, each with its ``CORTEX_*`` environment twin, all listed by ``--help`` with defaults.
 * Exit codes: 0 ok; 2 configuration or usage error, with every problem on its own stderr line;
   what a command returns otherwise (``serve``: the app's code).
-* ``--print-config`` prints the effective merged configuration as TOML, secrets masked.
+* ``--print-config`` prints the effective merged configuration as TOML, secrets masked; given
+  without a command (``cortex --print-config [config flags]``) it means ``serve --print-config``.
 * Heavy or optional modules (``cortex.app``, ``cortex.sim.cli``, trio) are imported inside the
   command that needs them, so ``check-config`` and ``--help`` stay quick.
 """
@@ -27,10 +28,13 @@ from cortex.config import CortexConfig
 from cortex.errors import ConfigError
 
 USAGE_ERROR = 2
+COMMANDS = frozenset({"serve", "check-config", "sim", "demo"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--print-config" in argv and not COMMANDS.intersection(argv):
+        argv.insert(0, "serve")
     with_sim = _first_command(argv) == "sim"
     if with_sim and importlib.util.find_spec("cortex.sim.cli") is None:
         return run_sim_missing(argparse.Namespace())
@@ -48,6 +52,9 @@ def build_parser(with_sim: bool = False) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cortex", description=cortex.__doc__,
                                      allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"cortex {cortex.__version__}")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the effective configuration (file + environment + flags) as "
+                             "TOML with secrets masked, and exit; same as 'serve --print-config'")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the gateway", allow_abbrev=False,

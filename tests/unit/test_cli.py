@@ -94,6 +94,24 @@ def test_serve_dry_run_and_print_config(capsys):
     assert 'admin_token = "***"' in out and TOKEN not in out
 
 
+def test_top_level_print_config_shows_the_merged_configuration(capsys, monkeypatch):
+    """``cortex --print-config`` (no command): file + environment + flags, secrets masked."""
+    monkeypatch.setenv("CORTEX_SERVER_LIMITS_MAX_BODY_BYTES", "4321")
+    assert main(["--print-config", "--config", EXAMPLE, "--control-admin-token", TOKEN]) == 0
+    out = capsys.readouterr().out
+    printed = tomllib.loads(out)
+    assert printed["server"]["limits"]["max_body_bytes"] == 4321
+    assert printed["control"]["admin_token"] == "***" and TOKEN not in out
+    assert printed["workers"] == tomllib.loads(main_print(["--config", EXAMPLE], capsys))["workers"]
+    assert main(["--print-config", "--server-limits-max-body-bytes", "0"]) == 2
+    assert "max_body_bytes must be > 0" in capsys.readouterr().err
+
+
+def main_print(argv, capsys):
+    assert main(["check-config", "--no-file-checks", "--print-config", *argv]) == 0
+    return capsys.readouterr().out
+
+
 def test_serve_with_a_bad_configuration_exits_2(capsys):
     assert main(["serve", "--dry-run", "--server-limits-max-body-bytes", "0"]) == 2
     assert "server.limits: server limit max_body_bytes must be > 0" in capsys.readouterr().err
