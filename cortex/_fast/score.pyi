@@ -30,4 +30,5 @@ class DecisionTable:
         token_count: int,
         block_size: int,
         role: object,
+        seed: int,  # the request's tie-order seed, cost.tie_seed
     ) -> tuple[Any, ...]: ...

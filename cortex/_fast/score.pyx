@@ -9,15 +9,19 @@ Invariants:
 
 * ``slots[i]`` mirrors ``views[i]`` of the last synced tuple: a view is read again only when a
   different object sits at its position (views are frozen; a change is a new object).
-* ``rank`` orders workers by name, so ties go to the smaller worker id without comparing
-  strings in the loop.
+* Ties follow the request's tie order (``cost.tie_before``): ``splitmix64(whash ^ seed)``,
+  ``whash`` being ``cost.worker_hash`` of the name (read once per slot), then ``rank``, which
+  orders workers by name, so the name fallback needs no string comparison in the loop.
 """
 
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 from cpython.long cimport PyLong_AsLong
 from libc.math cimport ceil, INFINITY
+from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc
+
+from cortex.scheduling.cost import worker_hash
 
 DEF UNKNOWN = -1
 
@@ -33,6 +37,21 @@ cdef struct Slot:
     bint healthy
     bint ready
     long rank
+    uint64_t whash  # cost.worker_hash(name)
+
+
+cdef inline uint64_t _tie_rank(uint64_t whash, uint64_t seed):
+    """``cost.tie_rank``: splitmix64's finalizer over the name hash and the request's seed."""
+    cdef uint64_t z = (whash ^ seed) + <uint64_t>0x9E3779B97F4A7C15ULL
+    z = (z ^ (z >> 30)) * <uint64_t>0xBF58476D1CE4E5B9ULL
+    z = (z ^ (z >> 27)) * <uint64_t>0x94D049BB133111EBULL
+    return z ^ (z >> 31)
+
+
+cdef inline bint _tie_before(Slot* a, Slot* b, uint64_t seed):
+    """``cost.tie_before``: whether ``a`` comes before ``b`` in the tie order of ``seed``."""
+    cdef uint64_t mine = _tie_rank(a.whash, seed), theirs = _tie_rank(b.whash, seed)
+    return mine < theirs or (mine == theirs and a.rank < b.rank)
 
 
 cdef class DecisionTable:
@@ -122,6 +141,7 @@ cdef class DecisionTable:
             self._read(i, views[i])
         for position, i in enumerate(order):
             self.slots[i].rank = position
+            self.slots[i].whash = worker_hash(self.names[i])
         return 0
 
     cdef int _sync(self, tuple views) except -1:
@@ -159,8 +179,9 @@ cdef class DecisionTable:
         return best
 
     def pick(self, tuple views, dict target_blocks, long token_count, long block_size,
-             object role):
+             object role, uint64_t seed):
         """One decision's candidates, or a verdict that the Python chain must decide.
+        ``seed`` is the request's tie-order seed (``cost.tie_seed``).
 
         Returns one of:
           ("none",)                      no eligible or no open worker (reference raises)
@@ -230,11 +251,11 @@ cdef class DecisionTable:
                     if s.engine_queue != UNKNOWN:
                         value += self.engine_queue_s * s.engine_queue
                 if value < cheap_cost or (value == cheap_cost and cheap >= 0
-                                          and s.rank < self.slots[cheap].rank):
+                                          and _tie_before(s, &self.slots[cheap], seed)):
                     cheap, cheap_cost, cheap_blocks = i, value, blocks
                 if blocks and (blocks > long_blocks or blocks == long_blocks and (
                         value < long_cost or value == long_cost
-                        and s.rank < self.slots[long_].rank)):
+                        and _tie_before(s, &self.slots[long_], seed))):
                     long_, long_cost, long_blocks = i, value, blocks
             if cheap < 0:
                 return ("chain",)  # unreachable: some open worker is at or below the mean

@@ -17,14 +17,24 @@ useful for its later turns, so a small queue imbalance should not move it (``"tt
 
 Both read ``queued_prefill_tokens`` and ``in_flight``, which Cortex updates at decision time,
 so a burst of requests sees its own earlier picks (the herding guard).
+
+Ties (equal cost) go to the worker first in the request's **tie order**: workers ordered by
+``splitmix64(xxh3(worker name) ^ seed)``, the seed being the request's last full block key
+(its token count when it has no full block), then by name. Idle workers all cost the same, so
+a fixed order (smallest id) would send every new prefix group arriving at idle to the same
+worker; the tie order spreads them like a hash while staying a pure function of the request,
+so the compiled path (``cortex/_fast/score.pyx``) reproduces it exactly.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+import xxhash
 
 from cortex.errors import ConfigError
 from cortex.scheduling.view import RequestFacts, WorkerView
@@ -90,6 +100,36 @@ class BoundedLoad:
         return max(math.ceil(self.factor * mean), mean + self.slack)
 
 
+_U64 = (1 << 64) - 1
+
+
+@functools.lru_cache(maxsize=65536)
+def worker_hash(worker: str) -> int:
+    """The worker name's 64-bit hash the tie order starts from."""
+    return xxhash.xxh3_64_intdigest(worker.encode())
+
+
+def tie_seed(request: RequestFacts) -> int:
+    """The request's tie-order seed: its last full block key, else its token count."""
+    keys = request.keys
+    return int(keys[-1]) if len(keys) else request.token_count & _U64
+
+
+def tie_rank(worker: str, seed: int) -> int:
+    """Position key of ``worker`` in the tie order of seed ``seed`` (splitmix64's finalizer);
+    equal ranks (never seen: 64 bits) fall back to the name."""
+    z = (worker_hash(worker) ^ seed) + 0x9E3779B97F4A7C15 & _U64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _U64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _U64
+    return z ^ (z >> 31)
+
+
+def tie_before(worker: str, other: str, seed: int) -> bool:
+    """Whether ``worker`` comes before ``other`` in the tie order of ``seed``."""
+    mine, theirs = tie_rank(worker, seed), tie_rank(other, seed)
+    return mine < theirs or mine == theirs and worker < other
+
+
 def cheapest(
     config: CostConfig,
     request: RequestFacts,
@@ -97,7 +137,7 @@ def cheapest(
     matched: Mapping[str, int],
     cap: float = math.inf,
 ) -> tuple[WorkerView, int] | None:
-    """The worker of least cost and its cached blocks; ties go to the smaller worker id.
+    """The worker of least cost and its cached blocks; ties go by the request's tie order.
 
     Workers whose ``in_flight + 1`` would exceed ``cap`` are skipped; ``None`` if all are.
     """
@@ -106,6 +146,7 @@ def cheapest(
     best_blocks = 0
     get = matched.get
     token_count, block_size = request.token_count, request.block_size
+    seed = tie_seed(request)
     for view in workers:
         if view.in_flight + 1 > cap:
             continue
@@ -115,7 +156,7 @@ def cheapest(
             uncached = 0
         value = cost(config, view, uncached, blocks)
         if value < best_cost or (value == best_cost and best is not None
-                                 and view.worker < best.worker):
+                                 and tie_before(view.worker, best.worker, seed)):
             best, best_cost, best_blocks = view, value, blocks
     return None if best is None else (best, best_blocks)
 

@@ -4,8 +4,8 @@ Rules:
 
 * Applies when at least one open worker has a hit in ``matched`` (trusted ledgers only).
 * Considers every open worker within the bounded-load cap (``cost.BoundedLoad``): the cheapest by
-  cost (ties to the smaller worker id), and the one with the longest hit (ties to the cheaper,
-  then the smaller id). The longest hit wins if it costs at most ``affinity_tolerance_s`` more
+  cost (ties by the request's tie order, ``cost.tie_before``), and the one with the longest hit
+  (ties to the cheaper, then by the tie order). The longest hit wins if it costs at most ``affinity_tolerance_s`` more
   (linear form: no tolerance, the score already weighs the hit); otherwise the cheapest does —
   a cache holder buried in queued work loses to an idle worker.
 * Herding guard: the cap and the cost read pending work counted at decision time, so a prefix
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from cortex.scheduling.cost import BoundedLoad, CostConfig, LoadSeconds, cost
+from cortex.scheduling.cost import BoundedLoad, CostConfig, LoadSeconds, cost, tie_before, tie_seed
 from cortex.scheduling.decision import Decision, Mode
 from cortex.scheduling.view import RequestFacts, WorkerView
 
@@ -52,6 +52,7 @@ class ExactKv:
         long: WorkerView | None = None
         long_cost, long_blocks = math.inf, 0
         any_hit = False
+        seed = tie_seed(request)
         for view in workers:  # runs per decision: the cost's request-independent part memoized
             blocks = get(view.worker, 0)
             if blocks:
@@ -67,10 +68,11 @@ class ExactKv:
                 uncached = token_count - blocks * block_size
                 value = entry[1] + (uncached if uncached > 0 else 0) * entry[2]
             if value < cheap_cost or (value == cheap_cost and cheap is not None
-                                      and view.worker < cheap.worker):
+                                      and tie_before(view.worker, cheap.worker, seed)):
                 cheap, cheap_cost, cheap_blocks = view, value, blocks
             if blocks and (blocks > long_blocks or blocks == long_blocks and (
-                    value < long_cost or value == long_cost and view.worker < long.worker)):
+                    value < long_cost or value == long_cost
+                    and tie_before(view.worker, long.worker, seed))):
                 long, long_cost, long_blocks = view, value, blocks
         if not any_hit:
             return None

@@ -18,7 +18,7 @@ import random
 from cortex._fast.score import DecisionTable
 from cortex.ledger.state import TargetState
 from cortex.scheduling.chain import Scheduler, events_chain
-from cortex.scheduling.cost import BoundedLoad, CostConfig
+from cortex.scheduling.cost import BoundedLoad, CostConfig, tie_seed
 from cortex.scheduling.decision import Decision
 from cortex.scheduling.exact_kv import exact_verdict
 from cortex.scheduling.load_aware import load_aware_verdict
@@ -59,7 +59,7 @@ class FastScheduler:
     ) -> Decision:
         if self.compiled:
             found = self.table.pick(views, target_blocks, request.token_count,
-                                    request.block_size, role)
+                                    request.block_size, role, tie_seed(request))
             verdict = found[0]
             if verdict == "exact":
                 return exact_verdict(request, self.tolerance_s, *found[1:])

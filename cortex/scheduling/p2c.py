@@ -2,8 +2,9 @@
 
 Rules: applies when some open worker has a load figure (Cortex's own pending work, or a queue
 or KV-cache usage its engine reports). Draws two distinct open workers with the injected RNG
-(one when only one is open) and takes the one of lesser cost with nothing cached; ties go to
-the smaller worker id. Exactly one ``rng.sample`` call per decision, so tests can predict picks.
+(one when only one is open) and takes the one of lesser cost with nothing cached; ties follow
+the request's tie order (``cost.tie_before``). Exactly one ``rng.sample`` call per decision, so
+tests can predict picks.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from cortex.scheduling import (
     events_chain,
     worker_matches,
 )
+from cortex.scheduling.cost import tie_before, tie_seed
 from cortex.scheduling.fast import FastScheduler
 
 BLOCK = 16
@@ -42,6 +43,8 @@ figures = st.fixed_dictionaries({
     "kv_usage": st.none() | st.floats(0, 1),
     "prefill_tokens_per_s": st.none() | st.sampled_from([500.0, 1000.0, 3333.3, 1e4]),
 })
+# Idle, trusted, open workers cost the same: ties, which the request's tie order decides.
+idle = st.fixed_dictionaries({"ledger_state": st.just(TargetState.READY)})
 
 
 def pool_of(names: list[str], ranks: list[int], rows: list[dict]) -> tuple[WorkerView, ...]:
@@ -60,15 +63,16 @@ def scenarios(draw):
     ranks = draw(st.lists(st.integers(1, 3), min_size=size, max_size=size))
     targets = sum(ranks)
     rounds = []
-    rows = draw(st.lists(figures, min_size=size, max_size=size))
+    rows = draw(st.lists(figures | idle, min_size=size, max_size=size))
     for _ in range(draw(st.integers(1, 4))):
-        changed = draw(st.dictionaries(st.integers(0, size - 1), figures, max_size=size))
+        changed = draw(st.dictionaries(st.integers(0, size - 1), figures | idle, max_size=size))
         rows = [changed.get(i, row) for i, row in enumerate(rows)]
         hits = draw(st.dictionaries(st.integers(0, targets - 1), st.integers(1, 12)))
         blocks = draw(st.integers(0, 12))
+        keys = array("Q", [*range(blocks - 1), draw(st.integers(0, 2**64 - 1))][:blocks])
         tokens = blocks * BLOCK + draw(st.integers(0, BLOCK - 1))
         role = draw(st.sampled_from(list(Role)))
-        rounds.append((rows, hits, blocks, tokens, role))
+        rounds.append((rows, hits, keys, tokens, role))
     return names, ranks, rounds
 
 
@@ -90,9 +94,9 @@ def test_fast_path_decides_as_the_reference_chain(scenario, seed, cost, bounds):
     names, ranks, rounds = scenario
     reference = Scheduler(events_chain(random.Random(seed), cost, bounds), MARKS)
     fast = FastScheduler(random.Random(seed), cost, MARKS, bounds)
-    for rows, hits, blocks, tokens, role in rounds:
+    for rows, hits, keys, tokens, role in rounds:
         views = pool_of(names, ranks, rows)
-        request = RequestFacts(array("Q", range(blocks)), tokens, BLOCK)
+        request = RequestFacts(keys, tokens, BLOCK)
         expected = outcome(lambda: reference.decide(
             request, views, worker_matches(hits, views), role))
         assert outcome(lambda: fast.decide(request, views, dict(hits), role)) == expected
@@ -105,7 +109,9 @@ def test_unchanged_views_are_not_reread_but_a_new_view_is():
     assert fast.decide(request, views, {1: 4}).worker == "w1"
     busier = (views[0], WorkerView("w1", (1,), ledger_state=TargetState.READY,
                                    queued_prefill_tokens=1_000_000), views[2])
-    # w1 is now far behind: the cheapest worker wins over the hit (tolerance 0.25 s)
-    assert fast.decide(request, busier, {1: 4}).worker == "w0"
+    # w1 is now far behind: the cheapest worker wins over the hit (tolerance 0.25 s); w0 and
+    # w2 tie, the request's tie order decides
+    first = "w0" if tie_before("w0", "w2", tie_seed(request)) else "w2"
+    assert fast.decide(request, busier, {1: 4}).worker == first
     renamed = (WorkerView("x", (0,), ledger_state=TargetState.READY), *views[1:])
     assert fast.decide(request, renamed, {0: 2}).worker == "x"

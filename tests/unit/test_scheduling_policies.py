@@ -24,7 +24,7 @@ from cortex.scheduling import (
     worker_matches,
 )
 from cortex.scheduling.consistent_hash import ConsistentHash
-from cortex.scheduling.cost import BoundedLoad, cheapest, cost
+from cortex.scheduling.cost import BoundedLoad, cheapest, cost, tie_before, tie_seed
 from cortex.scheduling.exact_kv import ExactKv
 from cortex.scheduling.load_aware import LoadAware
 from cortex.scheduling.p2c import PowerOfTwo
@@ -50,6 +50,14 @@ def pool(n: int, **kw) -> list[WorkerView]:
     return [worker(f"w{i}", **kw) for i in range(n)]
 
 
+def first_in_tie_order(r: RequestFacts, *names: str) -> str:
+    first = names[0]
+    for name in names[1:]:
+        if tie_before(name, first, tie_seed(r)):
+            first = name
+    return first
+
+
 def events_scheduler(seed: int = 0, **kw) -> Scheduler:
     return Scheduler(events_chain(random.Random(seed)), Watermarks(**kw))
 
@@ -65,7 +73,8 @@ def test_exact_kv_when_a_trusted_worker_holds_the_prefix():
 
 def test_longest_hit_wins_on_equal_load():
     d = events_scheduler().decide(request(8), pool(4), {"w1": 2, "w3": 7, "w0": 7})
-    assert (d.worker, d.predicted_cached_tokens) == ("w0", 7 * BLOCK)  # tie: smaller id
+    tied = first_in_tie_order(request(8), "w0", "w3")
+    assert (d.worker, d.predicted_cached_tokens) == (tied, 7 * BLOCK)
 
 
 def test_load_aware_when_every_ledger_trusted_and_no_hit():
@@ -231,9 +240,24 @@ def test_holders_all_above_the_load_cap_send_the_request_elsewhere():
     assert "above the load cap" in d.reason
 
 
-def test_ties_go_to_the_smaller_worker_id_whatever_the_order():
+def test_ties_follow_the_requests_tie_order_whatever_the_list_order():
+    r = request()
     for workers in (pool(5), list(reversed(pool(5)))):
-        assert cheapest(CostConfig(), request(), workers, {}) [0].worker == "w0"
+        assert cheapest(CostConfig(), r, workers, {})[0].worker == first_in_tie_order(
+            r, *(f"w{i}" for i in range(5)))
+
+
+def test_ties_at_idle_spread_new_prefixes_over_the_workers():
+    """Idle workers all cost the same: new prefixes (different last block keys) must not all
+    land on one worker, as they did when ties went to the smallest id."""
+    picks: dict[str, int] = {}
+    for last_key in range(2000):
+        r = RequestFacts(array("Q", [7, 1_000_003 * last_key]), 2 * BLOCK, BLOCK)
+        picked = events_scheduler().decide(r, pool(8), {}).worker
+        picks[picked] = picks.get(picked, 0) + 1
+    assert len(picks) == 8 and max(picks.values()) / (2000 / 8) < 1.2, picks
+    same = RequestFacts(array("Q", [7, 42]), 2 * BLOCK, BLOCK)
+    assert len({events_scheduler().decide(same, pool(8), {}).worker for _ in range(5)}) == 1
 
 
 def test_full_hit_predicts_whole_blocks_and_uncached_never_negative():
@@ -255,7 +279,7 @@ def test_load_cap_is_factor_times_mean_or_mean_plus_slack():
 def test_exact_kv_passes_over_a_holder_above_the_load_cap():
     workers = [worker("w0", in_flight=10), *pool(4)[1:]]
     d = ExactKv(CostConfig(decode_s_per_in_flight=0)).decide(request(8), workers, {"w0": 8})
-    assert d.worker == "w1"
+    assert d.worker == first_in_tie_order(request(8), "w1", "w2", "w3")
     unbounded = ExactKv(CostConfig(decode_s_per_in_flight=0), BoundedLoad(factor=None))
     assert unbounded.decide(request(8), workers, {"w0": 8}).worker == "w0"
 
