@@ -185,7 +185,8 @@ cdef class DecisionTable:
 
         Returns one of:
           ("none",)                      no eligible or no open worker (reference raises)
-          ("exact", cheap, cheap_cost, cheap_blocks, long, long_cost, long_blocks)
+          ("exact", cheap, cheap_cost, cheap_blocks, cheap_s_per_token,
+           long, long_cost, long_blocks)
                                          exact_kv applies; long is None without a hit holder
           ("load_aware", worker)         every open ledger trusted, no hit
           ("chain",)                     neither applies: p2c / round robin decide
@@ -262,6 +263,7 @@ cdef class DecisionTable:
             if not any_hit:
                 return ("load_aware", self.names[cheap])
             return ("exact", self.names[cheap], cheap_cost, cheap_blocks,
+                    self.slots[cheap].s_per_token,
                     None if long_ < 0 else self.names[long_], long_cost, long_blocks)
         finally:
             free(hit)

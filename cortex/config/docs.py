@@ -84,6 +84,9 @@ DOCS: dict[str, str] = {
                                                  "engine's own queue",
     "scheduler.cost.affinity_tolerance_s": "seconds more TTFT the longest-hit worker may cost "
                                            "and still win (keeps sessions in place)",
+    "scheduler.cost.recompute_weight": "extra charge, in units of the recompute time, on "
+                                       "sending a request away from the worker holding more "
+                                       "of its prefix (0: own TTFT alone)",
     "scheduler.cost.alpha_per_cached_block": "linear form: weight per cached block",
     "scheduler.cost.beta_per_in_flight": "linear form: weight per request in flight",
     "scheduler.cost.gamma_per_queued_token": "linear form: weight per queued prefill token",

@@ -5,9 +5,11 @@ Rules:
 * Applies when at least one open worker has a hit in ``matched`` (trusted ledgers only).
 * Considers every open worker within the bounded-load cap (``cost.BoundedLoad``): the cheapest by
   cost (ties by the request's tie order, ``cost.tie_before``), and the one with the longest hit
-  (ties to the cheaper, then by the tie order). The longest hit wins if it costs at most ``affinity_tolerance_s`` more
-  (linear form: no tolerance, the score already weighs the hit); otherwise the cheapest does —
-  a cache holder buried in queued work loses to an idle worker.
+  (ties to the cheaper, then by the tie order). The longest hit wins if it costs at most
+  ``affinity_tolerance_s`` more than the cheapest plus the recompute charge
+  (``recompute_weight`` × the tokens the cheapest would recompute ÷ its prefill rate; linear
+  form: neither, the score already weighs the hit); otherwise the cheapest does — a cache
+  holder buried in queued work loses to an idle worker.
 * Herding guard: the cap and the cost read pending work counted at decision time, so a prefix
   every request shares (a system prompt cached on one worker) cannot pull a burst onto that
   worker: once it is a tolerance's worth of TTFT or a cap's worth of requests ahead, the burst
@@ -33,7 +35,9 @@ class ExactKv:
     ) -> None:
         self.cost = cost or CostConfig()
         self.bounds = bounds
-        self.tolerance_s = self.cost.affinity_tolerance_s if self.cost.form == "ttft" else 0.0
+        ttft = self.cost.form == "ttft"
+        self.tolerance_s = self.cost.affinity_tolerance_s if ttft else 0.0
+        self.recompute_weight = self.cost.recompute_weight if ttft else 0.0
         self.loads = LoadSeconds(self.cost)
 
     def decide(
@@ -48,7 +52,7 @@ class ExactKv:
         loads = self.loads
         memo_get = loads.memo.get
         cheap: WorkerView | None = None
-        cheap_cost, cheap_blocks = math.inf, 0
+        cheap_cost, cheap_blocks, cheap_s_per_token = math.inf, 0, 0.0
         long: WorkerView | None = None
         long_cost, long_blocks = math.inf, 0
         any_hit = False
@@ -60,16 +64,18 @@ class ExactKv:
             if view.in_flight + 1 > cap:
                 continue
             if linear:
-                value = cost(config, view, 0, blocks)
+                value, s_per_token = cost(config, view, 0, blocks), 0.0
             else:
                 entry = memo_get(id(view))
                 if entry is None or entry[0] is not view:
                     entry = loads.prepare(view)
                 uncached = token_count - blocks * block_size
-                value = entry[1] + (uncached if uncached > 0 else 0) * entry[2]
+                s_per_token = entry[2]
+                value = entry[1] + (uncached if uncached > 0 else 0) * s_per_token
             if value < cheap_cost or (value == cheap_cost and cheap is not None
                                       and tie_before(view.worker, cheap.worker, seed)):
                 cheap, cheap_cost, cheap_blocks = view, value, blocks
+                cheap_s_per_token = s_per_token
             if blocks and (blocks > long_blocks or blocks == long_blocks and (
                     value < long_cost or value == long_cost
                     and tie_before(view.worker, long.worker, seed))):
@@ -79,16 +85,19 @@ class ExactKv:
         if cheap is None:  # unreachable: some worker is at or below the mean
             raise AssertionError("bounded-load cap excluded every worker")
         return exact_verdict(
-            request, self.tolerance_s, cheap.worker, cheap_cost, cheap_blocks,
-            None if long is None else long.worker, long_cost, long_blocks)
+            request, self.tolerance_s, self.recompute_weight, cheap.worker, cheap_cost,
+            cheap_blocks, cheap_s_per_token, None if long is None else long.worker, long_cost,
+            long_blocks)
 
 
 def exact_verdict(
     request: RequestFacts,
     tolerance_s: float,
+    recompute_weight: float,
     cheap: str,
     cheap_cost: float,
     cheap_blocks: int,
+    cheap_s_per_token: float,
     long: str | None,
     long_cost: float,
     long_blocks: int,
@@ -101,14 +110,18 @@ def exact_verdict(
     of, block_size = len(request.keys), request.block_size
     if long is not None and long_blocks > cheap_blocks:
         extra = long_cost - cheap_cost
-        if extra <= tolerance_s:
+        recompute_s = recompute_weight * (
+            request.uncached_tokens(cheap_blocks) - request.uncached_tokens(long_blocks)
+        ) * cheap_s_per_token
+        if extra <= tolerance_s + recompute_s:
             return Decision(long, Mode.EXACT_KV_EVENTS,
                             f"longest hit: {long_blocks} of {of} blocks on {long}",
                             long_blocks * block_size)
         return Decision(cheap, Mode.EXACT_KV_EVENTS,
                         f"{cheap_blocks} of {of} blocks cached on {cheap}; the "
                         f"longest hit ({long_blocks} on {long}) would cost "
-                        f"{extra:.3f} s more", cheap_blocks * block_size)
+                        f"{extra:.3f} s more (allowed {tolerance_s + recompute_s:.3f} s)",
+                        cheap_blocks * block_size)
     if not cheap_blocks:
         return Decision(cheap, Mode.EXACT_KV_EVENTS,
                         f"no hit on {cheap} but every holder is above the load cap", 0)

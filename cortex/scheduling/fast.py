@@ -39,6 +39,7 @@ class FastScheduler:
         self.reference = Scheduler(events_chain(rng, self.cost, bounds), watermarks)
         self.compiled = self.cost.form == "ttft"
         self.tolerance_s = self.cost.affinity_tolerance_s
+        self.recompute_weight = self.cost.recompute_weight
         self.table = DecisionTable(
             ready_state=TargetState.READY,
             roles=(Role.BOTH, Role.PREFILL, Role.DECODE),
@@ -62,7 +63,8 @@ class FastScheduler:
                                     request.block_size, role, tie_seed(request))
             verdict = found[0]
             if verdict == "exact":
-                return exact_verdict(request, self.tolerance_s, *found[1:])
+                return exact_verdict(request, self.tolerance_s, self.recompute_weight,
+                                     *found[1:])
             if verdict == "load_aware":
                 return load_aware_verdict(found[1])
         return self.reference.decide(request, views, worker_matches(target_blocks, views), role)

@@ -131,10 +131,14 @@ def test_reason_codes_of_real_policy_decisions():
     assert hit is not None and reason_code(hit) == "least_cost"
     facts = _facts()
     # every branch of the exact_kv verdict, as the policy and the compiled path word it
-    assert reason_code(exact_verdict(facts, 0.1, "w1", 1.0, 0, "w0", 1.05, 3)) == "longest_hit"
-    assert reason_code(exact_verdict(facts, 0.1, "w1", 1.0, 1, "w0", 2.0, 3)) == "least_cost"
-    assert reason_code(exact_verdict(facts, 0.1, "w1", 1.0, 0, None, 0.0, 0)) == "over_cap"
-    assert reason_code(exact_verdict(facts, 0.1, "w1", 1.0, 2, None, 0.0, 0)) == "least_cost"
+    def verdict(cheap_blocks, long, long_cost, long_blocks):
+        return reason_code(exact_verdict(facts, 0.1, 0.0, "w1", 1.0, cheap_blocks, 0.0,
+                                         long, long_cost, long_blocks))
+
+    assert verdict(0, "w0", 1.05, 3) == "longest_hit"
+    assert verdict(1, "w0", 2.0, 3) == "least_cost"
+    assert verdict(0, None, 0.0, 0) == "over_cap"
+    assert verdict(2, None, 0.0, 0) == "least_cost"
     assert reason_code(LoadAware().decide(_facts(), views, {})) == "no_hit"
     loaded = [WorkerView("w0", engine_queue=1), WorkerView("w1", engine_queue=0)]
     assert reason_code(PowerOfTwo(random.Random(0)).decide(_facts(), loaded, {})) == "p2c"

@@ -221,7 +221,7 @@ def test_a_buried_cache_holder_loses_to_an_idle_worker():
 
 
 def test_longest_hit_wins_within_the_affinity_tolerance():
-    config = CostConfig(decode_s_per_in_flight=0, affinity_tolerance_s=0.1)
+    config = CostConfig(decode_s_per_in_flight=0, affinity_tolerance_s=0.1, recompute_weight=0)
     # w0 holds 8 blocks (128 tokens) but has 1000 tokens queued: 0.1 s vs w1 holding 4 blocks
     # with nothing queued: 0.0064 s; extra 0.0936 s <= 0.1 → the longer history stays.
     workers = [worker("w0", queued_prefill_tokens=1000), worker("w1")]
@@ -231,6 +231,25 @@ def test_longest_hit_wins_within_the_affinity_tolerance():
     workers = [worker("w0", queued_prefill_tokens=1100), worker("w1")]
     d = ExactKv(config).decide(request(8), workers, {"w0": 8, "w1": 4})
     assert (d.worker, d.predicted_cached_tokens) == ("w1", 4 * BLOCK)
+
+
+def test_moving_away_from_the_longest_hit_is_charged_the_recompute_again():
+    """w1 would recompute the 4 blocks (64 tokens, 0.0064 s) w0 holds: with weight 1 the
+    longest hit may cost 0.1 + 0.0064 s more than w1, with weight 2 0.1 + 0.0128 s."""
+    def pick(queued: int, weight: float) -> str:
+        config = CostConfig(decode_s_per_in_flight=0, affinity_tolerance_s=0.1,
+                            recompute_weight=weight)
+        workers = [worker("w0", queued_prefill_tokens=queued), worker("w1")]
+        return ExactKv(config).decide(request(8), workers, {"w0": 8, "w1": 4}).worker
+
+    assert pick(1100, 0) == "w1"  # extra 0.1036 s > 0.1
+    assert pick(1100, 1) == "w0"  # 0.1036 <= 0.1064
+    assert pick(1150, 1) == "w1"  # 0.1086 > 0.1064
+    assert pick(1150, 2) == "w0"  # 0.1086 <= 0.1128
+    d = ExactKv(CostConfig(decode_s_per_in_flight=0, affinity_tolerance_s=0.1)).decide(
+        request(8), [worker("w0", queued_prefill_tokens=1150), worker("w1")],
+        {"w0": 8, "w1": 4})
+    assert "(allowed 0.106 s)" in d.reason
 
 
 def test_holders_all_above_the_load_cap_send_the_request_elsewhere():
