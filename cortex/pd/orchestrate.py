@@ -184,19 +184,27 @@ class PdOrchestrator:
     @staticmethod
     def _pair(pool: ModelPool, token_ids: Any, prompt: Any, not_prefill: set[str],
               not_decode: set[str]) -> tuple[Route, Route]:
-        """A prefill and a decode route. A prefill worker still awaiting its own report (an
-        SGLang prefill registered without a bootstrap port) makes the pool count as saturated,
-        so the request waits for the report instead of failing."""
+        """A prefill and a decode route of the same engine family (a vLLM prefill cannot hand
+        its KV to an SGLang decode, nor the reverse; a pool may hold both flavors). A prefill
+        worker still awaiting its own report (an SGLang prefill registered without a bootstrap
+        port) makes the pool count as saturated, so the request waits for the report instead
+        of failing."""
         awaiting = {name for name, spec in pool.workers.items() if pool.awaiting_report(spec)}
+        peers = {spec.engine for name, spec in pool.workers.items()
+                 if spec.role is Role.DECODE and name not in not_decode}
+        no_peer = {name for name, spec in pool.workers.items() if spec.engine not in peers}
         try:
-            prefill = pool.decide(token_ids, prompt, exclude=not_prefill | awaiting,
+            prefill = pool.decide(token_ids, prompt, exclude=not_prefill | awaiting | no_peer,
                                   role=Role.PREFILL)
         except NoWorkerAvailable as error:
             if awaiting - not_prefill and not error.saturated:
                 raise NoWorkerAvailable(f"{error}; prefill {', '.join(sorted(awaiting))} "
                                         "not reported yet", saturated=True) from None
             raise
-        decode = pool.decide(token_ids, prompt, exclude=not_decode, role=Role.DECODE)
+        other_family = {name for name, spec in pool.workers.items()
+                        if spec.engine != prefill.worker.engine}
+        decode = pool.decide(token_ids, prompt, exclude=not_decode | other_family,
+                             role=Role.DECODE)
         return prefill, decode
 
     # ------------------------------------------------------------------ SGLang
