@@ -14,12 +14,15 @@ Two forms of one idea, chosen by ``CostConfig.form``:
 ``affinity_tolerance_s`` is how much more expected TTFT the worker with the longest hit may
 cost than the cheapest worker and still be chosen by ``exact_kv``: a session's history stays
 useful for its later turns, so a small queue imbalance should not move it (``"ttft"`` only).
-``recompute_weight`` charges moving away from the longest hit once more: the cheaper worker
-would recompute blocks another worker already holds, so ``exact_kv`` adds
+``recompute_weight`` charges moving away from the longest hit again: the cheaper worker would
+recompute blocks another worker already holds, so ``exact_kv`` adds
 ``recompute_weight × recomputed_tokens / rate`` (the cheaper worker's rate) to its side of the
-comparison. That recomputation is GPU time the cluster spends twice and a duplicate that
-crowds other prefixes out of the cache — costs the request's own TTFT does not show. 0 compares
-own TTFT alone.
+comparison. That recomputation is GPU time the cluster spends twice — every request queued
+behind it on that worker waits for it too — and a duplicate that crowds other prefixes out of
+the cache: costs the request's own TTFT does not show. The default 2 is about the number of
+requests waiting behind a busy worker at ~70% utilization (ρ/(1−ρ) ≈ 2.3 for one queue); in
+the conversation-trace replay weights 0 / 1 / 3 kept 65 / 78 / 79 of 101 continuations on
+their history's worker (``perf/RESULTS.md``). 0 compares the request's own TTFT alone.
 
 Both read ``queued_prefill_tokens`` and ``in_flight``, which Cortex updates at decision time,
 so a burst of requests sees its own earlier picks (the herding guard).
@@ -53,7 +56,7 @@ class CostConfig:
     decode_s_per_in_flight: float = 0.002
     engine_queue_s_per_request: float = 0.05
     affinity_tolerance_s: float = 0.25  # exact_kv: extra TTFT a longer hit may cost and still win
-    recompute_weight: float = 1.0  # exact_kv: extra charge on recomputing another's cached blocks
+    recompute_weight: float = 2.0  # exact_kv: extra charge on recomputing another's cached blocks
     alpha_per_cached_block: float = 1.0
     beta_per_in_flight: float = 1.0
     gamma_per_queued_token: float = 0.01
@@ -65,7 +68,8 @@ class CostConfig:
         if not self.default_prefill_tokens_per_s > 0:
             problems.append("default_prefill_tokens_per_s must be > 0")
         for name in ("decode_s_per_in_flight", "engine_queue_s_per_request", "affinity_tolerance_s",
-                     "recompute_weight", "alpha_per_cached_block", "beta_per_in_flight", "gamma_per_queued_token"):
+                     "recompute_weight", "alpha_per_cached_block", "beta_per_in_flight",
+                     "gamma_per_queued_token"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if problems:
