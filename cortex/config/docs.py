@@ -142,8 +142,9 @@ DOCS: dict[str, str] = {
     "workers.replay": "tcp://host:port of DP rank 0's KV-event replay socket",
     "workers.topic": "ZeroMQ topic prefix of the KV events (\"\": all)",
     "workers.bootstrap_port": "SGLang PD bootstrap port of a prefill worker",
-    "workers.weight": "relative weight of the worker (> 0; SIGHUP and the admin API may "
-                      "change it)",
+    "workers.weight": "relative prefill capacity of the worker (> 0): the cost assumes "
+                      "weight x default_prefill_tokens_per_s; SIGHUP and the admin API may "
+                      "change it",
     "discovery.service": "DNS name of the headless service (required)",
     "discovery.record": "\"A\", \"AAAA\" (one worker per address on http_port) or \"SRV\" "
                         "(the record's target and port)",
@@ -162,5 +163,5 @@ DOCS: dict[str, str] = {
     "discovery.replay_offset": "or: replay port = the worker's HTTP port + this offset",
     "discovery.topic": "ZeroMQ topic prefix of the KV events (\"\": all)",
     "discovery.bootstrap_port": "SGLang PD bootstrap port of prefill workers",
-    "discovery.weight": "relative weight of each discovered worker (> 0)",
+    "discovery.weight": "relative prefill capacity of each discovered worker (> 0)",
 }

@@ -20,6 +20,12 @@ Rules:
   this request (retries before the first byte).
 * DP rank: the rank of the picked worker holding the longest hit; ``None`` (engine chooses)
   without a hit.
+* ``WorkerSpec.weight`` is the worker's relative prefill capacity: without a measured rate its
+  view's ``prefill_tokens_per_s`` is ``weight × scheduler.cost.default_prefill_tokens_per_s``
+  (weight 1 leaves it unset, the cost's default), so a weight-2 worker's queue costs half as
+  many seconds and the cost-based policies (exact_kv, load_aware, p2c) send it about twice the
+  work. Round robin, consistent hashing and the bounded-load cap (a count of requests) ignore
+  weights.
 """
 
 from __future__ import annotations
@@ -123,6 +129,7 @@ class ModelPool:
         self._capacity_listeners: list[Callable[[str], None]] = []
         self.reports: dict[str, WorkerReport] = {}  # what each worker said about itself
         rng = rng or random.Random()
+        self.default_prefill_tokens_per_s = (cost or CostConfig()).default_prefill_tokens_per_s
         self.scheduler = FastScheduler(rng, cost, watermarks, bounds)
         if passthrough:
             policy = "round_robin"
@@ -204,10 +211,12 @@ class ModelPool:
         state = self.ledger_state(name)
         if state is TargetState.PARTIAL and self.route_on_partial:
             state = TargetState.READY  # a lower bound: misses possible, never a false hit
+        rate = figures.prefill_tokens_per_s
+        if rate is None and spec.weight != 1.0:
+            rate = spec.weight * self.default_prefill_tokens_per_s
         self.pending.track(WorkerView(
             spec.name, self.targets.get(name, ()), figures.healthy, state,
-            spec.role, 0, 0, figures.engine_queue, figures.kv_usage,
-            figures.prefill_tokens_per_s))
+            spec.role, 0, 0, figures.engine_queue, figures.kv_usage, rate))
 
     def refresh_all(self) -> None:
         for name in self.workers:

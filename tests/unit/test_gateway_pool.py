@@ -28,9 +28,10 @@ def pool_with(book: LedgerBook, *, passthrough: bool = False, profiles=None) -> 
                      rng=random.Random(1))
 
 
-def add(pool: ModelPool, book: LedgerBook, name: str, dp: int = 1, port: int = 1) -> tuple:
+def add(pool: ModelPool, book: LedgerBook, name: str, dp: int = 1, port: int = 1,
+        weight: float = 1.0) -> tuple:
     spec = WorkerSpec(name, f"http://127.0.0.1:{port}", engine="vllm", model=MODEL, dp_size=dp,
-                      events=f"tcp://127.0.0.1:{5000 + port}")
+                      events=f"tcp://127.0.0.1:{5000 + port}", weight=weight)
     targets = tuple(book.register(name, r, EngineFamily.VLLM, MODEL) for r in range(dp))
     for target in targets:
         book.set_state(target, TargetState.READY)
@@ -109,6 +110,29 @@ def test_holds_count_in_flight_until_released():
         assert pool.pending.in_flight("a") == 1
         assert pool.views()[0].queued_prefill_tokens == len(TOKENS)
     assert pool.pending.in_flight("a") == 0
+
+
+def test_a_workers_weight_is_its_relative_prefill_capacity():
+    """Weight 3 against 1: queued work costs a third of the seconds on the heavier worker, so
+    with every request still held it gets three of every four requests (few enough that the
+    bounded-load cap, which counts requests whatever the weight, stays out of the way)."""
+    book = LedgerBook()
+    pool = pool_with(book)
+    add(pool, book, "light", port=1)
+    add(pool, book, "heavy", port=2, weight=3.0)
+    rates = {view.worker: view.prefill_tokens_per_s for view in pool.views()}
+    assert rates == {"light": None, "heavy": 3 * pool.default_prefill_tokens_per_s}
+    picks = {"light": 0, "heavy": 0}
+    holds = []
+    for i in range(8):
+        route = pool.decide([i + 1, *TOKENS[1:]], PROMPT)  # a new prefix each time: no hit
+        route.hold.__enter__()
+        holds.append(route.hold)
+        picks[route.worker.name] += 1
+    assert picks == {"light": 2, "heavy": 6}
+    measured = WorkerFigures(healthy=True, prefill_tokens_per_s=123.0)
+    pool.set_figures("heavy", measured)  # a measured rate is the truth, weight or not
+    assert {v.worker: v.prefill_tokens_per_s for v in pool.views()}["heavy"] == 123.0
 
 
 def test_comparison_policies_ignore_the_ledger():
