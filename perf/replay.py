@@ -6,8 +6,10 @@ becomes a real streaming chat completion over HTTP (keep-alive client, ``perf/tr
 turns hash ids into text, one message per block), ``max_tokens`` = the record's output length
 capped by ``--max-output``. Routers: ``cortex`` (the events chain on the ledger),
 ``round_robin``, ``p2c``, ``consistent_hash`` (all four through the same gateway process, so
-its overhead is equal) and ``sglang-router`` (``cache_aware``, its own process; skipped when
-it is not installed).
+its overhead is equal), ``cortex-pd`` (the same gateway and policy in front of a
+prefill/decode cluster of the same engine count: per flavor, half the engines, rounded up,
+``--pd-role prefill``, the rest ``decode``; Cortex orchestrates both legs of every request)
+and ``sglang-router`` (``cache_aware``, its own process; skipped when it is not installed).
 
 Scale: ``--block-tokens`` tokens of text per trace block (the trace's are 512); lower values
 keep the reuse structure and cut tokenization (the dominant CPU cost on a 2-vCPU machine) by
@@ -23,6 +25,16 @@ Cortex's predicted ``x-cortex-cache-hit-tokens``. Per router (``summarize``): hi
 duplicated blocks across workers at the end (the gateway's ledger), req/s, load spread
 (max/mean requests per worker), utilization (busy slot time / (engines x batch limit x span)),
 and the ledger's accuracy (share of exact predictions, total absolute error).
+
+``cortex-pd`` is read per leg (``replay_report``): a request has a prefill worker
+(``x-cortex-prefill-worker``) and a decode worker (``x-cortex-decode-worker``, the answer's
+id). The decode engine answers, and its ``cached_tokens`` is not the prefill's (SGLang decode
+has no prefix cache and reports 0; vLLM decode reports what it held before the transfer), so
+the hit rate and the ledger's accuracy use the prefill engine's ``cached_tokens``, which the
+replay's gateway process reads from the prefill answer Cortex drains and adds as
+``x-replay-prefill-cached-tokens`` (``replay_gateway.py``). A request Cortex served on decode
+alone (vLLM bypass: decode held the prefix) has no prefill leg; the decode engine computed its
+prefill, so its own report counts. Load spread and utilization are per pool.
 
 Usage: ``python perf/replay.py [--quick] [--trace conversation|synthetic|gsp|PATH] ...``
 (JSON on stdout or ``--out``; a table on stderr). ``--capacity-search`` runs each router at
@@ -64,7 +76,8 @@ from tests import deepseek_profile as ds  # noqa: E402
 MODEL = "trace-model"
 TRACES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthetic_trace.jsonl"}
 GATEWAY_POLICIES = ("cortex", "round_robin", "p2c", "consistent_hash")
-ROUTERS = (*GATEWAY_POLICIES, "sglang-router")
+PD_ROUTERS = {"cortex-pd": "cortex"}  # router -> the gateway's policy, on a PD cluster
+ROUTERS = (*GATEWAY_POLICIES, *PD_ROUTERS, "sglang-router")
 _CACHED = re.compile(rb'"cached_tokens":\s*(\d+)')
 _PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _OUTPUT = re.compile(rb'"completion_tokens":\s*(\d+)')
@@ -249,6 +262,10 @@ class Result:
     output_tokens: int
     predicted: int | None
     mode: str  # x-cortex-match-mode ("" when the router is not Cortex's gateway)
+    # PD: the prefill leg's worker ("" when none: aggregated, or decode served alone) and what
+    # the answering (decode) engine reported; ``cached_tokens`` is then the prefill engine's.
+    prefill_worker: str = ""
+    answer_cached_tokens: int = 0
 
 
 def bodies(records: list[tt.TraceRecord], text: tt.TraceText, p: Params) -> list[bytes]:
@@ -275,6 +292,8 @@ async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
         status = 0
         predicted = None
         mode = b""
+        prefill_worker = b""
+        prefill_cached = None
         try:
             async with upstream.request(url, b"POST", b"/v1/chat/completions", headers,
                                         payloads[i]) as response:
@@ -282,6 +301,9 @@ async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
                 value = response.header(b"x-cortex-cache-hit-tokens")
                 predicted = int(value) if value is not None else None
                 mode = response.header(b"x-cortex-match-mode") or b""
+                prefill_worker = response.header(b"x-cortex-prefill-worker") or b""
+                value = response.header(b"x-replay-prefill-cached-tokens")
+                prefill_cached = int(value) if value is not None else None
                 async for chunk in response.body_chunks():
                     if first is None and b"data:" in chunk:
                         first = trio.current_time()
@@ -293,11 +315,16 @@ async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
         engine = _ENGINE.search(head)
         cached, prompt, output = (_CACHED.search(tail), _PROMPT.search(tail),
                                   _OUTPUT.search(tail))
+        answer_cached = int(cached.group(1)) if cached else 0
+        if prefill_worker and prefill_cached is None:
+            print(f"request {i}: a PD answer without the prefill's cached tokens",
+                  file=sys.stderr)
         results.append(Result(
             i, due - start, sent - due, status, engine.group(1).decode() if engine else "?",
             (first or end) - sent, end - sent, int(prompt.group(1)) if prompt else 0,
-            int(cached.group(1)) if cached else 0, int(output.group(1)) if output else 0,
-            predicted, mode.decode()))
+            answer_cached if prefill_cached is None else prefill_cached,
+            int(output.group(1)) if output else 0, predicted, mode.decode(),
+            prefill_worker.decode(), answer_cached))
 
     async with trio.open_nursery() as nursery:
         await nursery.start(upstream.run)
@@ -320,21 +347,24 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
     try:
         settings = rc.EngineSettings(MODEL, p.engine_block, capacity, p.prefill_tokens_per_s,
                                      p.decode_ms_per_token, p.max_running)
-        engines = rc.start_engines(procs, settings, p.flavor_list(),
-                                   per_engine=p.engine_procs == "engine")
-        policy = router if router in GATEWAY_POLICIES else "cortex"
+        flavors = p.flavor_list()
+        roles = rc.pd_roles(flavors) if router in PD_ROUTERS else None
+        engines = rc.start_engines(procs, settings, flavors,
+                                   per_engine=p.engine_procs == "engine", roles=roles)
+        policy = router if router in GATEWAY_POLICIES else PD_ROUTERS.get(router, "cortex")
         gateway = rc.start_gateway(procs, engines, policy, MODEL, p.engine_block,
                                    p.prefill_tokens_per_s, p.affinity_tolerance_s)
-        url = gateway.url if router in GATEWAY_POLICIES else \
-            rc.start_sglang_router(procs, engines, MODEL)
+        url = rc.start_sglang_router(procs, engines, MODEL) if router == "sglang-router" \
+            else gateway.url
         started = time.monotonic()
         results = trio.run(drive, url, records, payloads, time_scale)
         wall = time.monotonic() - started
         ledger = gateway.ledger_report()
-        summary = summarize(results, p, len(engines), ledger)
+        summary = summarize(results, p, len(engines), ledger,
+                            roles={e.name: e.role for e in engines} if roles else None)
         summary["wall_s"] = round(wall, 1)
         summary["ledger_states"] = sorted(set(ledger["states"].values()))
-        if router != "cortex":  # only Cortex predicts from the ledger
+        if router not in ("cortex", *PD_ROUTERS):  # only Cortex predicts from the ledger
             summary["ledger"] = {"predicted": 0, "exact_share": None, "abs_error_tokens": 0}
         if keep_results:
             summary["results"] = [asdict(r) for r in results]
@@ -416,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-results", action="store_true",
                         help="include every request's record in the JSON")
     parser.add_argument("--render", default="", help="print a result file as Markdown, exit")
+    if "--quick" in (sys.argv[1:] if argv is None else argv):  # flags given still win
+        parser.set_defaults(**QUICK)
     args = parser.parse_args(argv)
     if args.render:
         with open(args.render) as f:
@@ -424,7 +456,6 @@ def main(argv: list[str] | None = None) -> int:
     values = {name: getattr(args, name) for name in asdict(defaults)}
     routers = [r for r in args.routers.split(",") if r]
     if args.quick:
-        values.update(QUICK)
         routers = [r for r in routers if r != "sglang-router"]
     p = Params(**values)
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731

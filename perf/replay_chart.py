@@ -2,7 +2,9 @@
 
 ``chart_svg(result) -> str`` for a ``replay.compare(..., keep_results=True)`` result: left, the
 TTFT distribution of each router (empirical CDF, log-scaled time axis); right, requests per
-worker for each router (grouped bars, the mean as a dashed line). Pure: text in, text out.
+worker for each router (grouped bars, the mean of the router's own workers as a dashed line;
+a prefill/decode run counts each worker's legs: prefill legs on prefill engines, decode legs on
+decode engines). Pure: text in, text out.
 """
 
 from __future__ import annotations
@@ -92,11 +94,12 @@ def _bars(result: dict, x0: int, x1: int) -> list[str]:
             left = x0 + group * k + group * 0.1 + bar * i
             out.append(f'<rect x="{left:.1f}" y="{y(count):.1f}" width="{bar:.1f}" '
                        f'height="{PLOT_BOTTOM - y(count):.1f}" fill="{color}"/>')
-        mean = sum(run["per_worker"].values()) / len(workers)
+        mean = sum(run["per_worker"].values()) / max(len(run["per_worker"]), 1)  # own workers
         out.append(f'<line x1="{x0}" y1="{y(mean):.1f}" x2="{x1}" y2="{y(mean):.1f}" '
                    f'stroke="{color}" stroke-dasharray="5,4"/>')
         out.append(f'<text x="{x1}" y="{PLOT_TOP + 16 * i}" font-size="12" text-anchor="end" '
-                   f'fill="{color}">{escape(name)}: max/mean {run["load_spread"]:.2f}</text>')
+                   f'fill="{color}">{escape(name)}: max/mean {run["load_spread"]:.2f}'
+                   f'{" (prefill pool)" if "pd" in run else ""}</text>')
     return out
 
 

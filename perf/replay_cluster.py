@@ -1,8 +1,10 @@
 """The processes of one trace-replay run: simulated engines, the gateway, sglang-router.
 
-* ``start_engines(...)``: ``python -m cortex sim`` once per engine (or once per flavor with
-  ``--count N``); each prints one line per engine once it listens (``cortex.sim.cli``), which
-  gives its URL and its KV-event and replay endpoints. A simulated engine tokenizes on its
+* ``start_engines(...)``: ``python -m cortex sim`` once per engine (or once per flavor and
+  role with ``--count N``); each prints one line per engine once it listens
+  (``cortex.sim.cli``), which gives its URL, its KV-event and replay endpoints and, for a PD
+  engine (``roles``: ``--pd-role prefill|decode``, prefills with ``--bootstrap-port 0``), its
+  role and bootstrap port. A simulated engine tokenizes on its
   event loop (one full encode, as real engines do), so engines sharing a process delay each
   other's timers by that much: one process per engine keeps that out of the measurements.
 * ``start_gateway(...)``: ``perf/replay_gateway.py`` with a spec file; ready when it prints
@@ -53,6 +55,22 @@ class Engine:
     url: str
     events: str
     replay: str | None
+    role: str = "both"  # both | prefill | decode
+    bootstrap_port: int | None = None  # a prefill's KV bootstrap / side-channel port
+
+
+def pd_roles(flavors: list[str]) -> list[str]:
+    """Roles for a PD cluster of these engines: per flavor (a pair must be of one flavor), the
+    first half (rounded up) prefill, the rest decode. Each flavor needs two engines or more."""
+    roles = []
+    seen: dict[str, int] = {}
+    for flavor in flavors:
+        count = flavors.count(flavor)
+        if count < 2:
+            raise ValueError(f"a PD cluster needs 2+ {flavor} engines (a prefill and a decode)")
+        index = seen[flavor] = seen.get(flavor, -1) + 1
+        roles.append("prefill" if index < (count + 1) // 2 else "decode")
+    return roles
 
 
 @dataclass
@@ -102,18 +120,24 @@ def _line(running: peers.Running) -> str:
 
 
 def start_engines(procs: Procs, settings: EngineSettings, flavors: list[str],
-                  per_engine: bool = True) -> list[Engine]:
+                  per_engine: bool = True, roles: list[str] | None = None) -> list[Engine]:
     """``cortex sim`` processes: one per engine (``per_engine``: one engine's tokenization
-    never delays another's timers) or one per flavor. Engines are named by flavor and index:
-    ``v0_0``, ``s1_0`` per engine; ``v0``, ``s0`` per flavor."""
-    groups: list[tuple[str, str, int]] = []  # (flavor, name prefix, count)
+    never delays another's timers) or one per flavor and role. Engines are named by flavor,
+    role (``p``/``d``, none for ``both``) and index: ``v0_0``, ``sp1_0`` per engine; ``v0``,
+    ``sd0`` per flavor."""
+    roles = roles or ["both"] * len(flavors)
+    tag = {"both": "", "prefill": "p", "decode": "d"}
+    groups: list[tuple[str, str, str, int]] = []  # (flavor, role, name prefix, count)
     if per_engine:
-        groups = [(flavor, f"{flavor[0]}{i}_", 1) for i, flavor in enumerate(flavors)]
+        groups = [(flavor, role, f"{flavor[0]}{tag[role]}{i}_", 1)
+                  for i, (flavor, role) in enumerate(zip(flavors, roles, strict=True))]
     else:
-        groups = [(flavor, flavor[0], flavors.count(flavor)) for flavor in ("vllm", "sglang")
-                  if flavor in flavors]
+        pairs = list(zip(flavors, roles, strict=True))
+        groups = [(flavor, role, flavor[0] + tag[role], pairs.count((flavor, role)))
+                  for flavor in ("vllm", "sglang") for role in ("both", "prefill", "decode")
+                  if (flavor, role) in pairs]
     started = []
-    for flavor, prefix, count in groups:
+    for flavor, role, prefix, count in groups:
         argv = [sys.executable, "-m", "cortex", "sim", "--engine", flavor, "--count", str(count),
                 "--name", prefix, "--model", settings.model, "--port", "0",
                 "--block-size", str(settings.block_size),
@@ -123,14 +147,20 @@ def start_engines(procs: Procs, settings: EngineSettings, flavors: list[str],
                 "--max-running", str(settings.max_running),
                 "--tokenizer", ds.TOKENIZER_JSON, "--chat-template", procs.template(),
                 "--bos-token", ds.BOS, "--eos-token", ds.EOS]
-        started.append((flavor, count, _spawn(procs, f"sim-{prefix}", argv)))
+        if role != "both":
+            argv += ["--pd-role", role]
+        if role == "prefill":
+            argv += ["--bootstrap-port", "0"]
+        started.append((flavor, role, count, _spawn(procs, f"sim-{prefix}", argv)))
     engines = []
-    for flavor, count, running in started:
+    for flavor, role, count, running in started:
         for _ in range(count):
             parts = _line(running).split()
             fields = dict(part.split("=", 1) for part in parts[4:] if "=" in part)
+            bootstrap = fields.get("bootstrap")
             engines.append(Engine(parts[0], flavor, parts[2], fields["rank0"],
-                                  fields.get("replay0")))
+                                  fields.get("replay0"), fields.get("pd", "both"),
+                                  int(bootstrap) if bootstrap else None))
     return engines
 
 
@@ -158,7 +188,8 @@ def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
             "affinity_tolerance_s": affinity_tolerance_s, "tokenizer": ds.TOKENIZER_JSON, "block_size": block_size,
             "template": procs.template(), "bos": ds.BOS, "eos": ds.EOS, "policy": policy,
             "workers": [{"name": e.name, "url": e.url, "engine": e.flavor, "events": e.events,
-                         "replay": e.replay} for e in engines]}
+                         "replay": e.replay, "role": e.role,
+                         "bootstrap_port": e.bootstrap_port} for e in engines]}
     path = os.path.join(procs.tmpdir, f"gateway-{policy}.json")
     with open(path, "w") as f:
         json.dump(spec, f)

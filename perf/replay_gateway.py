@@ -9,8 +9,20 @@ READY, then prints ``ready <data_port>`` and answers commands on stdin, one per 
 * ``report`` -> one JSON line: the ledger's view of the engines' caches (it equals the engines'
   truth when no event is lost, which the replay checks through the predictions): blocks held
   per worker, the union over workers, and ``duplicated_blocks`` = held - union (a block cached
-  on two workers counts once as duplicated);
+  on two workers counts once as duplicated), the same per role (``by_role``: a PD cluster's
+  prefill pool, and its decode pool, whose vLLM engines cache every prompt they receive), and
+  the PD orchestrator's counters;
 * EOF or ``quit`` -> exit.
+
+Workers carry ``role`` (both, prefill, decode) and ``bootstrap_port``: a spec with prefill and
+decode workers makes Cortex orchestrate both legs of every request (``cortex.pd``).
+
+PD measurement tap (``tap_prefill_answers``): the prefill leg's answer never reaches the client
+(Cortex drains it), yet its ``cached_tokens`` is the prefix-cache hit of the engine that
+computed the prefill. This process reads it from the answer Cortex drains
+(``cortex.pd.orchestrate._read_rest``, wrapped) and adds it to the client's response as
+``x-replay-prefill-cached-tokens`` (the prefill leg of the pair that served, after any retry);
+the gateway's routing and proxying are untouched.
 
 It also serves as a ledger observer for routers that are not Cortex (sglang-router): the
 replay then sends no traffic through it.
@@ -18,7 +30,9 @@ replay then sends no traffic through it.
 
 from __future__ import annotations
 
+import contextvars
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -37,6 +51,8 @@ from cortex.config.tree import (  # noqa: E402
     ServerConfig,
 )
 from cortex.gateway.pool import ModelPool  # noqa: E402
+from cortex.pd import orchestrate  # noqa: E402
+from cortex.scheduling import Role  # noqa: E402
 from cortex.scheduling.cost import CostConfig  # noqa: E402
 from cortex.workers.spec import WorkerSpec  # noqa: E402
 from tests.gateway_cluster import all_ready, wait_for  # noqa: E402
@@ -47,7 +63,9 @@ def config_from(spec: dict) -> CortexConfig:
                         block_size=spec["block_size"], chat_template=spec["template"],
                         bos_token=spec["bos"], eos_token=spec["eos"])
     workers = tuple(WorkerSpec(w["name"], w["url"], engine=w["engine"], model=spec["model"],
-                               events=w["events"], replay=w.get("replay"))
+                               events=w["events"], replay=w.get("replay"),
+                               role=Role(w.get("role", "both")),
+                               bootstrap_port=w.get("bootstrap_port"))
                     for w in spec["workers"])
     cost = {"default_prefill_tokens_per_s": spec["prefill_tokens_per_s"]}
     if spec.get("affinity_tolerance_s", -1.0) >= 0:
@@ -72,23 +90,79 @@ def set_policy(running: Running, config: CortexConfig, model: str, policy: str) 
     pool.policy, pool.fixed = twin.policy, twin.fixed
 
 
-def ledger_report(running: Running) -> dict:
+_CACHED = re.compile(rb'"cached_tokens":\s*(\d+)')
+_PREFILL_CACHED: contextvars.ContextVar[list[int]] = contextvars.ContextVar("prefill_cached")
+PREFILL_CACHED_HEADER = b"x-replay-prefill-cached-tokens"
+
+
+def tap_prefill_answers(running: Running) -> None:
+    """Add each PD request's prefill ``cached_tokens`` to its response (module docstring).
+    A request is served in one trio task, and both flavors read the prefill answer in that
+    task before the response is returned: a context variable set by ``serve`` collects what
+    ``_read_rest`` read."""
+    read_rest = orchestrate._read_rest
+    if getattr(read_rest, "replay_tap", False):
+        return
+
+    async def tapped_read_rest(leg):
+        answer = await read_rest(leg)
+        found = _PREFILL_CACHED.get(None)
+        if found is not None:
+            hits = _CACHED.findall(answer)
+            if hits:
+                found.append(int(hits[-1]))
+        return answer
+
+    tapped_read_rest.replay_tap = True  # type: ignore[attr-defined]
+    orchestrate._read_rest = tapped_read_rest
+    pd = running.gateway.pd  # type: ignore[attr-defined]
+    serve = pd.serve
+
+    async def tapped_serve(*args, **kwargs):
+        found: list[int] = []
+        token = _PREFILL_CACHED.set(found)
+        try:
+            response = await serve(*args, **kwargs)
+        finally:
+            _PREFILL_CACHED.reset(token)
+        if found:  # the last answer read: the prefill of the pair that served (a decode's
+            # answer is read this way only for a JSON answer with logprobs; the replay asks none)
+            response.headers.append((PREFILL_CACHED_HEADER, str(found[-1]).encode()))
+        return response
+
+    pd.serve = tapped_serve
+
+
+def ledger_report(running: Running, roles: dict[str, str]) -> dict:
+    """The ledger's blocks per worker, duplicated blocks over all workers and per role."""
     book = running.book
-    per_worker: dict[str, int] = {}
-    union: set[int] = set()
-    held = 0
+    keys_of: dict[str, set[int]] = {}
     states = {}
     for target in sorted(book.states()):
         info = book.info(target)
-        keys: set[int] = set()
+        keys = keys_of.setdefault(info.worker, set())
         for tree_keys in book.target_keys(target).values():
             keys |= tree_keys
-        per_worker[info.worker] = per_worker.get(info.worker, 0) + len(keys)
-        held += len(keys)
-        union |= keys
         states[f"{info.worker}/{info.rank}"] = book.state(target).value
-    return {"blocks_per_worker": per_worker, "blocks_held": held, "blocks_unique": len(union),
-            "duplicated_blocks": held - len(union), "states": states}
+
+    def held_unique(workers: list[str]) -> tuple[int, int]:
+        union: set[int] = set()
+        for worker in workers:
+            union |= keys_of.get(worker, set())
+        return sum(len(keys_of.get(w, ())) for w in workers), len(union)
+
+    per_worker = {worker: len(keys) for worker, keys in keys_of.items()}
+    held, unique = held_unique(list(keys_of))
+    by_role = {}
+    for role in sorted(set(roles.values())):
+        role_held, role_unique = held_unique([w for w, r in roles.items() if r == role])
+        by_role[role] = {"blocks_held": role_held, "duplicated_blocks": role_held - role_unique}
+    pd = running.gateway.pd.counters  # type: ignore[attr-defined]
+    return {"blocks_per_worker": per_worker, "blocks_held": held, "blocks_unique": unique,
+            "duplicated_blocks": held - unique, "by_role": by_role, "states": states,
+            "pd": {"served": pd.served, "bypassed": pd.bypassed,
+                   "retried_prefill": pd.retried_prefill, "retried_decode": pd.retried_decode,
+                   "fallback_both": pd.fallback_both, "failed": pd.failed}}
 
 
 async def main(spec: dict) -> None:
@@ -96,6 +170,9 @@ async def main(spec: dict) -> None:
     async with trio.open_nursery() as nursery:
         running: Running = await nursery.start(run_gateway, config)
         set_policy(running, config, spec["model"], spec["policy"])
+        roles = {w["name"]: w.get("role", "both") for w in spec["workers"]}
+        if set(roles.values()) - {"both"}:
+            tap_prefill_answers(running)
         await wait_for(running, lambda: all_ready(running), 60.0)
         print(f"ready {running.data_port}", flush=True)
         stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
@@ -109,7 +186,7 @@ async def main(spec: dict) -> None:
                 line, buffer = buffer.split(b"\n", 1)
                 command = line.decode().strip()
                 if command == "report":
-                    print(json.dumps(ledger_report(running)), flush=True)
+                    print(json.dumps(ledger_report(running, roles)), flush=True)
                 elif command == "quit":
                     nursery.cancel_scope.cancel()
                     return

@@ -1,8 +1,21 @@
 """Figures of one replay: per-router summary of the request records, and its tables.
 
-``summarize(results, params, engines, ledger)`` -> the per-router figures (hit rate,
+``summarize(results, params, engines, ledger, roles)`` -> the per-router figures (hit rate,
 TTFT, its parts, prefill tokens, duplicated blocks, req/s, load spread, utilization, ledger
-accuracy); ``table`` (terminal) and ``markdown`` (perf/RESULTS.md) print a comparison. Pure.
+accuracy); ``table`` (terminal) and ``markdown`` (perf/RESULTS.md) print a comparison, and
+``pd_notes`` what the columns mean for a prefill/decode row. Pure.
+
+A prefill/decode cluster (``roles`` given: worker -> both | prefill | decode) is read per leg:
+
+* a request's prefill engine is its ``prefill_worker`` (none when Cortex let the decode
+  engine serve it alone: vLLM bypass), its decode engine the one that answered (``worker``);
+* hit rate, prefill tokens, wait and ledger exactness use ``cached_tokens``, which for a PD
+  request is the prefill engine's report (the engine that computed the prefill), compared with
+  Cortex's prediction for its prefill pick;
+* load spread and utilization are per pool: the table shows the prefill pool's (prefill legs
+  per prefill engine; prefill time over the prefill engines' slots), the JSON both;
+* duplicated blocks: the table shows the prefill pool's; vLLM decode engines also cache every
+  prompt they receive (``by_pool`` in the JSON).
 """
 
 from __future__ import annotations
@@ -15,14 +28,60 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else 0.0
 
 
-def summarize(results: list[Any], p: Any, engines: int, ledger: dict | None) -> dict:
+def _pool(counts: dict[str, int], workers: list[str]) -> float:
+    """Busiest worker's requests / the pool's mean (workers with none count as 0)."""
+    mean = sum(counts.get(w, 0) for w in workers) / len(workers) if workers else 0.0
+    return round(max((counts.get(w, 0) for w in workers), default=0) / mean, 3) if mean else 0.0
+
+
+def _pd_figures(ok: list[Any], p: Any, roles: dict[str, str], ledger: dict | None,
+                span: float) -> dict:
+    """The per-pool figures of a PD run (module docstring)."""
+    prefill = sorted(w for w, r in roles.items() if r == "prefill")
+    decode = sorted(w for w, r in roles.items() if r == "decode")
+    prefill_legs: dict[str, int] = {}
+    decode_legs: dict[str, int] = {}
+    prefill_busy = decode_busy = 0.0
+    for r in ok:
+        own_prefill = (r.prompt_tokens - r.cached_tokens) / p.prefill_tokens_per_s
+        decode_time = max(r.output_tokens - 1, 0) * p.decode_ms_per_token / 1000
+        decode_legs[r.worker] = decode_legs.get(r.worker, 0) + 1
+        if r.prefill_worker:
+            prefill_legs[r.prefill_worker] = prefill_legs.get(r.prefill_worker, 0) + 1
+            prefill_busy += own_prefill
+            decode_busy += decode_time  # + the KV transfer, ~0 at the sim's 2M tokens/s
+        else:  # decode alone: it prefilled the rest itself
+            decode_busy += own_prefill + decode_time
+    by_role = (ledger or {}).get("by_role", {})
+    return {
+        "prefill_engines": len(prefill), "decode_engines": len(decode),
+        "bypassed": sum(1 for r in ok if not r.prefill_worker),
+        "load_spread": {"prefill": _pool(prefill_legs, prefill),
+                        "decode": _pool(decode_legs, decode)},
+        "utilization": {
+            "prefill": round(prefill_busy / (len(prefill) * p.max_running * span), 3)
+            if prefill else 0.0,
+            "decode": round(decode_busy / (len(decode) * p.max_running * span), 3)
+            if decode else 0.0},
+        "duplicated_blocks": {role: by_role[role]["duplicated_blocks"] for role in by_role},
+        "blocks_held": {role: by_role[role]["blocks_held"] for role in by_role},
+        "answer_cached_tokens": sum(r.answer_cached_tokens for r in ok),
+        "counters": (ledger or {}).get("pd"),
+    }
+
+
+def summarize(results: list[Any], p: Any, engines: int, ledger: dict | None,
+              roles: dict[str, str] | None = None) -> dict:
+    """One router's figures; ``roles`` (worker -> role) for a PD cluster."""
     ok = [r for r in results if r.status == 200]
     ttft = [r.ttft_s * 1000 for r in ok]
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
-    per_worker: dict[str, int] = {}
+    per_worker: dict[str, int] = {}  # PD: each worker's legs in its role
     for r in ok:
         per_worker[r.worker] = per_worker.get(r.worker, 0) + 1
+        if getattr(r, "prefill_worker", ""):
+            per_worker[r.prefill_worker] = per_worker.get(r.prefill_worker, 0) + 1
     span = max((max((r.sent_s + r.total_s for r in ok), default=0.0)
                 - min((r.sent_s for r in ok), default=0.0)), 1e-9)
     # Busy slot time as the engines' timing model has it: prefill of the uncached tokens,
@@ -37,7 +96,8 @@ def summarize(results: list[Any], p: Any, engines: int, ledger: dict | None) -> 
     modes: dict[str, int] = {}
     for r in ok:
         modes[r.mode or "-"] = modes.get(r.mode or "-", 0) + 1
-    return {
+    pd = _pd_figures(ok, p, roles, ledger, span) if roles else None
+    summary = {
         "requests": len(results), "failed": len(results) - len(ok),
         "hit_rate": round(cached / prompt, 4) if prompt else 0.0,
         "ttft_ms": {"mean": round(sum(ttft) / len(ttft), 1) if ttft else 0.0,
@@ -60,6 +120,33 @@ def summarize(results: list[Any], p: Any, engines: int, ledger: dict | None) -> 
                    "abs_error_tokens": sum(abs(r.predicted - r.cached_tokens)
                                            for r in predicted)},
     }
+    if pd is not None:  # the table's columns for a PD row: the prefill pool's figures
+        summary["pd"] = pd
+        summary["load_spread"] = pd["load_spread"]["prefill"]
+        summary["utilization"] = pd["utilization"]["prefill"]
+        if pd["duplicated_blocks"].get("prefill") is not None:
+            summary["duplicated_blocks"] = pd["duplicated_blocks"]["prefill"]
+    return summary
+
+
+def pd_notes(result: dict) -> str:
+    """What the columns of each PD row mean, and its decode pool's figures."""
+    lines = []
+    for name, r in result["routers"].items():
+        pd = r.get("pd")
+        if pd is None:
+            continue
+        lines.append(
+            f"{name}: {pd['prefill_engines']} prefill + {pd['decode_engines']} decode engines "
+            f"(same total). hit / prefill tok / ledger exact: the prefill engine's "
+            f"cached_tokens vs Cortex's prediction for its prefill pick ({pd['bypassed']} "
+            f"requests served by decode alone count decode's own report); spread / util / dup "
+            f"blocks: the prefill pool's. Decode pool: spread "
+            f"{pd['load_spread']['decode']:.2f}, util {pd['utilization']['decode']:.0%}, "
+            f"dup blocks {pd['duplicated_blocks'].get('decode', 0):,} (vLLM decode caches the "
+            f"prompts it receives); cached tokens the answering decode engines reported: "
+            f"{pd['answer_cached_tokens']:,}.")
+    return "\n".join(lines)
 
 
 def table(result: dict) -> str:
@@ -74,7 +161,8 @@ def table(result: dict) -> str:
                  f"{r['req_per_s']:.1f}", f"{r['load_spread']:.2f}", f"{r['utilization']:.0%}",
                  "-" if exact is None else f"{exact:.1%}")
         lines.append(f"{name:<16}" + "".join(f"{c:>13}" for c in cells))
-    return "\n".join(lines)
+    notes = pd_notes(result)
+    return "\n".join(lines) + ("\n" + notes if notes else "")
 
 
 def markdown(result: dict) -> str:
@@ -91,6 +179,7 @@ def markdown(result: dict) -> str:
             f"| {r['prefill_tokens']:,} | {r['duplicated_blocks']:,} | {r['req_per_s']:.1f} "
             f"| {r['load_spread']:.2f} | {r['utilization']:.0%} "
             f"| {'-' if exact is None else f'{exact:.1%}'} |")
-    return "\n".join(lines)
+    notes = pd_notes(result)
+    return "\n".join(lines) + ("\n\n" + notes if notes else "")
 
 

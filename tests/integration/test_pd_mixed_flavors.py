@@ -3,8 +3,9 @@
 A vLLM prefill cannot hand its KV to an SGLang decode (nor the reverse): the SGLang decode
 would wait for a room the vLLM engine never offers, the vLLM decode refuses a request without
 ``kv_transfer_params``. The replay's ``cortex-pd`` cluster (``perf/replay.py``) is such a
-mixed pool; here the smallest-id prefill and the smallest-id decode are of different flavors,
-so a pairing that ignores the flavor fails at once.
+mixed pool. Here every request, idle cluster, has two decode workers of equal cost, one of each
+flavor (ties ordered per request): a pairing that ignores the flavor meets a cross-flavor pair
+in eight requests but with probability 2**-8 (it failed at the first request when it did).
 """
 
 from __future__ import annotations
