@@ -132,7 +132,7 @@ class Gateway:
         try:
             if self.pd.enabled(pool):
                 return await self.pd.serve(pool, endpoint, request, body, headers, token_ids,
-                                           prompt)
+                                           prompt, started)
             return await self._serve_single(pool, endpoint, request, body, headers, token_ids,
                                             prompt, started)
         except NoWorkerAvailable:

@@ -23,7 +23,11 @@ Rules (issue 6, protocols/pd-disaggregation.md):
 * Bypass (vLLM): when the decode worker already holds all but ``bypass_max_uncached_tokens``
   of the prompt, decode serves alone (it prefills the rest itself). SGLang decode servers need
   a bootstrap peer, so there is no bypass for them.
-* Every outcome is counted in ``PdCounters``; response headers name both workers.
+* Every outcome is counted in ``PdCounters``; response headers name both workers. The first
+  pair's decision is reported to the gateway's observer like a single-worker decision (its
+  prefill route: mode, reason, timing), and the prefill engine's cached-token report, read from
+  the prefill answer Cortex drains, is compared with the prediction for the prefill pick (the
+  decode engine's answer reports no prefill work of its own).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from cortex.pd.plan import (
 )
 from cortex.scheduling import Role
 from cortex.scheduling.inflight import Hold
+from cortex.upstream.sse import CachedTokensSniffer
 
 if TYPE_CHECKING:
     from cortex.gateway.proxy import Gateway
@@ -120,7 +125,9 @@ class PdOrchestrator:
         headers: list[tuple[bytes, bytes]],
         token_ids: Any,
         prompt: Any,
+        started: float | None = None,
     ) -> HttpResponse:
+        """``started``: when the request's body was in (the decision timing's origin)."""
         views = pool.views()
         both = {view.worker for view in views if view.role is Role.BOTH}
         admission = self.gateway._admission(pool)
@@ -135,6 +142,10 @@ class PdOrchestrator:
             except NoWorkerAvailable as error:
                 last = last or error
                 break
+            if started is not None:
+                self.gateway.observer.decided(pool.model, prefill,
+                                              trio.current_time() - started)
+                started = None  # the first decision only, as for a single worker
             engine = decode.worker.engine
             try:
                 if engine == "vllm" and token_ids is not None and bypass_prefill(
@@ -254,6 +265,7 @@ class PdOrchestrator:
             except UpstreamError as error:
                 raise LegFailed("prefill", prefill.worker.name, error) from None
             await prefill_stack.aclose()
+            self._prefill_reported(pool, prefill, prefill_answer)
             decode_leg = legs["decode"]
             transform = None
             extra = self._headers(prefill, decode, "sglang")
@@ -308,6 +320,7 @@ class PdOrchestrator:
             except (UpstreamError, OSError, RetryableStatus) as error:
                 raise LegFailed("prefill", prefill.worker.name, error) from None
             await prefill_stack.aclose()
+            self._prefill_reported(pool, prefill, answer)
             decode_stack.enter_context(_decode_hold(pool, decode))
             try:
                 leg = await gateway.open_leg(decode_stack, decode.worker.origin,
@@ -322,6 +335,15 @@ class PdOrchestrator:
                 await prefill_stack.aclose()
                 await decode_stack.aclose()
             raise
+
+    def _prefill_reported(self, pool: ModelPool, prefill: Route, answer: bytes) -> None:
+        """The prefill engine's cached tokens (JSON or SSE answer) against the prediction."""
+        sniffer = CachedTokensSniffer()
+        sniffer.feed(answer)
+        if sniffer.cached_tokens is not None:
+            self.gateway.observer.cached_tokens(pool.model, prefill,
+                                                prefill.decision.predicted_cached_tokens,
+                                                sniffer.cached_tokens)
 
     @staticmethod
     def _headers(prefill: Route, decode: Route, engine: str) -> list[tuple[bytes, bytes]]:

@@ -97,6 +97,38 @@ async def test_streamed_and_whole_answers_through_the_pd_pair(flavor):
         await all_clean(cluster)
 
 
+def metric(text: str, line_start: str) -> float:
+    """The value of the one exposition line starting with ``line_start``; 0 if none."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(line_start)]
+    assert len(values) <= 1, values
+    return values[0] if values else 0.0
+
+
+@pytest.mark.parametrize("flavor", sorted(FLAVORS))
+async def test_pd_decisions_and_the_prefill_engines_cached_tokens_are_measured(flavor):
+    """Metrics see PD traffic as they see single-worker traffic: one decision per request and
+    the prefill engine's cached-token report against the prediction for the prefill pick."""
+    async with pd_cluster(flavor, ("prefill", "decode")) as cluster:
+        client = await RawClient.connect(cluster.port)
+        predicted = 0
+        for question in ("First of two.", "Second of two."):
+            response = await client.request(b"POST", b"/v1/chat/completions",
+                                            chat_body(question))
+            assert response.status == 200, response.body
+            predicted += int(response.header(b"x-cortex-cache-hit-tokens"))
+        await client.aclose()
+        assert predicted > 0  # the second request's system prompt sits on the prefill engine
+        text = cluster.running.metrics.render().decode()
+        model = f'{{model="{MODEL}"}}'
+        assert metric(text, f"cortex_cached_tokens_predicted_total{model}") == predicted
+        assert metric(text, f"cortex_cached_tokens_reported_total{model}") == predicted
+        assert metric(text, f"cortex_cached_tokens_exact_total{model}") == 2
+        decisions = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                        if line.startswith(f'cortex_decisions_total{{model="{MODEL}"'))
+        assert decisions == 2
+
+
 @pytest.mark.parametrize("flavor", sorted(FLAVORS))
 async def test_prefill_killed_before_decode_starts_is_retried_on_another_prefill(flavor):
     async with pd_cluster(flavor, ("prefill", "prefill", "decode")) as cluster:
