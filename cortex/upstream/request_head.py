@@ -13,13 +13,19 @@ Rules:
 * ``content-length`` is always set from the body actually sent (0 for an empty body on methods
   that carry one; omitted for a bodiless GET/HEAD); the caller's is dropped.
 * Header names are lower-cased; values and order are otherwise kept.
+* ``request_bytes`` writes the request line, the headers and the body as one buffer (one
+  ``send`` for the whole request), after checking the head against HTTP/1.1's grammar in one
+  regular-expression match: a method that is not a token, a target with blanks or control
+  bytes, a header name that is not a token or a value with CR, LF or another control byte
+  (HTAB excepted) is ``BadRequest`` — nothing malformed is ever written to a worker.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from cortex.errors import ConfigError
+from cortex.errors import BadRequest, ConfigError
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -84,3 +90,38 @@ def upstream_headers(origin: Origin, method: bytes, headers: Headers, body_lengt
     if body_length or method not in _BODILESS:
         out.append((b"content-length", str(body_length).encode("ascii")))
     return out
+
+
+_TOKEN = rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
+_REQUEST_HEAD = re.compile(
+    rb"%s [\x21-\x7e]+ HTTP/1\.1\r\n(?:%s: [\t\x20-\x7e\x80-\xff]*\r\n)*\r\n"
+    % (_TOKEN, _TOKEN))
+
+
+def request_bytes(method: bytes, target: bytes, headers: Headers, body: bytes) -> bytes:
+    """The whole request as sent: head (checked, see the rules) and body in one buffer."""
+    lines = [b"%s %s HTTP/1.1" % (method, target)]
+    lines += [b"%s: %s" % pair for pair in headers]
+    lines += (b"", body)
+    data = b"\r\n".join(lines)
+    head_length = len(data) - len(body)
+    # one line per header: a CR or LF inside a field would add lines, or break the grammar
+    if (_REQUEST_HEAD.fullmatch(data, 0, head_length) is None
+            or data.count(b"\n", 0, head_length) != len(headers) + 2):
+        fault = _first_fault(method, target, headers)
+        raise BadRequest(f"request cannot be forwarded: invalid head {fault}")
+    return data
+
+
+def _first_fault(method: bytes, target: bytes, headers: Headers) -> str:
+    """Which part of a refused head is at fault (only on the error path)."""
+    if re.fullmatch(_TOKEN, method) is None:
+        return f"(method {method!r})"
+    if re.fullmatch(rb"[\x21-\x7e]+", target) is None:
+        return f"(target {target!r})"
+    for name, value in headers:
+        if re.fullmatch(_TOKEN, name) is None:
+            return f"(header name {name!r})"
+        if re.fullmatch(rb"[\t\x20-\x7e\x80-\xff]*", value) is None:
+            return f"(value of header {name.decode('latin-1')!r})"
+    return ""
