@@ -1,1 +1,1 @@
-"""The upstream client: h11 over trio streams with a per-worker keep-alive pool."""
+"""The upstream client: llhttp (httptools) over non-blocking sockets on trio with a per-worker keep-alive pool."""

@@ -1,57 +1,84 @@
-"""One HTTP/1.1 keep-alive connection to a worker: h11 over a trio TCP stream.
+"""One HTTP/1.1 keep-alive connection to a worker: a non-blocking socket driven from trio.
+
+The bytes are framed elsewhere: requests by ``request_head.request_bytes``, responses by
+``response_parser.ResponseReader`` (llhttp). This module only moves bytes, and waits with
+``trio.lowlevel.wait_readable`` / ``wait_writable`` only when the socket has nothing to give
+or take right now — a read that can be served at once costs one ``recv`` and no trip through
+trio's scheduler.
 
 Rules and invariants:
 
 * ``open_connection`` opens TCP with ``TCP_NODELAY`` set (a streamed event must not wait for
   Nagle), within the connect timeout; failure is ``UpstreamConnectError`` (nothing sent).
-* One exchange at a time: ``send_request`` (head and whole body in one ``send_all``, framed with
-  ``content-length``), ``receive_head``, then ``receive_body`` until it returns ``None``.
-* ``finish_exchange`` starts the next h11 cycle only when both sides are ``DONE`` (the whole
-  response read, keep-alive allowed by both); it returns whether the connection may be reused.
-  Anything else — timeout, error, early exit, ``connection: close`` — leaves the connection
-  unusable and the owner must ``close`` it. A connection is never reused after an incomplete
-  exchange.
+* One exchange at a time: ``send_request`` (head and whole body in one buffer, framed with
+  ``content-length``, usually one ``send``), ``receive_head``, then ``receive_body`` until
+  it returns ``None``. A head that is not valid HTTP is ``BadRequest`` before anything is sent.
+* Timeouts: ``receive_head`` has one deadline for the whole head; ``receive_body`` one per
+  wait (the gap between two chunks of a stream); bytes already received or readable at once
+  are returned without any timer. The deadlines are kept by the pool's ``WaitDeadlines`` task
+  (no cancel scope per wait); without it running, each wait has its own cancel scope.
+* ``finish_exchange`` returns whether the connection may carry another exchange: only after
+  the whole response was received, keep-alive allowed by both sides and nothing else arrived
+  (``ResponseReader.reusable``). Anything else — timeout, error, early exit, ``connection:
+  close`` — leaves the connection unusable and the owner must ``close`` it. A connection is
+  never reused after an incomplete exchange.
 * ``response_started`` turns true with the first response byte of the current exchange; it
   and ``exchanges`` (completed exchanges so far, >0 means reused) drive the pool's one retry.
 * Every socket or protocol failure becomes ``UpstreamBroken`` / ``UpstreamTimeout`` carrying
-  the phase; cancellation passes through untouched.
+  the phase; cancellation passes through untouched (every wait is a trio checkpoint, and a
+  read served at once still honours a pending cancellation).
 * ``close`` is synchronous and immediate: the worker sees EOF at once, which is how an engine
-  learns that its client went away.
+  learns that its client went away; a task blocked on the socket is woken first.
 """
 
 from __future__ import annotations
 
 import select
 import socket
+from typing import NamedTuple
 
-import h11
 import trio
 
-from cortex.errors import BadRequest
+from cortex.upstream.deadlines import WaitDeadlines
 from cortex.upstream.errors import Phase, UpstreamBroken, UpstreamConnectError, UpstreamTimeout
-from cortex.upstream.request_head import Headers
+from cortex.upstream.request_head import Headers, request_bytes
+from cortex.upstream.response_parser import ResponseReader
 
 RECEIVE_SIZE = 65_536
-_SOCKET_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+_wait_readable = trio.lowlevel.wait_readable
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+_current_time = trio.current_time
+
+
+class ResponseHead(NamedTuple):
+    status_code: int
+    headers: Headers  # lower-case names, values stripped, order kept
+    http_version: bytes  # b"1.1"
+    reason: bytes
 
 
 class UpstreamConnection:
     """A keep-alive connection; owned by one exchange at a time (the pool hands it out)."""
 
-    __slots__ = ("origin", "stream", "exchanges", "idle_since", "generation",
-                 "response_started", "_h11", "_closed", "_poller")
+    __slots__ = ("origin", "socket", "exchanges", "idle_since", "generation",
+                 "response_started", "_reader", "_closed", "_poller", "_deadlines",
+                 "_expired")
 
-    def __init__(self, origin: str, stream: trio.SocketStream, generation: int = 0) -> None:
+    def __init__(self, origin: str, sock: socket.socket, generation: int = 0,
+                 deadlines: WaitDeadlines | None = None) -> None:
+        sock.setblocking(False)
         self.origin = origin
-        self.stream = stream
+        self.socket = sock
         self.exchanges = 0  # completed exchanges: > 0 means this connection is being reused
         self.idle_since = 0.0
         self.generation = generation  # the pool's per-origin generation when it was opened
         self.response_started = False
-        self._h11 = h11.Connection(h11.CLIENT)
+        self._reader: ResponseReader | None = None  # the current exchange's response
         self._closed = False
         self._poller = select.poll()  # "readable right now?" without a trio wait
-        self._poller.register(stream.socket.fileno(), select.POLLIN)
+        self._poller.register(sock.fileno(), select.POLLIN)
+        self._deadlines = deadlines
+        self._expired = False  # the deadline of the current wait passed
 
     @property
     def closed(self) -> bool:
@@ -60,116 +87,133 @@ class UpstreamConnection:
     async def send_request(self, method: bytes, target: bytes, headers: Headers,
                            body: bytes) -> None:
         """Send the head and the whole body (``headers`` already carry content-length)."""
+        data = request_bytes(method, target, headers, body)  # BadRequest: nothing sent
         self.response_started = False
-        conn = self._h11
+        self._reader = ResponseReader(head_only=method == b"HEAD")
+        await _checkpoint_if_cancelled()
         try:
-            data = conn.send(h11.Request(method=method, target=target, headers=headers))
-            if body:
-                data += conn.send(h11.Data(data=body))
-            data += conn.send(h11.EndOfMessage())
-        except h11.LocalProtocolError as exc:  # the caller's head is not valid HTTP
-            raise BadRequest(f"request cannot be forwarded: {exc}") from None
+            sent = self.socket.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            raise self._broken("send", exc) from None
+        if sent < len(data):  # the send buffer is full: wait for room for the rest
+            await self._send_rest(memoryview(data)[sent:])
+
+    async def _send_rest(self, view: memoryview) -> None:
+        sock = self.socket
         try:
-            await self.stream.send_all(data)
-        except _SOCKET_ERRORS as exc:
+            while view:
+                await trio.lowlevel.wait_writable(sock)
+                try:
+                    view = view[sock.send(view):]
+                except BlockingIOError:
+                    pass
+        except (OSError, trio.ClosedResourceError) as exc:
             raise self._broken("send", exc) from None
 
-    async def receive_head(self, timeout_s: float) -> h11.Response:
+    async def receive_head(self, timeout_s: float) -> ResponseHead:
         """Wait for the final response head (1xx heads are skipped), ``timeout_s`` in all."""
-        with trio.move_on_after(timeout_s) as scope:
-            while True:
-                event = self._buffered_event("head")
-                if event is h11.NEED_DATA:
-                    await self._receive("head")
-                elif isinstance(event, h11.Response):
-                    return event
-                elif not isinstance(event, h11.InformationalResponse):
-                    raise UpstreamBroken(f"unexpected {type(event).__name__} before the head",
-                                         origin=self.origin, phase="head",
-                                         response_started=self.response_started)
-        assert scope.cancelled_caught
-        raise UpstreamTimeout(f"no response head within {timeout_s:g} s", origin=self.origin,
-                              phase="head", response_started=self.response_started)
+        reader = self._reader
+        assert reader is not None, "send_request first"
+        deadline = _current_time() + timeout_s
+        while not reader.head_done:
+            if reader.error is not None:
+                raise UpstreamBroken(reader.error, origin=self.origin, phase="head",
+                                     response_started=self.response_started)
+            if not self._read_now("head"):
+                await self._wait(deadline, "head", f"no response head within {timeout_s:g} s")
+        return ResponseHead(reader.status, reader.headers, reader.http_version, reader.reason)
 
     async def receive_body(self, timeout_s: float) -> bytes | None:
         """The next body bytes, ``None`` at the end of the response.
 
-        Bytes already received are returned without waiting; otherwise each wait for the
-        socket is bounded by ``timeout_s`` (the gap between two chunks of a stream). A socket
-        that is readable right now (one ``poll``) is read without a timeout scope, which costs
-        several times more than the poll.
+        Bytes already received, or readable right now, are returned without waiting;
+        otherwise the wait for the socket is bounded by ``timeout_s`` (the gap between two
+        chunks of a stream).
         """
+        reader = self._reader
+        assert reader is not None, "send_request first"
         while True:
-            event = self._buffered_event("body")
-            if event is h11.NEED_DATA:
-                if self._poller.poll(0):  # bytes (or EOF) are waiting: no timeout needed
-                    await self._receive("body")
-                    continue
-                with trio.move_on_after(timeout_s) as scope:
-                    await self._receive("body")
-                if scope.cancelled_caught:
-                    raise UpstreamTimeout(f"no body bytes for {timeout_s:g} s",
-                                          origin=self.origin, phase="body",
-                                          response_started=True)
-            elif isinstance(event, h11.Data):
-                if event.data:
-                    return bytes(event.data)
-            elif isinstance(event, h11.EndOfMessage):
+            if reader.has_body:
+                return reader.take_body()
+            if reader.error is not None:
+                raise UpstreamBroken(reader.error, origin=self.origin, phase="body",
+                                     response_started=True)
+            if reader.complete:
                 return None
-            else:
-                raise UpstreamBroken(f"unexpected {type(event).__name__} in the body",
-                                     origin=self.origin, phase="body", response_started=True)
+            await _checkpoint_if_cancelled()
+            if not self._read_now("body"):
+                await self._wait(_current_time() + timeout_s, "body",
+                                 f"no body bytes for {timeout_s:g} s")
 
-    def _buffered_event(self, phase: Phase) -> object:
-        """The next h11 event from bytes already received, or ``h11.NEED_DATA``."""
+    def _read_now(self, phase: Phase) -> bool:
+        """One non-blocking read into the reader (EOF included); False if nothing is there."""
         try:
-            event = self._h11.next_event()
-        except h11.RemoteProtocolError as exc:
-            raise self._broken(phase, exc) from None
-        if isinstance(event, h11.ConnectionClosed):
-            raise self._broken(phase, "connection closed")
-        return event
-
-    async def _receive(self, phase: Phase) -> None:
-        """One read from the socket into h11 (EOF included)."""
-        try:
-            data = await self.stream.receive_some(RECEIVE_SIZE)
-        except _SOCKET_ERRORS as exc:
+            data = self.socket.recv(RECEIVE_SIZE)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
             raise self._broken(phase, exc) from None
         if data:
             self.response_started = True
+        assert self._reader is not None
+        self._reader.feed(data)
+        return True
+
+    async def _wait(self, deadline: float, phase: Phase, timeout_message: str) -> None:
+        """Until the socket is readable; ``UpstreamTimeout`` past ``deadline``."""
+        deadlines = self._deadlines
         try:
-            self._h11.receive_data(data)
-        except RuntimeError as exc:  # data after EOF: the connection is unusable
+            if deadlines is None or not deadlines.running:
+                with trio.CancelScope(deadline=deadline) as scope:
+                    await _wait_readable(self.socket)
+                if not scope.cancelled_caught:
+                    return
+            else:
+                self._expired = False
+                deadlines.watch(self, deadline)
+                try:
+                    await _wait_readable(self.socket)
+                    return
+                except trio.ClosedResourceError:
+                    if not self._expired:
+                        raise
+                finally:
+                    deadlines.unwatch(self)
+        except (OSError, trio.ClosedResourceError) as exc:
             raise self._broken(phase, exc) from None
+        raise UpstreamTimeout(timeout_message, origin=self.origin, phase=phase,
+                              response_started=self.response_started)
+
+    def expire(self) -> None:
+        """Called by ``WaitDeadlines``: the current wait is over time; wake it."""
+        self._expired = True
+        trio.lowlevel.notify_closing(self.socket)
 
     def drain_buffered(self) -> bool:
-        """Consume body events already received, without I/O: did the response end?"""
-        conn = self._h11
-        try:
-            while True:
-                event = conn.next_event()
-                if isinstance(event, h11.EndOfMessage):
-                    return True
-                if not isinstance(event, h11.Data):
-                    return False  # NEED_DATA (more is to come), or something unusable
-        except h11.RemoteProtocolError:
+        """Consume body bytes already received, without I/O: did the response end?"""
+        reader = self._reader
+        if reader is None:
             return False
+        reader.take_body()
+        return reader.complete and reader.error is None
 
     def finish_exchange(self) -> bool:
         """After a fully read response: may this connection carry another exchange?"""
-        conn = self._h11
-        if self._closed or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+        reader = self._reader
+        if self._closed or reader is None or not reader.reusable:
             return False
-        conn.start_next_cycle()
+        self._reader = None
         self.exchanges += 1
         return True
 
     def looks_closed(self) -> bool:
         """An idle connection that is readable has EOF or stray bytes: it cannot be used.
 
-        A non-blocking peek on the idle socket (one ``poll`` call); a connection the worker
-        closes after this check is still caught by the pool's single retry.
+        A non-blocking peek on the idle socket (one ``poll`` call, ~1 µs — and needed: stray
+        bytes would otherwise be read as the next response); a connection the worker closes
+        after this check is still caught by the pool's single retry.
         """
         return self._closed or bool(self._poller.poll(0))
 
@@ -177,7 +221,8 @@ class UpstreamConnection:
         """Close the socket now (synchronous; idempotent)."""
         if not self._closed:
             self._closed = True
-            self.stream.socket.close()
+            trio.lowlevel.notify_closing(self.socket)  # a task blocked on it wakes up
+            self.socket.close()
 
     def _broken(self, phase: Phase, cause: object) -> UpstreamBroken:
         return UpstreamBroken(str(cause) or type(cause).__name__, origin=self.origin,
@@ -185,7 +230,8 @@ class UpstreamConnection:
 
 
 async def open_connection(origin: str, host: str, port: int, timeout_s: float,
-                          generation: int = 0) -> UpstreamConnection:
+                          generation: int = 0,
+                          deadlines: WaitDeadlines | None = None) -> UpstreamConnection:
     """A new connection to ``host:port`` with ``TCP_NODELAY``, or ``UpstreamConnectError``."""
     with trio.move_on_after(timeout_s) as scope:
         try:
@@ -199,7 +245,9 @@ async def open_connection(origin: str, host: str, port: int, timeout_s: float,
             stream.socket.close()
             raise UpstreamConnectError(f"TCP_NODELAY: {exc}", origin=origin,
                                        phase="connect") from None
-        return UpstreamConnection(origin, stream, generation)
+        # The connection drives the socket itself: take the descriptor out of trio's wrapper.
+        sock = socket.socket(fileno=stream.socket.detach())
+        return UpstreamConnection(origin, sock, generation, deadlines)
     assert scope.cancelled_caught
     raise UpstreamConnectError(f"connect timeout after {timeout_s:g} s", origin=origin,
                                phase="connect")

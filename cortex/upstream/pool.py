@@ -21,8 +21,10 @@ Rules and invariants (per origin):
   before any response byte, it is retried once on a fresh connection. A fresh connection's
   failure, a timeout, or a failure after a response byte is never retried here.
 * Failures are the leaves of ``cortex.upstream.errors`` (with phase and whether a response
-  byte arrived); a head h11 refuses to write (e.g. a header value with a newline) is
+  byte arrived); a head that is not valid HTTP (e.g. a header value with a newline) is
   ``BadRequest`` before anything is sent; cancellation passes through untouched.
+* Head and body timeouts are enforced by one ``WaitDeadlines`` task that ``run()`` starts
+  (no cancel scope per socket wait); while it is not running, each wait has its own scope.
 * ``close_origin`` closes the idle connections of a worker and retires its busy ones: they are
   closed when their exchange ends instead of returning to the pool.
 * After ``run()`` is cancelled the pool is closed: idle connections are closed and any
@@ -41,6 +43,7 @@ from types import TracebackType
 import trio
 
 from cortex.upstream.connection import UpstreamConnection, open_connection
+from cortex.upstream.deadlines import WaitDeadlines
 from cortex.upstream.errors import UpstreamBroken, UpstreamTimeout
 from cortex.upstream.limits import PoolLimits
 from cortex.upstream.request_head import Headers, Origin, parse_origin, upstream_headers
@@ -94,6 +97,7 @@ class UpstreamPool:
         self._origins: dict[str, _OriginPool] = {}
         self._closed = False
         self._idle_appeared: trio.Event | None = None
+        self._deadlines = WaitDeadlines()
 
     # -- public API ------------------------------------------------------------------------
 
@@ -106,17 +110,20 @@ class UpstreamPool:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
-        """Reap idle connections until cancelled; then close the pool."""
+        """Reap idle connections and keep the wait deadlines until cancelled; then close the
+        pool."""
         try:
-            task_status.started()
-            while True:
-                now = self._clock()
-                due = self.reap_idle(now)
-                if due is None:
-                    self._idle_appeared = trio.Event()
-                    await self._idle_appeared.wait()
-                else:
-                    await trio.sleep(max(due - now, 0.0))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._deadlines.run)
+                task_status.started()
+                while True:
+                    now = self._clock()
+                    due = self.reap_idle(now)
+                    if due is None:
+                        self._idle_appeared = trio.Event()
+                        await self._idle_appeared.wait()
+                    else:
+                        await trio.sleep(max(due - now, 0.0))
         finally:
             self._close_all()
 
@@ -218,7 +225,8 @@ class UpstreamPool:
         address = pool.address
         try:
             conn = await open_connection(pool.origin, address.host, address.port,
-                                         self.limits.connect_timeout_s, pool.generation)
+                                         self.limits.connect_timeout_s, pool.generation,
+                                         self._deadlines)
         except BaseException:
             self._release_slot(pool)
             raise

@@ -2,10 +2,11 @@
 
 Rules:
 
-* ``status``, ``headers`` (lower-case names, as h11 gives them), ``http_version``, ``reason``
+* ``status``, ``headers`` (lower-case names, values stripped), ``http_version``, ``reason``
   are the final head; ``reused`` says the exchange ran on a kept-alive connection.
 * The body is read once, either chunk by chunk (``body_chunks``: bytes as they arrive,
-  de-chunked by h11, no parsing) or whole (``read``, bounded by ``limit``). Each wait for
+  de-chunked by llhttp, no parsing; one item is what one socket read brought, so HTTP chunk
+  boundaries are not kept) or whole (``read``, bounded by ``limit``). Each wait for
   the socket is bounded by the pool's ``read_timeout_s``; failures are ``UpstreamBroken`` /
   ``UpstreamTimeout`` with phase ``body``.
 * ``complete`` turns true once the end of the body was received; only then (or when the rest
@@ -33,7 +34,7 @@ class UpstreamResponse:
     def __init__(self, conn: UpstreamConnection, status: int, headers: Headers,
                  http_version: bytes, reason: bytes, read_timeout_s: float) -> None:
         self.status = status
-        self.headers = headers  # lower-case names, as h11 gives them
+        self.headers = headers  # lower-case names, values stripped, order kept
         self.http_version = http_version
         self.reason = reason
         self.reused = conn.exchanges > 0  # ran on a kept-alive connection

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from cortex.upstream.connection import open_connection
-from cortex.upstream.errors import UpstreamConnectError
+from cortex.upstream.errors import UpstreamConnectError, UpstreamTimeout
 from cortex.upstream.limits import PoolLimits
 from cortex.upstream.pool import UpstreamPool
 from tests.integration.upstream_servers import ServerConn, keep_alive_ok, start_server
@@ -21,7 +21,7 @@ async def test_every_upstream_socket_has_tcp_nodelay():
             port = int(origin.rsplit(":", 1)[1])
             conn = await open_connection(origin, "127.0.0.1", port, 5.0)
             try:
-                assert conn.stream.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                assert conn.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                 await conn.send_request(b"GET", b"/health", [(b"host", b"x")], b"")
                 head = await conn.receive_head(5.0)
                 assert head.status_code == 200
@@ -88,4 +88,34 @@ async def test_many_concurrent_requests_share_a_capped_pool():
             assert len(server.conns) == stats.created <= 8
             assert stats.created + stats.reused == 200
             assert stats.open == stats.idle <= 4 and stats.busy == 0
+            nursery.cancel_scope.cancel()
+
+
+async def test_timeouts_without_a_pool_running():
+    # A connection used on its own (no deadline keeper): each wait has its own cancel scope.
+    async def stall_in_head_then_in_body(conn: ServerConn) -> None:
+        await conn.read_request()
+        if conn.index == 1:
+            await conn.start_chunked()
+            await conn.chunk(b"data: 1\n\n")
+        await conn.wait_eof()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            origin, server = await start_server(nursery, stall_in_head_then_in_body)
+            port = int(origin.rsplit(":", 1)[1])
+            for index, phase in enumerate(("head", "body")):
+                conn = await open_connection(origin, "127.0.0.1", port, 5.0)
+                try:
+                    await conn.send_request(b"POST", b"/", [(b"host", b"w"), (b"content-length", b"0")],
+                                            b"")
+                    with pytest.raises(UpstreamTimeout) as caught:
+                        await conn.receive_head(0.2 if phase == "head" else 5.0)
+                        assert await conn.receive_body(0.2) == b"data: 1\n\n"
+                        await conn.receive_body(0.2)
+                    assert caught.value.phase == phase
+                    assert not conn.finish_exchange()
+                finally:
+                    conn.close()
+                await server.conns[index].saw_eof.wait()
             nursery.cancel_scope.cancel()

@@ -71,7 +71,9 @@ async def test_keep_alive_streaming_and_cancellation_against_the_lean_server():
                     sniffer.feed(chunk)
                     if len(received) <= 3:
                         engine.client_got[len(received) - 1].set()
-            assert received[3:] == [USAGE, b"data: [DONE]\n\n"]
+            assert len(received) >= 4  # three events in lockstep, then what was left
+            # (the last two events may come in one read: chunk boundaries are not kept)
+            assert b"".join(received[3:]) == USAGE + b"data: [DONE]\n\n"
             assert (sniffer.cached_tokens, sniffer.prompt_tokens) == (32, 40)
             assert pool.stats(origin) == PoolStats(1, 1, 0, created=1, reused=3, discarded=0)
             assert server.counters.connections_opened == 1

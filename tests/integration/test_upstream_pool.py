@@ -599,3 +599,42 @@ async def test_a_head_h11_refuses_is_a_bad_request_and_nothing_is_sent():
             assert server.conns[0].requests == []
             assert pool.stats(origin).open == 0
             nursery.cancel_scope.cancel()
+
+
+async def test_an_earlier_deadline_wakes_the_deadline_keeper():
+    # A waits for its head with the default 600 s; B, sent later with 0.2 s, must still time
+    # out at its own deadline, while A keeps waiting until it is cancelled.
+    heads_requested = trio.Event()
+    requests = 0
+
+    async def never_answer(conn: ServerConn) -> None:
+        nonlocal requests
+        await conn.read_request()
+        requests += 1
+        if requests == 2:
+            heads_requested.set()
+        await conn.wait_eof()
+
+    pool = UpstreamPool()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            origin, server = await start_server(nursery, never_answer)
+            await nursery.start(pool.run)
+            a_gone = trio.CancelScope()
+
+            async def request_a() -> None:
+                with a_gone:
+                    await get(pool, origin, b"a")
+
+            nursery.start_soon(request_a)
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(UpstreamTimeout) as caught:
+                async with pool.request(origin, b"POST", CHAT, JSON, b"b", head_timeout_s=0.2):
+                    pass
+            assert caught.value.phase == "head"
+            assert heads_requested.is_set() and pool.stats(origin).busy == 1  # A still waits
+            a_gone.cancel()
+            for conn in server.conns:
+                await conn.saw_eof.wait()
+            assert pool.stats(origin).open == 0
+            nursery.cancel_scope.cancel()
