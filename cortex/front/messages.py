@@ -4,7 +4,7 @@ Contract (shared by the data plane, the simulated engines and the tests):
 
 * ``HttpRequest`` is one fully read request: the server has enforced its limits (header count
   and size, body size, read timeouts) before the handler runs. Header names are lower-case
-  bytes, as h11 gives them; values are raw bytes.
+  bytes (the server lower-cases them); values are raw bytes without surrounding whitespace.
 * A handler is ``async def handler(request) -> HttpResponse``. It may raise ``CortexError``
   leaves; the server maps them to a JSON error response in one place
   (``cortex.front.errors_http``). Any other exception is a bug: the server answers 500, logs it

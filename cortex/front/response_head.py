@@ -10,10 +10,15 @@ Rules:
   said. ``length`` None (an iterator body): the handler's ``content-length`` is kept, else the
   body is chunked. 204 and 304 never carry ``content-length``.
 * ``close`` adds ``connection: close``.
+* ``encode_head`` writes the head as HTTP/1.1 bytes (status line with the standard reason, or
+  none for an unknown status). It refuses (``UnsendableResponse``) what h11 refused and what
+  could split a response: a status outside 200–999, a header name that is not a token, a value
+  with CR, LF or NUL.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from email.utils import formatdate
 from http import HTTPStatus
@@ -26,6 +31,15 @@ DROPPED = frozenset({
 })
 NO_BODY_STATUS = frozenset({204, 304})
 REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+_STATUS_LINES = {status: b"HTTP/1.1 %d %s\r\n" % (status, reason)
+                 for status, reason in REASONS.items() if status >= 200}
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
+_known_names: set[bytes] = set()  # header names already checked to be tokens (bounded)
+_KNOWN_NAMES_MAX = 4096
+
+
+class UnsendableResponse(ValueError):
+    """The handler's response cannot be written as HTTP/1.1 (see ``encode_head``)."""
 
 
 class DateHeader:
@@ -59,3 +73,27 @@ def response_headers(status: int, handler_headers: Headers, server: bytes, close
     if close:
         headers.append((b"connection", b"close"))
     return headers
+
+
+def encode_head(status: int, headers: Headers) -> bytes:
+    """The response head as bytes: status line, ``name: value`` lines, blank line."""
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        if not 200 <= status <= 999:
+            raise UnsendableResponse(f"status {status} is not a final HTTP status")
+        line = b"HTTP/1.1 %d \r\n" % status
+    parts = [line]
+    for name, value in headers:
+        if name not in _known_names:
+            if _TOKEN.fullmatch(name) is None:
+                raise UnsendableResponse(f"header name {name!r} is not a token")
+            if len(_known_names) < _KNOWN_NAMES_MAX:
+                _known_names.add(name)
+        parts.append(name + b": " + value + b"\r\n")
+    parts.append(b"\r\n")
+    head = b"".join(parts)
+    # Names are tokens, so a CR, LF or NUL beyond the line ends can only come from a value.
+    lines = len(parts)
+    if head.count(b"\n") != lines or head.count(b"\r") != lines or b"\0" in head:
+        raise UnsendableResponse("a header value contains CR, LF or NUL")
+    return head

@@ -1,4 +1,4 @@
-"""The lean HTTP/1.1 server: h11 over trio streams, no ASGI on the hot path.
+"""The lean HTTP/1.1 server: llhttp (``httptools``) over trio streams, no ASGI on the hot path.
 
 ``HttpServer(handler, limits).serve(host, port, task_status=...)`` binds one listening socket
 (port 0 = ephemeral), reports ``(host, bound_port)`` through ``task_status`` and accepts
@@ -65,7 +65,7 @@ class ServerShared:
     server_header: bytes
     draining: bool = False
     in_flight: int = 0
-    idle_scopes: set[trio.CancelScope] = field(default_factory=set)
+    idle_connections: set[HttpConnection] = field(default_factory=set)  # woken by drain()
 
 
 class HttpServer:
@@ -112,8 +112,8 @@ class HttpServer:
         shared.draining = True
         self._drain_deadline = trio.current_time() + shared.limits.drain_timeout_s
         self._accept_scope.cancel()
-        for scope in list(shared.idle_scopes):
-            scope.cancel()
+        for connection in list(shared.idle_connections):
+            connection.wake_idle()
 
     async def _accept_loop(self, listener: trio.SocketListener,
                            connections: trio.Nursery) -> None:

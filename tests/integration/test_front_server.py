@@ -325,3 +325,44 @@ async def test_client_closing_between_requests_or_mid_head_is_not_an_error():
             assert counters.connections_open == 0 and counters.connections_opened == 2
             assert counters.bad_requests == 0 and counters.client_gone == 0
             assert counters.responses_by_status == {200: 1}
+
+
+async def test_requests_pipelined_before_a_smuggling_attempt_are_answered_then_400():
+    smuggle = (b"POST /s HTTP/1.1\r\nhost: t\r\ncontent-length: 5\r\n"
+               b"transfer-encoding: chunked\r\n\r\n0\r\n\r\nGET /hidden HTTP/1.1\r\nhost: t\r\n\r\n")
+    with trio.fail_after(TIMEOUT):
+        async with serving() as served:
+            client = await served.connect()
+            await client.send(build_request(b"GET", b"/1") + build_request(b"GET", b"/2")
+                              + smuggle)
+            assert answer(await client.read_response())["target"] == "/1"
+            assert answer(await client.read_response())["target"] == "/2"
+            refused = await client.read_response()
+            assert refused.status == 400 and refused.header(b"connection") == b"close"
+            assert await client.read_until_eof() == b""  # /hidden is never served
+            assert served.counters.requests == 2 and served.counters.bad_requests == 1
+
+
+async def test_client_asking_to_close_gets_connection_close_and_the_close():
+    with trio.fail_after(TIMEOUT):
+        async with serving() as served:
+            client = await served.connect()
+            await client.send(build_request(b"GET", b"/last", headers=[(b"Connection", b"close")])
+                              + build_request(b"GET", b"/never"))
+            response = await client.read_response()
+            assert answer(response)["target"] == "/last"
+            assert response.header(b"connection") == b"close"
+            assert await client.read_until_eof() == b""
+            assert served.counters.requests == 1 and served.counters.bad_requests == 0
+
+
+async def test_h2c_upgrade_request_is_served_as_http_11_with_its_body():
+    with trio.fail_after(TIMEOUT):
+        async with serving() as served:
+            client = await served.connect()
+            await client.send(build_request(b"POST", b"/up", b"hello", headers=[
+                (b"connection", b"Upgrade, HTTP2-Settings"), (b"upgrade", b"h2c"),
+                (b"http2-settings", b"AAMAAABkAAQCAAAAAAIAAAAA")]))
+            response = await client.read_response()
+            assert response.status == 200 and answer(response)["body"] == "hello"
+            assert answer(await client.request(b"GET", b"/after"))["target"] == "/after"

@@ -369,3 +369,36 @@ async def test_bytes_pipelined_while_the_handler_runs_wait_for_the_next_cycle():
             assert json.loads((await client.read_response()).body) == {"path": "/slow"}
             assert json.loads((await client.read_response()).body) == {"path": "/next"}
             assert served.counters.client_gone == 0 and served.counters.requests == 2
+
+
+async def test_body_longer_than_its_content_length_is_a_500_while_the_head_is_held(caplog):
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"way too long"
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, [(b"content-length", b"3")], chunks())
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            response = await client.request(b"GET", b"/")
+            assert response.status == 500
+            assert await client.read_until_eof() == b""
+            assert served.counters.handler_errors == 1
+
+
+async def test_body_shorter_than_its_content_length_closes_after_the_head():
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"abc"
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, [(b"content-length", b"10")], chunks())
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            await client.send(build_request(b"GET", b"/"))
+            status, headers, _ = await client.read_head()
+            assert status == 200 and (b"content-length", b"10") in headers
+            assert await client.read_until_eof() == b"abc"  # cut: the client sees 3 of 10
+            assert served.counters.handler_errors == 1
