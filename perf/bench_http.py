@@ -1,8 +1,11 @@
-"""Lean trio+h11 server vs hypercorn (trio worker, minimal ASGI app): trivial JSON response.
+"""Lean trio server (llhttp) vs hypercorn (trio worker, minimal ASGI app): trivial JSON response.
 
 Both servers answer ``GET /`` with ``{"ok":true}`` (content-type application/json), each in its
 own process, measured in the same run by the same client: a keep-alive h11 client over trio in
-this process.
+this process. ``--post-bytes N`` sends ``POST /`` with an N-byte JSON body instead (the
+gateway's requests are POSTs of a few hundred bytes). ``--baseline DIR`` also measures the
+lean server of another checkout (say ``git archive <commit> cortex perf`` unpacked in DIR),
+in the same run, as ``lean_baseline``: a before/after comparison on the same machine load.
 
 * ``concurrency_1``: one connection, requests one after another; round trip percentiles.
 * ``concurrency_16`` / ``concurrency_64``: that many connections (one trio task each) sending
@@ -15,8 +18,8 @@ one core over the phase's wall time, and so is the client's: on a 2-vCPU machine
 shares the CPU, so a server below ~90% of a core while the client is near 100% means the
 client is the bottleneck.
 
-Usage: ``python perf/bench_http.py [--quick] [--seconds S]`` (JSON on stdout; the load
-average at the end is printed too, the VM being shared).
+Usage: ``python perf/bench_http.py [--quick] [--seconds S] [--post-bytes N] [--baseline DIR]``
+(JSON on stdout; the load average at the end is printed too, the VM being shared).
 Internal: ``--serve lean|hypercorn`` runs one server and prints its port on stdout.
 """
 
@@ -90,21 +93,31 @@ async def _serve_hypercorn() -> None:
 # -- client ------------------------------------------------------------------------------------
 
 class Client:
-    """One keep-alive connection; ``get()`` sends ``GET /`` and reads the whole response."""
+    """One keep-alive connection; ``get()`` sends its request (``GET /``, or ``POST /`` with
+    ``post_bytes`` of JSON) and reads the whole response."""
 
-    def __init__(self, stream: trio.SocketStream, port: int) -> None:
+    def __init__(self, stream: trio.SocketStream, port: int, post_bytes: int) -> None:
         self.stream = stream
         self.conn = h11.Connection(h11.CLIENT)
-        self.request = h11.Request(method="GET", target="/",
-                                   headers=[("host", f"{HOST}:{port}")])
+        headers = [("host", f"{HOST}:{port}")]
+        self.body = b""
+        if post_bytes:
+            self.body = b'{"pad":"%s"}' % (b"x" * max(0, post_bytes - 10))
+            headers += [("content-type", "application/json"),
+                        ("content-length", str(len(self.body)))]
+        self.request = h11.Request(method="POST" if post_bytes else "GET", target="/",
+                                   headers=headers)
 
     @classmethod
-    async def connect(cls, port: int) -> Client:
-        return cls(await trio.open_tcp_stream(HOST, port), port)
+    async def connect(cls, port: int, post_bytes: int = 0) -> Client:
+        return cls(await trio.open_tcp_stream(HOST, port), port, post_bytes)
 
     async def get(self) -> None:
         conn = self.conn
-        await self.stream.send_all(conn.send(self.request) + conn.send(h11.EndOfMessage()))
+        data = conn.send(self.request)
+        if self.body:
+            data += conn.send(h11.Data(data=self.body))
+        await self.stream.send_all(data + conn.send(h11.EndOfMessage()))
         body = b""
         status = 0
         while True:
@@ -160,8 +173,9 @@ class Phase:
         }
 
 
-async def _sequential(port: int, pid: int, seconds: float) -> dict[str, object]:
-    client = await Client.connect(port)
+async def _sequential(port: int, pid: int, seconds: float, post_bytes: int
+                      ) -> dict[str, object]:
+    client = await Client.connect(port, post_bytes)
     await _for(seconds / 5, client)  # warm up
     samples: list[int] = []
     clock = time.perf_counter_ns
@@ -184,9 +198,9 @@ async def _for(seconds: float, client: Client) -> int:
     return done
 
 
-async def _concurrent(port: int, pid: int, connections: int, seconds: float
+async def _concurrent(port: int, pid: int, connections: int, seconds: float, post_bytes: int
                       ) -> dict[str, object]:
-    clients = [await Client.connect(port) for _ in range(connections)]
+    clients = [await Client.connect(port, post_bytes) for _ in range(connections)]
     counts: list[int] = []
 
     async def run(client: Client, seconds: float) -> None:
@@ -207,20 +221,25 @@ async def _concurrent(port: int, pid: int, connections: int, seconds: float
             **phase.report(total)}
 
 
-async def _measure(port: int, pid: int, seconds: float) -> dict[str, object]:
-    result: dict[str, object] = {"concurrency_1": await _sequential(port, pid, seconds)}
+async def _measure(port: int, pid: int, seconds: float, post_bytes: int
+                   ) -> dict[str, object]:
+    result: dict[str, object] = {
+        "concurrency_1": await _sequential(port, pid, seconds, post_bytes)}
     for connections in (16, 64):
-        result[f"concurrency_{connections}"] = await _concurrent(port, pid, connections, seconds)
+        result[f"concurrency_{connections}"] = await _concurrent(
+            port, pid, connections, seconds, post_bytes)
     return result
 
 
-def _bench(name: str, seconds: float) -> dict[str, object]:
-    child = subprocess.Popen([sys.executable, __file__, "--serve", name],
+def _bench(name: str, seconds: float, post_bytes: int, script: str = __file__
+           ) -> dict[str, object]:
+    """Runs ``script --serve name`` (this file, or a baseline checkout's) and measures it."""
+    child = subprocess.Popen([sys.executable, script, "--serve", name],
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
         port = int(child.stdout.readline())  # the child prints its port once it listens
-        return trio.run(_measure, port, child.pid, seconds)
+        return trio.run(_measure, port, child.pid, seconds, post_bytes)
     finally:
         child.terminate()
         child.wait(timeout=30)
@@ -230,14 +249,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="smoke run (0.3 s per phase)")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured time per phase")
+    parser.add_argument("--post-bytes", type=int, default=0,
+                        help="send POST / with a JSON body of about this size (0: GET /)")
+    parser.add_argument("--baseline", type=Path,
+                        help="a checkout (cortex/ and perf/) whose lean server is measured too")
     parser.add_argument("--serve", choices=["lean", "hypercorn"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         trio.run(_serve_lean if args.serve == "lean" else _serve_hypercorn)
         return
     seconds = 0.3 if args.quick else args.seconds
-    results = {name: _bench(name, seconds) for name in ("lean", "hypercorn")}
+    results = {name: _bench(name, seconds, args.post_bytes) for name in ("lean", "hypercorn")}
     lean, hyper = results["lean"], results["hypercorn"]
+    baseline_ratios = {}
+    if args.baseline is not None:
+        base = results["lean_baseline"] = _bench(
+            "lean", seconds, args.post_bytes, str(args.baseline / "perf" / "bench_http.py"))
+        baseline_ratios = {
+            "p50_round_trip_lean_over_baseline": round(
+                lean["concurrency_1"]["round_trip_us"]["p50"]
+                / base["concurrency_1"]["round_trip_us"]["p50"], 2),
+            **{f"server_cpu_per_request_lean_over_baseline_c{c}": round(
+                lean[f"concurrency_{c}"]["server_cpu_us_per_request"]
+                / base[f"concurrency_{c}"]["server_cpu_us_per_request"], 2) for c in (1, 16, 64)},
+            **{f"req_per_s_lean_over_baseline_c{c}": round(
+                lean[f"concurrency_{c}"]["req_per_s"] / base[f"concurrency_{c}"]["req_per_s"], 2)
+               for c in (16, 64)},
+        }
     ratios = {
         "p50_round_trip_hypercorn_over_lean": round(
             hyper["concurrency_1"]["round_trip_us"]["p50"]
@@ -245,10 +283,11 @@ def main() -> None:
         **{f"req_per_s_lean_over_hypercorn_c{c}": round(
             lean[f"concurrency_{c}"]["req_per_s"] / hyper[f"concurrency_{c}"]["req_per_s"], 2)
            for c in (16, 64)},
+        **baseline_ratios,
     }
     print(json.dumps({"machine": machine_info(), "seconds_per_phase": seconds,
                       "load_average": os.getloadavg(), "response": PAYLOAD.decode(),
-                      **results, "ratios": ratios}, indent=2))
+                      "post_bytes": args.post_bytes, **results, "ratios": ratios}, indent=2))
 
 
 if __name__ == "__main__":
