@@ -46,6 +46,8 @@ from cortex.events.counters import IngestCounters
 from cortex.events.model import EngineFamily
 from cortex.events.source import EventSource, IngestSettings, rank_endpoint
 from cortex.events.subscriber import run_source
+from cortex.events.sync import TargetSync
+from cortex.events.warm_start import fetch_snapshot
 from cortex.front.server import HttpServer
 from cortex.gateway.metrics_observer import MetricsObserver
 from cortex.gateway.pool import ModelPool, WorkerFigures
@@ -57,6 +59,14 @@ from cortex.gateway.worker_report import (
     vllm_models,
 )
 from cortex.ledger.book import LedgerBook
+from cortex.ledger.snapshot import (
+    ExportedTarget,
+    SnapshotError,
+    StreamId,
+    TargetImage,
+    encode,
+    take_snapshot,
+)
 from cortex.ledger.state import TargetState
 from cortex.logs import access_logged
 from cortex.metrics import CortexMetrics, ledger_figures
@@ -133,8 +143,9 @@ class _Workers(AdminOps):
     def __init__(self, config: CortexConfig, registry: WorkerRegistry, book: LedgerBook,
                  pools: dict[str, ModelPool], profiles: ProfileSet, nursery: trio.Nursery,
                  counters: dict[int, IngestCounters], metrics: CortexMetrics,
-                 fetch: Fetch) -> None:
+                 fetch: Fetch, upstream: UpstreamPool) -> None:
         self.config = config
+        self.upstream = upstream
         self.profiles = profiles
         self.fetch = fetch
         self.reported: set[str] = set()
@@ -149,6 +160,8 @@ class _Workers(AdminOps):
         self.worker_of_target: dict[int, str] = {}
         self.model: dict[str, str] = {}
         self.discovered: list[set[str]] = []  # per DNS service: the names it added
+        self.syncs: dict[int, TargetSync] = {}  # targets whose ingestion runs
+        self.warm: dict[StreamId, TargetImage] = {}  # a peer's snapshot, used once per stream
         registry.on_change(self.on_change)
         book.on_state_change(self.on_state)
 
@@ -276,8 +289,8 @@ class _Workers(AdminOps):
 
     def _start_ingestion(self, spec: WorkerSpec) -> None:
         targets = self.targets.get(spec.name, ())
-        if not targets or spec.events is None:
-            return
+        if not targets or spec.events is None or spec.name in self.ingestion:
+            return  # (``_added`` reaches here twice: through ``_figures``, then directly)
         scope = self.ingestion[spec.name] = trio.CancelScope()
         family = _FAMILIES[spec.engine]
         model = self.model[spec.name]
@@ -292,14 +305,57 @@ class _Workers(AdminOps):
         with scope:
             async with trio.open_nursery() as nursery:
                 for source, target in zip(sources, targets, strict=True):
-                    nursery.start_soon(partial(run_source, source, target, self.book,
-                                               settings=settings,
-                                               counters=self.counters[target]))
+                    warm = self.warm.pop(self.stream_of(target), None)
+                    self.syncs[target] = await nursery.start(partial(
+                        run_source, source, target, self.book, settings=settings,
+                        counters=self.counters[target], warm=warm))
 
     def _stop_ingestion(self, name: str) -> None:
         scope = self.ingestion.pop(name, None)
         if scope is not None:
             scope.cancel()
+        for target in self.targets.get(name, ()):
+            self.syncs.pop(target, None)
+
+    # ledger snapshot (warm start of a peer) ---------------------------------------------------
+    def stream_of(self, target: int) -> StreamId:
+        """The target's event stream, named as any replica names it (``cortex.ledger.snapshot``)."""
+        info = self.book.info(target)
+        spec = self.registry.spec(info.worker)
+        events = "" if spec.events is None else rank_endpoint(spec.events, info.rank)
+        return StreamId(spec.url, info.rank, spec.engine, info.model, events, spec.topic)
+
+    def snapshot(self) -> bytes:
+        """``GET /admin/ledger/snapshot``: every READY target's ledger with its resume point,
+        taken synchronously (no checkpoint: consistent with the sync machines)."""
+        started = time.perf_counter()
+        exported = []
+        for target, name in sorted(self.worker_of_target.items()):
+            sync = self.syncs.get(target)
+            state = self.book.state(target)
+            point = sync.resume_point if sync is not None and state is TargetState.READY else None
+            exported.append(ExportedTarget(
+                self.stream_of(target), name, state.value, point,
+                self.book.export_target(target) if point is not None else None))
+        snapshot = take_snapshot(exported)
+        body = encode(snapshot)
+        log.info("ledger snapshot: %d targets (%d entries), %d skipped, %d bytes in %.1f ms",
+                 len(snapshot.targets), sum(t.entries for t in snapshot.targets),
+                 len(snapshot.skipped), len(body), 1e3 * (time.perf_counter() - started))
+        return body
+
+    async def load_warm_start(self) -> None:
+        """Fetch the peer's snapshot (``ledger.warm_start_url``) for the streams about to
+        start; a failure is logged, counted (``book.warm_start_failures``) and ignored."""
+        try:
+            snapshot = await fetch_snapshot(self.config.ledger, self.upstream)
+        except SnapshotError as error:
+            self.book.warm_start_failures += 1
+            log.warning("warm start: no usable snapshot, replaying from 0: %s", error)
+            return
+        self.warm = snapshot.by_stream()
+        log.info("warm start: peer snapshot of %d streams (%d skipped by the peer)",
+                 len(snapshot.targets), len(snapshot.skipped))
 
     # reload (SIGHUP) ------------------------------------------------------------------------
     def reload(self, specs: Sequence[WorkerSpec]) -> tuple[list[str], list[str]]:
@@ -372,7 +428,9 @@ async def run_gateway(config: CortexConfig, *,
     async with trio.open_nursery() as nursery:
         await nursery.start(upstream.run)
         workers = _Workers(config, registry, book, pools, profiles, nursery, counters, metrics,
-                           fetch)
+                           fetch, upstream)
+        if config.ledger.warm_start_url is not None:  # before any stream starts
+            await workers.load_warm_start()
         problems: list[str] = []
         for spec in config.workers:
             try:
@@ -404,7 +462,7 @@ async def run_gateway(config: CortexConfig, *,
         control = ControlApp(metrics=metrics, readiness=gateway.readiness,
                              auth=BearerAuth(config.control.read_admin_token()), admin=workers,
                              worker_hosts=config.control.worker_host_policy(),
-                             ledger=lambda: ledger_figures(book))
+                             ledger=lambda: ledger_figures(book), snapshot=workers.snapshot)
         control_port = await nursery.start(partial(serve_control, control, config.control.host,
                                                    config.control.port))
         _, data_port = await nursery.start(server.serve, config.server.host, config.server.port)

@@ -139,11 +139,12 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _secrets(config: CortexConfig) -> list[str | None]:
-    """What logs must never show: the admin token, inline or from its file."""
+    """What logs must never show: the admin token, inline or from its file, and the peer's
+    token of the ledger warm start."""
     try:
-        return [config.control.read_admin_token()]
+        return [config.control.read_admin_token(), config.ledger.warm_start_token]
     except (ConfigError, OSError):
-        return [config.control.admin_token]
+        return [config.control.admin_token, config.ledger.warm_start_token]
 
 
 def run_check_config(args: argparse.Namespace) -> int:

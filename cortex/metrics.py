@@ -90,6 +90,8 @@ INGEST_HELP: dict[str, str] = {
     "replay_refused": "Replay requests without any reply before the deadline",
     "replay_truncated": "Replay replies without end marker in time, or not contiguous",
     "replay_unrecoverable": "Replay replies starting after the requested sequence number",
+    "snapshot_continued": "Warm starts whose peer snapshot the engine's replay continued",
+    "snapshot_discarded": "Warm starts whose peer snapshot could not be proved continuous",
     "batches_applied": "Event batches applied to the ledger",
     "stored_blocks": "Blocks of applied BlockStored events",
     "removed_blocks": "Held blocks removed by BlockRemoved events",
@@ -144,11 +146,13 @@ class LedgerFigures:
     entries: int
     memory_bytes: int
     evicted_entries: int = 0  # dropped by the entry budget since start (least recently touched)
+    warm_start_failures: int = 0  # peer snapshots that could not be fetched or read
 
     def as_json(self) -> dict[str, object]:
         return {
             "nodes": self.nodes, "entries": self.entries, "memory_bytes": self.memory_bytes,
             "evicted_entries": self.evicted_entries,
+            "warm_start_failures": self.warm_start_failures,
             "targets": [{"worker": t.worker, "rank": t.rank, "state": t.state.value,
                          "reason": t.reason, "entries": t.entries} for t in self.targets],
         }
@@ -163,7 +167,7 @@ def ledger_figures(book: LedgerBook) -> LedgerFigures:
                                      book.target_entries(target)))
     targets.sort(key=lambda t: (t.worker, t.rank))
     return LedgerFigures(tuple(targets), book.nodes, book.entries, book.memory_bytes,
-                         book.evicted_entries)
+                         book.evicted_entries, book.warm_start_failures)
 
 
 class HttpFigures(Protocol):
@@ -253,6 +257,9 @@ def _ledger_writer(source: LedgerSource) -> Writer:
         out.header("cortex_ledger_evicted_entries_total", "counter",
                    "Ledger entries evicted by the entry budget (least recently touched first)")
         out.sample("cortex_ledger_evicted_entries_total", "", figures.evicted_entries)
+        out.header("cortex_ledger_warm_start_failures_total", "counter",
+                   "Peer ledger snapshots that could not be fetched or read at start")
+        out.sample("cortex_ledger_warm_start_failures_total", "", figures.warm_start_failures)
     return write
 
 

@@ -32,6 +32,7 @@ from cortex.ledger.state import TargetState
 from cortex.profile.model_profile import ModelProfile, ProfileSpec, load_profile
 from cortex.scheduling.view import Role
 from cortex.sim.engine import SimEngine
+from cortex.sim.kv_engine import SimEndpointConfig
 from cortex.sim.pd import PdSimSettings
 from cortex.sim.serving import TimingConfig
 from cortex.workers.spec import WorkerSpec
@@ -159,6 +160,7 @@ async def gateway_cluster(
     dp_size: int = 1,
     roles: Sequence[str] | None = None,
     pd_settings: PdSimSettings = PdSimSettings(),
+    kv_endpoints: SimEndpointConfig = SimEndpointConfig(),
 ) -> AsyncIterator[Cluster]:
     """``roles`` (one per flavor: both, prefill, decode) makes a PD cluster: the engines take
     those roles (``cortex.sim.pd``) and the workers are registered with them."""
@@ -169,7 +171,7 @@ async def gateway_cluster(
                              capacity_blocks=capacity_blocks, timing=timing, dp_size=dp_size,
                              pd_role=None if role == "both" else role,
                              bootstrap_port=0 if role == "prefill" else None,
-                             pd_settings=pd_settings)
+                             pd_settings=pd_settings, kv_endpoints=kv_endpoints)
                    for i, (flavor, role) in enumerate(zip(flavors, roles, strict=True))]
         scopes: dict[str, trio.CancelScope] = {}
         for engine in engines:

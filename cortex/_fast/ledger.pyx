@@ -38,6 +38,10 @@ Rules (they hold whenever no method is running):
   hit. Cost: up to seven sequential passes over the node pool and two over every target map
   (plus one delete per evicted entry) per eviction, amortized over the ``(1 - low_water) * max_entries`` entries it frees.
 
+* R8 — images: ``export_target`` lists a target's entries with every node they name and those
+  nodes' ancestors (parents first), so ``import_target`` into an empty target of any tree of
+  the same block size (and key namespace) rebuilds exactly the same entries, keys and paths.
+
 Costs: store O(blocks x holders of the touched nodes + ancestors stamped), remove O(hashes), clear_target O(the
 target's entries), match O(depth x targets still matching) with the key-map and node loads of
 the next levels prefetched while the current level is processed.
@@ -82,6 +86,7 @@ from cortex._fast.ledger_tables cimport (
     targetmap_delete,
     targetmap_find,
     targetmap_insert,
+    targetmap_rehash,
 )
 from cortex._fast.ledger_walk cimport Walk, walk_node, walk_start
 from cortex._fast.pyints cimport copy_tokens, copy_u64s, cortex_new_dict
@@ -392,6 +397,183 @@ cdef class BlockTree:
         if entry == NULL:
             return False
         return medium == -1 or ((entry.refs >> (8 * medium)) & 0xFF) != 0
+
+    def export_target(self, int target):
+        """The target's part of the tree, enough to rebuild it exactly (R8): ``(node_keys,
+        node_parents, entry_hashes, entry_nodes, entry_refs)`` as native-order bytes of u64,
+        u32, u64, u32, u32. Nodes are every node an entry names plus their ancestors, parents
+        before children; ``node_parents[i]`` is 1 + the index of node i's parent in the list, 0
+        for a root. Entry j is engine hash ``entry_hashes[j]`` naming node ``entry_nodes[j]``
+        with the packed per-medium refcounts ``entry_refs[j]``. O(the target's entries + their
+        ancestors)."""
+        _check_target(target)
+        cdef TargetMap* tm
+        cdef uint32_t cap = 0, i, node, up, n_path, n_nodes = 0, n_ent = 0, path_cap = 256
+        cdef uint32_t* index = NULL
+        cdef uint32_t* path = NULL
+        cdef uint32_t* grown
+        cdef bytearray keys_out, parents_out, hashes_out, nodes_out, refs_out
+        cdef uint64_t* keys_p
+        cdef uint32_t* parents_p
+        cdef uint64_t* hashes_p
+        cdef uint32_t* nodes_p
+        cdef uint32_t* refs_p
+        if <uint32_t>target < self.n_maps:
+            cap = self.maps[target].cap
+        if cap == 0:
+            return b"", b"", b"", b"", b""
+        tm = &self.maps[target]
+        keys_out = bytearray(<size_t>self.n_nodes * sizeof(uint64_t))
+        parents_out = bytearray(<size_t>self.n_nodes * sizeof(uint32_t))
+        hashes_out = bytearray(<size_t>tm.used * sizeof(uint64_t))
+        nodes_out = bytearray(<size_t>tm.used * sizeof(uint32_t))
+        refs_out = bytearray(<size_t>tm.used * sizeof(uint32_t))
+        keys_p = <uint64_t*><char*>keys_out
+        parents_p = <uint32_t*><char*>parents_out
+        hashes_p = <uint64_t*><char*>hashes_out
+        nodes_p = <uint32_t*><char*>nodes_out
+        refs_p = <uint32_t*><char*>refs_out
+        index = <uint32_t*>malloc(<size_t>self.pool_top * sizeof(uint32_t))
+        path = <uint32_t*>malloc(path_cap * sizeof(uint32_t))
+        if index == NULL or path == NULL:
+            free(index)
+            free(path)
+            raise MemoryError()
+        try:
+            memset(index, 0xFF, <size_t>self.pool_top * sizeof(uint32_t))
+            for i in range(cap):
+                if not tm.slots[i].refs:
+                    continue
+                node = tm.slots[i].node
+                # Walk up to a listed node (or past the root), then list the path top-down.
+                n_path = 0
+                up = node
+                while up != NO_NODE and index[up] == NO_NODE:
+                    if n_path == path_cap:
+                        grown = <uint32_t*>realloc(path, 2 * path_cap * sizeof(uint32_t))
+                        if grown == NULL:
+                            raise MemoryError()
+                        path = grown
+                        path_cap *= 2
+                    path[n_path] = up
+                    n_path += 1
+                    up = self.pool[up].parent
+                while n_path:
+                    n_path -= 1
+                    up = path[n_path]
+                    keys_p[n_nodes] = self.pool[up].key
+                    parents_p[n_nodes] = (0 if self.pool[up].parent == NO_NODE
+                                          else index[self.pool[up].parent] + 1)
+                    index[up] = n_nodes
+                    n_nodes += 1
+                hashes_p[n_ent] = tm.slots[i].hash
+                nodes_p[n_ent] = index[node]
+                refs_p[n_ent] = tm.slots[i].refs
+                n_ent += 1
+        finally:
+            free(index)
+            free(path)
+        return (bytes(keys_out[:n_nodes * sizeof(uint64_t)]),
+                bytes(parents_out[:n_nodes * sizeof(uint32_t)]),
+                bytes(hashes_out[:n_ent * sizeof(uint64_t)]),
+                bytes(nodes_out[:n_ent * sizeof(uint32_t)]),
+                bytes(refs_out[:n_ent * sizeof(uint32_t)]))
+
+    def import_target(self, int target, const uint64_t[::1] node_keys,
+                      const uint32_t[::1] node_parents, const uint64_t[::1] entry_hashes,
+                      const uint32_t[::1] entry_nodes, const uint32_t[::1] entry_refs,
+                      long long now=0):
+        """Rebuild the target's entries from ``export_target``'s arrays (as typed buffers, e.g.
+        ``memoryview(b).cast("Q")``) into a target holding nothing (R8); every node listed is
+        stamped ``now``. The number of entries added. ValueError, with the tree unchanged
+        (stamps aside), when the arrays are inconsistent, name a hash twice, disagree with the
+        tree (a key already present under another parent) or the target holds entries."""
+        _check_target(target)
+        cdef Py_ssize_t n = node_keys.shape[0], e = entry_hashes.shape[0], i
+        cdef uint32_t p, node, existing, parent_node, cap
+        cdef uint32_t stamp = <uint32_t>now
+        cdef uint64_t added = 0
+        cdef int m
+        cdef uint8_t* used = NULL
+        cdef uint32_t* placed = NULL
+        cdef TargetMap* tm
+        if node_parents.shape[0] != n or entry_nodes.shape[0] != e or entry_refs.shape[0] != e:
+            raise ValueError("snapshot arrays of different lengths")
+        if <uint32_t>target < self.n_maps and self.maps[target].entries:
+            raise ValueError(f"target {target} already holds entries")
+        if e == 0:
+            return 0
+        used = <uint8_t*>calloc(n if n else 1, 1)
+        placed = <uint32_t*>malloc((n if n else 1) * sizeof(uint32_t))
+        if used == NULL or placed == NULL:
+            free(used)
+            free(placed)
+            raise MemoryError()
+        try:
+            # Checks first (R5): parents listed earlier, entries naming listed nodes with some
+            # refcount, every node named by an entry or a child, keys already in the tree under
+            # the same parent as in the snapshot.
+            for i in range(e):
+                if entry_nodes[i] >= <uint64_t>n or entry_refs[i] == 0:
+                    raise ValueError(f"snapshot entry {i} names no node or holds nothing")
+                used[entry_nodes[i]] = 1
+            for i in range(n):
+                p = node_parents[i]
+                if p > <uint32_t>i:
+                    raise ValueError(f"snapshot node {i} listed before its parent")
+                if p:
+                    used[p - 1] = 1
+            for i in range(n):
+                if not used[i]:
+                    raise ValueError(f"snapshot node {i} is neither held nor a parent")
+                existing = keymap_find(&self.keys, self.pool, node_keys[i])
+                placed[i] = existing
+                if existing == NO_NODE:
+                    continue
+                p = node_parents[i]
+                parent_node = NO_NODE if p == 0 else placed[p - 1]
+                if self.pool[existing].parent != parent_node or (p and parent_node == NO_NODE):
+                    raise ValueError(f"snapshot node {i}: its key sits under another parent")
+            if <int32_t>(stamp - self.clock) > 0:
+                self.clock = stamp
+            tm = self._map_of(target)
+            # Sized for every entry first: the entries come in the exporting map's slot order,
+            # sorted by home, which would pile into one probe run of a table still growing.
+            cap = MIN_TABLE
+            while <uint64_t>cap * 3 < <uint64_t>(e + 1) * 4:
+                cap *= 2
+            if cap > tm.cap and targetmap_rehash(tm, cap) < 0:
+                raise MemoryError()
+            for i in range(n):
+                p = node_parents[i]
+                if placed[i] == NO_NODE:
+                    placed[i] = self._node_of(node_keys[i], NO_NODE if p == 0 else placed[p - 1])
+                self.pool[placed[i]].stamp = stamp
+            for i in range(e):
+                node = placed[entry_nodes[i]]
+                if targetmap_find(tm, entry_hashes[i]) != NULL:
+                    self._undo_import(target, placed, n)
+                    raise ValueError(f"snapshot names engine hash {entry_hashes[i]} twice")
+                targetmap_insert(tm, entry_hashes[i], node, entry_refs[i])
+                tm.entries += media_count(entry_refs[i])
+                self.n_entries += media_count(entry_refs[i])
+                added += media_count(entry_refs[i])
+                for m in range(4):
+                    if (entry_refs[i] >> (8 * m)) & 0xFF:
+                        self._holder_add(node, <uint16_t>target, m)
+        finally:
+            free(used)
+            free(placed)
+        if self.max_entries and self.n_entries > self.max_entries:
+            self._evict(<uint64_t>(self.max_entries * self.low_water))
+        return added
+
+    cdef void _undo_import(self, int target, const uint32_t* placed, Py_ssize_t n) noexcept:
+        """Drop what a failed import attached, then the nodes it created (R3 holds after)."""
+        cdef Py_ssize_t i
+        self.clear_target(target)
+        for i in range(n - 1, -1, -1):
+            self._release(placed[i])
 
     def target_entries(self, int target):
         _check_target(target)

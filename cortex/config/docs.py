@@ -109,6 +109,14 @@ DOCS: dict[str, str] = {
                           "(\"none\": no bound)",
     "ledger.evict_fraction": "fraction of max_entries one eviction frees (0 < x < 1): "
                              "fewer, larger evictions",
+    "ledger.warm_start_url": "a peer replica's control plane (http://host:port): at start "
+                             "its /admin/ledger/snapshot is loaded and continued by replay "
+                             "from its sequence numbers (unset: replay from 0)",
+    "ledger.warm_start_token": "secret admin bearer token of the peer (prefer the "
+                               "CORTEX_LEDGER_WARM_START_TOKEN environment variable)",
+    "ledger.warm_start_timeout_s": "seconds to fetch the peer's snapshot; past it Cortex "
+                                   "starts without",
+    "ledger.warm_start_max_bytes": "largest peer snapshot accepted, bytes",
     "ingest.dedupe_window": "recent batches remembered per publisher to tell duplicates "
                             "from restarts",
     "health.interval_s": "seconds between two health probes of a worker",

@@ -7,6 +7,8 @@ Routes:
 * ``GET /health/ready`` — from the injected readiness callable: 200 ready, 200 with
   ``"degraded": true`` and its reasons, or 503 not ready (``readiness.Readiness``).
 * ``GET /debug/ledger`` — per worker/rank ledger state and sizes (``LedgerFigures``).
+* ``GET /admin/ledger/snapshot`` — the ledger of every READY target for a peer's warm start
+  (msgpack, ``cortex.ledger.snapshot``).
 * ``GET /admin/workers``, ``POST /admin/workers`` (JSON ``WorkerSpec`` fields; 400 lists every
   problem), ``POST /admin/workers/{name}/drain``, ``DELETE /admin/workers/{name}``.
 
@@ -96,7 +98,9 @@ class ControlApp:
         ledger: Callable[[], LedgerFigures] | None = None,
         worker_hosts: WorkerHostPolicy | None = None,
         max_body_bytes: int = ADMIN_MAX_BODY_BYTES,
+        snapshot: Callable[[], bytes] | None = None,
     ) -> None:
+        self.snapshot = snapshot
         self.metrics = metrics
         self.readiness = readiness
         self.auth = auth
@@ -143,6 +147,9 @@ class ControlApp:
         if path == "/debug/ledger" and self.ledger is not None:
             _allow(method, "GET")
             return _json(200, self.ledger().as_json())
+        if path == "/admin/ledger/snapshot" and self.snapshot is not None:
+            _allow(method, "GET")
+            return _Reply(200, self.snapshot(), [(b"content-type", b"application/msgpack")])
         if parts[0] == "admin" and self.admin is not None:
             return await self._admin(self.admin, method, parts[1:], scope, receive)
         raise NotFound(f"no route {path}")

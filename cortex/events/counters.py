@@ -32,6 +32,8 @@ class IngestCounters:
     replay_refused: int = 0  # replay requests without any reply before the deadline
     replay_truncated: int = 0  # replies without end marker in time, or not contiguous
     replay_unrecoverable: int = 0  # replies starting after the requested sequence number
+    snapshot_continued: int = 0  # warm starts whose peer snapshot the engine's replay continued
+    snapshot_discarded: int = 0  # warm starts whose snapshot could not be proved continuous
     # Ledger (results of applied batches)
     batches_applied: int = 0
     stored_blocks: int = 0

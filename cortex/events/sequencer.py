@@ -83,6 +83,15 @@ class Sequencer:
         """The sequence number expected next, or None when nothing is expected."""
         return self._next
 
+    @property
+    def last_accepted(self) -> tuple[int, bytes] | None:
+        """The most recently accepted ``(seq, digest)`` when ``next == seq + 1``, else None
+        (nothing accepted since the last reset, or ``expect`` moved ``next`` since)."""
+        if self._next is None or not self._recent:
+            return None
+        seq = next(reversed(self._recent))
+        return (seq, self._recent[seq]) if seq + 1 == self._next else None
+
     def observe(self, seq: int, digest: bytes) -> Verdict:
         """Classify a live batch (rules 1-5 above); only ACCEPT records it."""
         expected = self._next

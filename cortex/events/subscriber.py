@@ -5,7 +5,10 @@ Per source, one trio task (``run_source``):
 * connects a SUB (the engine binds), subscribes to the source's topic prefix, generous RCVHWM,
   linger 0; reports started once connected and subscribed;
 * starts the target's ``TargetSync`` (which asks for a history replay when the source has a
-  replay endpoint) and executes its actions against the ledger sink;
+  replay endpoint) and executes its actions against the ledger sink — or, given a peer's
+  snapshot of the stream (warm start), loads it into the empty target and starts the sync
+  machine from the snapshot's sequence number (``start_from_snapshot``), which keeps it only
+  if the replay proves it continuous;
 * loops: drains up to ``max_messages_per_turn`` queued messages without waiting, processes each
   (frames → sequence number → payload decode → sync → ledger), then checkpoints, so a busy
   stream never starves the event loop; when nothing is queued it awaits the socket;
@@ -21,11 +24,12 @@ target's ``IngestCounters`` and never end the task. The ledger itself is the sin
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import Protocol, cast
 
 import trio
 import zmq
@@ -49,6 +53,8 @@ from cortex.events.sync import (
     TargetSync,
 )
 from cortex.ledger.state import TargetState
+
+log = logging.getLogger("cortex.events")
 
 
 class AppliedBatch(Protocol):
@@ -82,6 +88,23 @@ class LedgerSink(Protocol):
     def apply(self, target: int, batch: EventBatch) -> AppliedBatch: ...
     def drop_target_entries(self, target: int) -> object: ...
     def set_state(self, target: int, state: TargetState, reason: str) -> object: ...
+
+
+class WarmSink(LedgerSink, Protocol):
+    """A ledger that can load a peer's snapshot of a target (``LedgerBook`` fits)."""
+
+    def import_target(self, target: int, images: dict[int, tuple[bytes, bytes, bytes, bytes, bytes]]
+                      ) -> int: ...
+
+
+class WarmImage(Protocol):
+    """One target's part of a peer's snapshot (``cortex.ledger.snapshot.TargetImage``)."""
+
+    @property
+    def last_seq(self) -> int: ...
+    @property
+    def last_digest(self) -> bytes: ...
+    def images(self) -> dict[int, tuple[bytes, bytes, bytes, bytes, bytes]]: ...
 
 
 class LedgerRegistry(LedgerSink, Protocol):
@@ -123,6 +146,26 @@ class _SourceIngest:
             counters=counters,
             window=settings.dedupe_window,
         )
+
+    def start(self, warm: WarmImage | None) -> list[Action]:
+        """The sync machine's first actions: from a peer's snapshot when one is given for
+        this target (and it has a replay endpoint to prove it continuous), else from scratch.
+        A snapshot the ledger refuses is logged and ignored."""
+        if warm is None or self.source.replay_endpoint is None:
+            return self.sync.start()
+        sink = cast(WarmSink, self.sink)
+        sink.set_state(self.target, TargetState.SYNCING, "warm start: loading a peer's snapshot")
+        sink.drop_target_entries(self.target)
+        try:
+            loaded = sink.import_target(self.target, warm.images())
+        except ValueError as error:
+            self.counters.snapshot_discarded += 1
+            log.warning("%s rank %d: peer snapshot not loaded: %s", self.source.worker,
+                        self.source.rank, error)
+            return self.sync.start()
+        log.info("%s rank %d: %d entries loaded from a peer's snapshot up to sequence %d",
+                 self.source.worker, self.source.rank, loaded, warm.last_seq)
+        return self.sync.start_from_snapshot(warm.last_seq, warm.last_digest)
 
     async def pump(self, sub: zmq.Socket) -> None:
         budget = self.settings.max_messages_per_turn
@@ -234,12 +277,15 @@ async def run_source(
     ctx: zmq.Context | None = None,
     settings: IngestSettings | None = None,
     counters: IngestCounters | None = None,
+    warm: WarmImage | None = None,
     task_status: trio.TaskStatus[TargetSync] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Ingest one source into ``sink`` under ``target`` until cancelled.
 
-    Reports the target's ``TargetSync`` once subscribed (callers read its state and
-    ``next_seq`` to see how far ingestion got; they must not drive it)."""
+    ``warm``: a peer's snapshot of this stream to start from (``_SourceIngest.start``); the
+    sink must then be a ``WarmSink``. Reports the target's ``TargetSync`` once subscribed
+    (callers read its state and ``next_seq`` to see how far ingestion got; they must not drive
+    it)."""
     ctx = ctx if ctx is not None else zmq.Context.instance()
     settings = settings if settings is not None else IngestSettings()
     counters = counters if counters is not None else IngestCounters()
@@ -252,7 +298,7 @@ async def run_source(
         sub.setsockopt(zmq.SUBSCRIBE, source.topic)
         sub.connect(source.endpoint)
         task_status.started(ingest.sync)
-        await ingest.execute(ingest.sync.start())
+        await ingest.execute(ingest.start(warm))
         await ingest.pump(sub)
     finally:
         sub.close(linger=0)

@@ -19,6 +19,20 @@ Rules (``has_replay`` = the target has a replay endpoint):
   - refused (no reply at all) → PARTIAL, no expectation (the next live batch is accepted).
   Then the held live batches are processed as if they had just arrived: batches the replay
   already covered are dropped by sequence number; a gap among them is repaired as below.
+* Warm start (``start_from_snapshot(seq, digest)``): the shell has just loaded a peer replica's
+  snapshot of the target, taken after batch ``seq`` whose payload digest was ``digest``, into
+  a target holding nothing else: SYNCING, request a replay from ``seq`` (not ``seq + 1``: the
+  batch the snapshot ends with must be seen again to prove it is the same publisher's).
+  - The reply is complete (end marker, contiguous) and its first item is ``seq`` with
+    ``digest`` → the snapshot continues in this engine's stream: apply the items after it →
+    READY, expect the next number. This is the only way a snapshot is kept.
+  - Anything else → discard the snapshot (drop the entries): the buffer no longer reaches back
+    to ``seq`` (first item later, or none), the engine restarted (a different digest at
+    ``seq``, or fewer batches than ``seq``), or the reply is truncated. Then as at start:
+    refused → PARTIAL (the same endpoint would refuse a history replay too); otherwise request
+    a history replay from 0. A snapshot that cannot be proved continuous is never kept.
+  (Digests compare payloads, which carry the engine's timestamp: a restarted engine that got
+  back to ``seq`` has another batch there.)
 * GAP(lo, hi) while READY or PARTIAL: with replay → STALE, hold live batches, request a
   replay from ``lo`` (at most ``hi - lo + 1`` items). The replay closes the gap when its items
   are contiguous from ``lo`` up to at least ``hi - 1`` and it either ended with the end marker
@@ -113,6 +127,7 @@ Action = ApplyBatch | DropEntries | SetState | RequestReplay
 class _Purpose(enum.Enum):
     HISTORY = "history"
     GAP = "gap"
+    SNAPSHOT = "snapshot"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +136,7 @@ class _PendingReplay:
     request: RequestReplay
     hi: int = 0  # GAP: first held sequence number
     resume: TargetState = PARTIAL  # GAP: state to return to when the gap is closed
+    digest: bytes = b""  # SNAPSHOT: digest of batch ``request.start_seq`` in the snapshot
 
 
 def contiguous_run(items: Sequence[SequencedBatch], start: int) -> list[SequencedBatch]:
@@ -184,6 +200,15 @@ class TargetSync:
     def next_seq(self) -> int | None:
         return self._seq.next_seq
 
+    @property
+    def resume_point(self) -> tuple[int, bytes] | None:
+        """``(seq, digest)`` of the last applied batch when the ledger is READY and follows the
+        stream up to it with nothing pending: what a snapshot of the target records (a peer
+        continues from it with ``start_from_snapshot``). None otherwise."""
+        if self._state is not READY or self._pending is not None or self._held:
+            return None
+        return self._seq.last_accepted
+
     # --- inputs -----------------------------------------------------------------------
 
     def start(self) -> list[Action]:
@@ -197,6 +222,24 @@ class TargetSync:
         out.append(DropEntries("start: history unknown"))
         if self.has_replay:
             self._request_history(out)
+        return out
+
+    def start_from_snapshot(self, seq: int, digest: bytes) -> list[Action]:
+        """(Re)connected with a peer's snapshot already loaded (taken after batch ``seq``,
+        payload ``digest``): check that this engine's stream continues it (rules above)."""
+        if not self.has_replay:
+            raise RuntimeError("a snapshot can only be continued through a replay endpoint")
+        if seq < 0:
+            raise ValueError(f"snapshot sequence number must be >= 0, got {seq}")
+        out: list[Action] = []
+        self._seq.reset()
+        self._held = []
+        self._replayed_upto = None
+        self._set(SYNCING, f"warm start: snapshot up to sequence {seq}, checking the engine's "
+                  "replay reaches back to it", out, force=True)
+        request = RequestReplay(seq, None)
+        self._pending = _PendingReplay(_Purpose.SNAPSHOT, request, digest=digest)
+        out.append(request)
         return out
 
     def on_live(self, msg: SequencedBatch) -> list[Action]:
@@ -218,6 +261,8 @@ class TargetSync:
         self.counters.replays += 1
         if pending.purpose is _Purpose.HISTORY:
             self._finish_history(items, ended, refused, out)
+        elif pending.purpose is _Purpose.SNAPSHOT:
+            self._finish_snapshot(pending, items, ended, refused, out)
         else:
             self._finish_gap(pending, items, ended, refused, out)
         for msg in held:
@@ -347,6 +392,48 @@ class TargetSync:
         if not run and complete:
             self._seq.expect(0)  # nothing published yet: the first batch must be 0
         self._set(final, _reason_after_run(final, logical, reason), out)
+
+    def _finish_snapshot(
+        self,
+        pending: _PendingReplay,
+        items: Sequence[SequencedBatch],
+        ended: bool,
+        refused: bool,
+        out: list[Action],
+    ) -> None:
+        seq = pending.request.start_seq
+        if refused:
+            self.counters.replay_refused += 1
+            self.counters.snapshot_discarded += 1
+            reason = "warm start: replay refused (no reply in time), snapshot discarded"
+            self._set(PARTIAL, reason, out)
+            out.append(DropEntries(reason))
+            return
+        run = contiguous_run(items, seq)
+        proven = bool(ended and run and len(run) == len(items)
+                      and run[0].digest == pending.digest)
+        if proven:
+            self.counters.snapshot_continued += 1
+            self._seq.accept(seq, pending.digest)  # the snapshot's last batch, already applied
+            final = self._apply_run(run[1:], READY, out)
+            reason = f"warm start: snapshot up to sequence {seq} continued by replay"
+            if final is not READY:
+                reason = f"{reason}; a replayed batch could not be decoded"
+            self._set(final, reason, out)
+            return
+        self.counters.snapshot_discarded += 1
+        if not items or items[0].seq != seq:
+            self.counters.replay_unrecoverable += 1
+            why = "the engine's replay no longer reaches back to it"
+        elif items[0].digest != pending.digest:
+            why = "another batch at that sequence number (engine restarted)"
+        else:
+            self.counters.replay_truncated += 1
+            why = "replay truncated"
+        reason = f"warm start: snapshot up to sequence {seq} discarded: {why}"
+        self._set(SYNCING, reason, out, force=True)
+        out.append(DropEntries(reason))
+        self._request_history(out)
 
     def _finish_gap(
         self,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cortex._fast.blockkeys import namespace_seed
 from cortex._fast.ledger import ALL_MEDIA, GPU_ONLY, BlockTree
@@ -65,6 +65,15 @@ class LedgerSettings:
     # Fraction of max_entries one eviction frees (it goes down to the low water 1 - this):
     # amortizes the eviction's passes over the tree.
     evict_fraction: float = 0.05
+    # Warm start: a peer replica's control plane (http://host:port); at start its
+    # /admin/ledger/snapshot is loaded and continued by replay (None: always replay from 0).
+    warm_start_url: str | None = None
+    # The peer's admin bearer token (a secret: masked in print-config and logs).
+    warm_start_token: str | None = field(default=None, repr=False, metadata={"secret": True})
+    # Deadline of fetching the snapshot; past it Cortex starts without one.
+    warm_start_timeout_s: float = 10.0
+    # Largest snapshot accepted (bytes); a larger one is refused and ignored.
+    warm_start_max_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         problems = []
@@ -72,6 +81,12 @@ class LedgerSettings:
             problems.append("max_entries must be >= 1 (or none: no budget)")
         if not 0.0 < self.evict_fraction < 1.0:
             problems.append("evict_fraction must be in (0, 1)")
+        if self.warm_start_url is not None and not self.warm_start_url.startswith("http://"):
+            problems.append("warm_start_url must be an http:// URL of a peer's control plane")
+        if not self.warm_start_timeout_s > 0:
+            problems.append("warm_start_timeout_s must be > 0")
+        if self.warm_start_max_bytes < 1:
+            problems.append("warm_start_max_bytes must be >= 1")
         if problems:
             raise ConfigError(problems)
 
@@ -123,6 +138,7 @@ class LedgerBook:
         self._seeds: dict[tuple[str, str | None, str | None], int] = {}
         self._media: dict[str | None, int] = {}
         self._state_listeners: list[Callable[[int, TargetState], None]] = []
+        self.warm_start_failures = 0  # peer snapshots that could not be fetched or read
 
     # ------------------------------------------------------------------ registry
 
@@ -273,6 +289,43 @@ class LedgerBook:
     def drop_target_entries(self, target: int) -> int:
         """Drop everything the target holds (replay failure, restart, death); entries dropped."""
         return sum(tree.clear_target(target) for tree in self._target_trees[target].values())
+
+    def export_target(self, target: int) -> dict[int, tuple[bytes, bytes, bytes, bytes, bytes]]:
+        """Block size -> the target's image in that tree (``BlockTree.export_target``: node
+        keys, node parents, entry hashes, entry nodes, entry refcounts as native-order bytes)."""
+        images = {}
+        for size, tree in self._target_trees[target].items():
+            if tree.target_entries(target):
+                images[size] = tree.export_target(target)
+        return images
+
+    def import_target(
+        self, target: int, images: dict[int, tuple[bytes, bytes, bytes, bytes, bytes]]
+    ) -> int:
+        """Load ``export_target`` images into a target holding nothing: all or nothing
+        (``ValueError`` leaves the target empty). The entries are stamped with one new tick
+        of the book's clock; the entry budget holds after. Entries added."""
+        if self.target_entries(target):
+            raise ValueError(f"target {target} already holds entries")
+        self._clock = now = (self._clock + 1) & 0xFFFFFFFF
+        added = 0
+        try:
+            for size, image in images.items():
+                tree = self._tree_for(target, size)
+                if tree is None:
+                    raise ValueError(f"snapshot tree of block size {size}")
+                keys, parents, hashes, nodes, refs = image
+                added += tree.import_target(
+                    target, memoryview(keys).cast("Q"), memoryview(parents).cast("I"),
+                    memoryview(hashes).cast("Q"), memoryview(nodes).cast("I"),
+                    memoryview(refs).cast("I"), now)
+        except (ValueError, TypeError) as error:
+            self.drop_target_entries(target)
+            raise ValueError(f"snapshot image rejected: {error}") from error
+        budget = self.max_entries
+        if budget is not None and self.entries > budget:
+            self._evict(budget)
+        return added
 
     def _tree_for(self, target: int, block_size: int) -> BlockTree | None:
         if not 0 < block_size <= MAX_BLOCK_SIZE:

@@ -335,7 +335,8 @@ def _sample(key):
                "control.host": ("::1", "::1"), "control.admin_token": (TOKEN, TOKEN),
                "scheduler.watermarks.max_kv_usage_fraction": (0.5, "0.5"),
                "upstream.limits.max_idle_per_worker": (3, "3"),
-               "control.worker_hosts": ("10.0.0.0/8,gpu-a", "10.0.0.0/8,gpu-a")}
+               "control.worker_hosts": ("10.0.0.0/8,gpu-a", "10.0.0.0/8,gpu-a"),
+               "ledger.warm_start_url": ("http://10.0.0.2:8081", "http://10.0.0.2:8081")}
     if name in special:
         return special[name]
     if key.default is None or key.type in (str, str | None):
