@@ -221,7 +221,10 @@ class UpstreamConnection:
         """Close the socket now (synchronous; idempotent)."""
         if not self._closed:
             self._closed = True
-            trio.lowlevel.notify_closing(self.socket)  # a task blocked on it wakes up
+            try:
+                trio.lowlevel.notify_closing(self.socket)  # a task blocked on it wakes up
+            except RuntimeError:
+                pass  # outside trio (no run left to wake anything in)
             self.socket.close()
 
     def _broken(self, phase: Phase, cause: object) -> UpstreamBroken:

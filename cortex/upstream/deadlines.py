@@ -16,7 +16,9 @@ Rules:
   whose deadline has passed, and repeats. A timeout fires at its deadline, to trio's clock
   resolution — no tick, no polling.
 * ``running`` is true while ``run`` runs; connections fall back to a cancel scope per wait
-  when it is not (a connection used without a pool, or after the pool's ``run`` ended).
+  when it is not (a connection used without a pool, or after the pool's ``run`` ended). A
+  wait already under way when ``run`` ends loses its deadline: ``run`` ends at shutdown,
+  when those waits are being cancelled too.
 """
 
 from __future__ import annotations
