@@ -7,7 +7,7 @@ Order of start (each step done before the next begins, via ``nursery.start``):
    answer applied; added and drained like admin changes) — each worker's KV-event ingestion
    (one subscriber per DP rank) starts when it is added and stops when it is removed;
 3. the health/load monitor (a worker is routable after its first good probe);
-4. the control plane (hypercorn, loopback by default) and the data plane (lean h11 server).
+4. the control plane (hypercorn, loopback by default) and the data plane (lean llhttp server).
 
 Worker lifecycle rules (architecture.md §2, §4):
 

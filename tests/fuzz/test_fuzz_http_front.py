@@ -1,4 +1,4 @@
-"""Fuzzing Cortex's HTTP front (issue 7 §4): the lean h11 server with the real gateway handler
+"""Fuzzing Cortex's HTTP front (issue 7 §4): the lean llhttp server with the real gateway handler
 over a simulated vLLM engine, over real loopback sockets.
 
 Property, for every input: the server answers with a status below 500 (4xx with an
