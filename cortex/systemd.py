@@ -8,9 +8,12 @@ Rules (systemd.service(5), sd_notify(3)):
 * One message is one datagram of newline-separated ``KEY=VALUE`` assignments (``READY=1``,
   ``STOPPING=1``, ``WATCHDOG=1``, ``STATUS=free text``); a datagram is sent whole or not at all.
 * ``WATCHDOG_USEC`` (microseconds) is set when the unit has ``WatchdogSec=``; it is ours only
-  when ``WATCHDOG_PID`` is unset or equals our pid. The service must send ``WATCHDOG=1`` more
-  often than that; Cortex pings every half period from the trio loop, so a wedged loop (a
-  blocking call, a busy loop) stops the pings and systemd restarts the service.
+  when ``WATCHDOG_PID`` is unset or equals our pid, or our parent's pid when we run frozen:
+  the one-file executable (PyInstaller) is a launcher that systemd starts as the main process
+  (so ``WATCHDOG_PID`` names it) and that forks the real Cortex, then only forwards signals
+  and waits (the unit's ``NotifyAccess=all`` lets that child's messages in). The service must
+  send ``WATCHDOG=1`` more often than that; Cortex pings every half period from the trio loop,
+  so a wedged loop (a blocking call, a busy loop) stops the pings and systemd restarts it.
 * Sending never raises: a manager that went away must not take the gateway down with it; a
   failed send is logged once per kind and reported as ``False``.
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from collections.abc import Mapping
 
 import trio
@@ -37,11 +41,19 @@ def socket_address(value: str) -> str | bytes:
     return value
 
 
-def watchdog_period_s(env: Mapping[str, str], pid: int | None = None) -> float | None:
-    """Seconds of the watchdog timeout systemd gave this process, or ``None`` (no watchdog)."""
+def one_file_launcher_pid() -> int | None:
+    """The pid of the one-file executable's launcher (our parent) when we run frozen, else None."""
+    return os.getppid() if getattr(sys, "frozen", False) else None
+
+
+def watchdog_period_s(env: Mapping[str, str], pid: int | None = None,
+                      launcher: int | None = None) -> float | None:
+    """Seconds of the watchdog timeout systemd gave this process (or the one-file ``launcher``
+    it started), or ``None`` (no watchdog)."""
     usec = env.get("WATCHDOG_USEC", "")
     owner = env.get("WATCHDOG_PID", "")
-    if owner and owner != str(os.getpid() if pid is None else pid):
+    ours = {str(os.getpid() if pid is None else pid)} | ({str(launcher)} if launcher else set())
+    if owner and owner not in ours:
         return None
     try:
         value = int(usec)
@@ -62,7 +74,8 @@ class Notifier:
     @classmethod
     def from_environ(cls, env: Mapping[str, str] | None = None) -> Notifier:
         env = os.environ if env is None else env
-        return cls(env.get("NOTIFY_SOCKET") or None, watchdog_period_s(env))
+        return cls(env.get("NOTIFY_SOCKET") or None,
+                   watchdog_period_s(env, launcher=one_file_launcher_pid()))
 
     @property
     def enabled(self) -> bool:

@@ -92,6 +92,14 @@ def test_watchdog_period_from_the_environment():
     assert watchdog_period_s({}) is None
 
 
+def test_the_one_file_launchers_watchdog_is_ours():
+    # systemd names its main process, the one-file executable's launcher, our parent.
+    env = {"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "4242"}
+    assert watchdog_period_s(env, pid=4243, launcher=4242) == 30.0
+    assert watchdog_period_s(env, pid=4243, launcher=None) is None  # not frozen: not ours
+    assert watchdog_period_s(env, pid=4243, launcher=4241) is None
+
+
 async def test_watchdog_pings_while_the_loop_runs_and_stop_while_it_is_wedged():
     with notify_socket() as (name, sock):
         notifier = Notifier(name, watchdog_s=0.2)  # a ping every 0.1 s

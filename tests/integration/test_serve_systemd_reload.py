@@ -4,8 +4,7 @@ WATCHDOG=1 while the loop runs, STOPPING=1 on SIGTERM), and SIGHUP reloading the
 from the configuration file (a new worker listed and served, a removed one drained) while a
 keep-alive client and a streamed response carry on across the reloads.
 
-A real systemd unit cannot run in this container (no systemd as PID 1): the unit file is
-checked by ``systemd-analyze verify`` in ``test_systemd_unit.py`` instead.
+The unit itself runs under a real systemd manager in ``test_systemd_demo.py``.
 """
 
 from __future__ import annotations
