@@ -20,6 +20,13 @@ class Leg:
     first: bytes | None
     chunks: AsyncIterator[bytes]
 
+    def whole_body(self) -> bytes | None:
+        """The whole body when it is already in hand (it came with the head and the first
+        read, or was empty); ``None`` while more may follow. No I/O."""
+        if self.first is None:
+            return b""  # the body ended before any byte
+        return self.first if self.response.ended_now() else None
+
 
 class RetryableStatus(Exception):
     """A worker answered 502/503/504 before anything reached the client: try another."""

@@ -18,6 +18,9 @@ Rules:
   the accounting; nothing leaks on any path.
 * The body is passed through as it arrives; ``CachedTokensSniffer`` only scans for the engine's
   ``cached_tokens`` report to measure the ledger's accuracy (predicted vs reported).
+* An answer already whole when its first bytes arrive (a small JSON response) skips the
+  streaming machinery: the exchange is closed (connection back to the pool, accounting
+  released) before the client's write, and the body goes out as bytes with the head.
 """
 
 from __future__ import annotations
@@ -198,6 +201,16 @@ class Gateway:
         decision = route.decision
         extra = decision_headers(worker.name, decision.mode.value,
                                  decision.predicted_cached_tokens, route.rank, attempt)
+        whole = leg.whole_body()
+        if whole is not None:
+            await stack.aclose()  # synchronous exits only: nothing here can be cancelled
+            sniffer = CachedTokensSniffer()
+            sniffer.feed(whole)
+            if sniffer.cached_tokens is not None:
+                self.observer.cached_tokens(pool.model, route, decision.predicted_cached_tokens,
+                                            sniffer.cached_tokens)
+            return HttpResponse(leg.response.status,
+                                _client_headers(leg, with_length=False) + extra, whole)
         return self.respond(leg, stack, extra, worker.name,
                             partial(self.observer.cached_tokens, pool.model, route,
                                     decision.predicted_cached_tokens))
@@ -236,11 +249,7 @@ class Gateway:
     ) -> HttpResponse:
         """The client's response: the leg's head (minus hop-by-hop and ``x-cortex-*``) plus
         Cortex's headers, and its body streamed as it arrives."""
-        headers = [(name, value) for name, value in leg.response.headers
-                   if name not in _DROPPED_RESPONSE_HEADERS
-                   and not name.startswith(b"x-cortex-")]
-        if transform is not None:
-            headers = [(n, v) for n, v in headers if n != b"content-length"]
+        headers = _client_headers(leg, with_length=transform is None)
         return HttpResponse(leg.response.status, headers + extra_headers,
                             self._stream(leg, stack, worker, on_cached_tokens, transform))
 
@@ -307,3 +316,10 @@ class Gateway:
         state = self.readiness()
         return json_response(state.http_status, msgspec.json.encode(state.as_json()))
 
+
+def _client_headers(leg: Leg, *, with_length: bool) -> list[tuple[bytes, bytes]]:
+    """The leg's response headers the client gets: no hop-by-hop, no ``x-cortex-*``, and
+    ``content-length`` only when the body passes unchanged and unframed by Cortex."""
+    return [(name, value) for name, value in leg.response.headers
+            if name not in _DROPPED_RESPONSE_HEADERS and not name.startswith(b"x-cortex-")
+            and (with_length or name != b"content-length")]

@@ -191,6 +191,13 @@ class UpstreamConnection:
         self._expired = True
         trio.lowlevel.notify_closing(self.socket)
 
+    def body_ended(self) -> bool:
+        """Whether the response's end was received and no body bytes wait to be taken (no
+        I/O): the caller has seen the whole body."""
+        reader = self._reader
+        return (reader is not None and reader.complete and reader.error is None
+                and not reader.has_body)
+
     def drain_buffered(self) -> bool:
         """Consume body bytes already received, without I/O: did the response end?"""
         reader = self._reader

@@ -47,6 +47,13 @@ class UpstreamResponse:
         """The whole body has been received."""
         return self._complete
 
+    def ended_now(self) -> bool:
+        """``complete``, or the end already received with every body byte taken — known
+        without reading the socket (a small answer that came whole with its head)."""
+        if not self._complete and self._conn.body_ended():
+            self._complete = True
+        return self._complete
+
     def header(self, name: bytes) -> bytes | None:
         """The first value of header ``name`` (lower-case), or ``None``."""
         for key, value in self.headers:

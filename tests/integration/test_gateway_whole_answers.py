@@ -1,0 +1,51 @@
+"""A small answer that arrives whole with its head is handed over as bytes: the upstream
+exchange is closed (connection idle in the pool, accounting released) before the client's
+write; a stream that is still arriving stays a stream (real sim engines, real sockets)."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+
+from cortex.front.messages import HttpRequest
+from tests.gateway_cluster import MODEL, gateway_cluster
+
+
+def chat(question: str, **extra: object) -> HttpRequest:
+    body = {"model": MODEL, "max_tokens": 6, "messages": [{"role": "user", "content": question}],
+            **extra}
+    return HttpRequest(b"POST", b"/v1/chat/completions",
+                       [(b"content-type", b"application/json")], json.dumps(body).encode())
+
+
+async def test_a_whole_answer_is_bytes_and_its_exchange_already_closed():
+    async with gateway_cluster(("vllm-0.33",)) as cluster:
+        running = cluster.running
+        engine = cluster.engines[0]
+        response = await running.gateway.handle(chat("Answer in one piece."))
+        assert isinstance(response.body, bytes)
+        assert json.loads(response.body)["choices"][0]["message"]["content"]
+        names = [name for name, _ in response.headers]
+        assert b"content-length" not in names and b"transfer-encoding" not in names
+        assert dict(response.headers)[b"x-cortex-assigned-worker"] == engine.name.encode()
+        # before anything is written to a client: the worker's connection is idle again and
+        # the request no longer counts as pending work
+        stats = running.gateway.upstream.stats(engine.url)  # (probes share the pool)
+        assert stats.busy == 0 and stats.idle >= 1
+        assert running.pools[MODEL].pending.in_flight(engine.name) == 0
+
+
+async def test_an_answer_still_arriving_stays_a_stream_until_read():
+    timing = {"decode_s_per_token": 0.02}  # six tokens, 20 ms apart: not whole at first read
+    async with gateway_cluster(("vllm-0.33",), timing_changes=timing) as cluster:
+        running = cluster.running
+        engine = cluster.engines[0]
+        response = await running.gateway.handle(chat("Stream it.", stream=True))
+        assert not isinstance(response.body, bytes)
+        assert running.pools[MODEL].pending.in_flight(engine.name) == 1
+        assert running.gateway.upstream.stats(engine.url).busy == 1
+        with trio.fail_after(10):
+            body = b"".join([chunk async for chunk in response.body])
+        assert body.endswith(b"data: [DONE]\n\n")
+        assert running.pools[MODEL].pending.in_flight(engine.name) == 0
