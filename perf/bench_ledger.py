@@ -27,7 +27,8 @@ decode`` for the scattered worst case, ``--quick`` for a smoke run.
 same population is built twice in one run, each store stamped with its event number, first with
 no budget, then with ``max_entries = FRACTION x`` the population's entries (evicting the least
 recently stored conversations, ``--low-water`` of the budget at a time); reported: store
-throughput of each build, evictions and their longest pause, and match latency of the same
+throughput of each build, evictions and their longest pause, the slowest stores of all (an
+incremental eviction, R9, spreads its work over many), and match latency of the same
 queries (conversations from the most recent 30 %, held in both trees) on each tree.
 """
 
@@ -255,6 +256,9 @@ def compare_budget(args: argparse.Namespace) -> None:
         now = 0
         stored = 0
         pauses: list[int] = []
+        store_ns: list[int] = []  # every store of a conversation event, evicting or not
+        evicting_ns: list[int] = []  # stores that did eviction work (a round ran or ended)
+        running = False
         clock = time.perf_counter_ns
         started = time.perf_counter()
         for target in range(n_targets):
@@ -281,15 +285,32 @@ def compare_budget(args: argparse.Namespace) -> None:
                         stored += max(0, tree.store(target, parent, hashes[start:stop],
                                                     tokens[start * BLOCK:stop * BLOCK], seed,
                                                     now=now))
+                        took = clock() - t0
+                        store_ns.append(took)
                         if tree.evictions != evictions:
-                            pauses.append(clock() - t0)
+                            pauses.append(took)
+                        now_running = getattr(tree, "evicting", False)  # R9 (incremental)
+                        if running or now_running or tree.evictions != evictions:
+                            evicting_ns.append(took)
+                        running = now_running
         build_s = time.perf_counter() - started
         return {"build_s": round(build_s, 2), "blocks_per_s": round(stored / build_s),
                 "entries": tree.entries, "nodes": tree.nodes,
                 "memory_bytes": tree.memory_bytes, "evicted_entries": tree.evicted_entries,
                 "evictions": tree.evictions,
                 "eviction_pause_ms": {"max": round(max(pauses, default=0) / 1e6, 1),
-                                      "mean": round(sum(pauses) / max(1, len(pauses)) / 1e6, 1)}}
+                                      "mean": round(sum(pauses) / max(1, len(pauses)) / 1e6, 1)},
+                "store_ms": {"max": round(max(store_ns) / 1e6, 2),
+                             "p99_9": round(sorted(store_ns)[int(len(store_ns) * 0.999)] / 1e6,
+                                            3),
+                             "over_10ms": sum(ns > 10_000_000 for ns in store_ns),
+                             "stores": len(store_ns)},
+                "evicting_store_ms": {
+                    "max": round(max(evicting_ns, default=0) / 1e6, 2),
+                    "p99_9": round(sorted(evicting_ns)[int(len(evicting_ns) * 0.999)] / 1e6, 3)
+                    if evicting_ns else 0,
+                    "over_10ms": sum(ns > 10_000_000 for ns in evicting_ns),
+                    "stores": len(evicting_ns)}}
 
     def conversation_keys(conversation: int, fresh_from: int | None) -> array:
         prompt = conversation % args.system_prompts

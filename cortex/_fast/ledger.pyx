@@ -38,6 +38,22 @@ Rules (they hold whenever no method is running):
   hit. Cost: up to seven sequential passes over the node pool and two over every target map
   (plus one delete per evicted entry) per eviction, amortized over the ``(1 - low_water) * max_entries`` entries it frees.
 
+* R9 — incremental eviction: an eviction of a tree whose round (``evict_work``: three passes
+  over the node pool and one over every target map) exceeds ``sync_work`` visits is spread
+  over the stores that follow: it starts when entries come within ``slack = (max_entries -
+  low_water * max_entries) // 2`` of the budget, aims at ``low_water * max_entries - slack``
+  (so one eviction still frees the evicted fraction) and each store advances it by
+  ``step_work`` visits (default: enough to end a round before the stores since its start
+  could fill a quarter of the slack, at least 4096); only a store that would leave more than
+  ``max_entries`` finishes it at once, so ``max_entries`` stays a hard bound. A round takes
+  ages at its start: an age histogram (radix select, as R7) gives the cutoff at which at least
+  the excess is as old or older, a pass marks those nodes, then a sweep of the target maps
+  evicts every entry naming a marked node (ties included: it may go lower by the entries of one
+  stamp); nodes a store touched since the round began are spared. Rounds repeat while entries
+  are above the low water. Between
+  steps a target may briefly hold a node without its evicted ancestor (a miss for it, never a
+  false hit); a store under such a node keeps that hole until its path ages out. Smaller trees
+  and ``evict()`` use R7 at once.
 * R8 — images: ``export_target`` lists a target's entries with every node they name and those
   nodes' ancestors (parents first), so ``import_target`` into an empty target of any tree of
   the same block size (and key namespace) rebuilds exactly the same entries, keys and paths.
@@ -123,10 +139,22 @@ cdef class BlockTree:
     cdef readonly unsigned long long duplicate_store
     cdef readonly unsigned long long hash_conflict
     cdef readonly unsigned long long evicted_entries
-    cdef readonly unsigned long long evictions  # eviction rounds (each down to the low water)
+    cdef readonly unsigned long long evictions  # eviction rounds (R7: each down to the low water)
     cdef readonly unsigned long long max_entries  # 0: no budget
     cdef readonly double low_water
     cdef readonly uint32_t clock  # newest ``now`` seen (modulo 2**32)
+    # R9: trees whose eviction work (``evict_work``) is at most this evict synchronously.
+    cdef readonly unsigned long long sync_work
+    # R9: visits per store of an incremental eviction; 0: sized from the slack (step_work()).
+    cdef readonly unsigned long long step_work
+    # Incremental eviction (R9): an episode runs rounds until ``ev_goal`` is reached; a round
+    # is phase 1 (age histogram, high half), 2 (low half), 3 (sweep of the target maps).
+    cdef bint ev_active
+    cdef int ev_phase
+    cdef uint64_t ev_goal, ev_depth, ev_excess, ev_acc, ev_round_work, ev_round_evicted
+    cdef uint32_t ev_c0, ev_hb, ev_cutoff, ev_cursor, ev_map, ev_map_cap, ev_marks_len
+    cdef uint64_t* ev_hist
+    cdef uint8_t* ev_marks  # phase 3: nodes at least ev_cutoff old (at ev_c0)
 
     cdef Node* pool
     cdef uint32_t pool_cap, pool_top, free_head, n_nodes
@@ -183,6 +211,8 @@ cdef class BlockTree:
         free(self.candidates)
         free(self.active)
         free(self.dropped)
+        free(self.ev_hist)
+        free(self.ev_marks)
 
     # ------------------------------------------------------------------------- public API
 
@@ -243,22 +273,57 @@ cdef class BlockTree:
             self.pool[node].stamp = stamp
             self._attach(tm, <uint16_t>target, self.words[i], node, medium)
             parent = node
-        if self.max_entries and self.n_entries > self.max_entries:
-            self._evict(<uint64_t>(self.max_entries * self.low_water))
+        if self.max_entries:
+            self._keep_budget(n)
         return n
 
-    def set_budget(self, unsigned long long max_entries, double low_water=0.95):
-        """Entry budget (0: none) and the fraction of it an eviction goes down to (R7); takes
-        effect at the next store."""
+    def set_budget(self, unsigned long long max_entries, double low_water=0.95,
+                   unsigned long long sync_work=SYNC_WORK, unsigned long long step_work=0):
+        """Entry budget (0: none), the fraction of it an eviction goes down to (R7), the size
+        under which evictions stay synchronous and the visits per store of an incremental one
+        (0: sized from the slack) (R9); takes effect at the next store."""
         if not 0.0 < low_water <= 1.0:
             raise ValueError(f"low_water must be in (0, 1], got {low_water}")
         self.max_entries = max_entries
         self.low_water = low_water
+        self.sync_work = sync_work
+        self.step_work = step_work
+        self.ev_active = False
+        self.ev_phase = 0
 
     def evict(self, unsigned long long goal):
         """Evict least-recently-touched entries until at most ``goal`` are left (R7); the
-        number evicted."""
+        number evicted. Ends an incremental eviction in progress."""
+        self.ev_active = False
+        self.ev_phase = 0
         return self._evict(goal)
+
+    def evict_step(self, unsigned long long goal, unsigned long long work,
+                   unsigned long long depth=0):
+        """Advance an incremental eviction towards ``goal`` entries by about ``work`` node and
+        map-slot visits (R9), each round aiming ``depth`` entries lower; True once at most
+        ``goal`` are left and no round is running."""
+        if not self.ev_active:
+            self.ev_active = True
+            self.ev_phase = 0
+            self.ev_round_work = self.evict_work
+        self.ev_goal = goal
+        self.ev_depth = depth
+        return self._evict_step(work)
+
+    @property
+    def evict_work(self):
+        """Node and map-slot visits of one eviction round: 3 x node pool + every map's slots."""
+        cdef uint64_t total = 3 * <uint64_t>self.pool_top
+        cdef uint32_t t
+        for t in range(self.n_maps):
+            total += self.maps[t].cap
+        return total
+
+    @property
+    def evicting(self):
+        """Whether an incremental eviction is in progress (R9)."""
+        return bool(self.ev_active)
 
     def remove(self, int target, block_hashes, int medium=0):
         """Apply one BlockRemoved; the number of hashes the target did not hold."""
@@ -565,6 +630,8 @@ cdef class BlockTree:
             free(used)
             free(placed)
         if self.max_entries and self.n_entries > self.max_entries:
+            self.ev_active = False
+            self.ev_phase = 0
             self._evict(<uint64_t>(self.max_entries * self.low_water))
         return added
 
@@ -717,6 +784,163 @@ cdef class BlockTree:
     cdef inline void _holder_sub(self, TargetMap* tm, uint32_t node, uint16_t target,
                                  int medium) noexcept:
         holder_sub(&self.pool[node], node, tm, target, medium, &self.holder_bytes)
+
+    cdef int _keep_budget(self, uint64_t stored) except -1:
+        """R9 for the tree's own budget, after a store of ``stored`` blocks."""
+        cdef uint64_t cap = self.max_entries
+        cdef uint64_t goal = <uint64_t>(cap * self.low_water)
+        cdef uint64_t slack = (cap - goal) // 2 if cap > goal else 0
+        cdef uint64_t work
+        if not self.ev_active:
+            if self.n_entries + slack <= cap:
+                return 0
+            if self.evict_work <= self.sync_work:
+                if self.n_entries > cap:
+                    self._evict(goal)
+                return 0
+            self.ev_active = True
+            self.ev_phase = 0
+            self.ev_goal = goal
+            self.ev_depth = slack
+            self.ev_round_work = self.evict_work
+        if self.n_entries > cap:
+            work = UNLIMITED_WORK
+        elif self.step_work:
+            work = self.step_work
+        else:
+            work = step_work(self.ev_round_work, stored, slack)
+        self._evict_step(work)
+        return 0
+
+    cdef bint _evict_step(self, uint64_t work) except -1:
+        """R9: up to ``work`` visits of the running episode; True when it is over."""
+        cdef uint64_t* hist
+        cdef uint32_t i, end, top
+        cdef int32_t age
+        cdef Py_ssize_t b
+        cdef TargetMap* tm
+        cdef Entry* entry
+        cdef Node* nd
+        while True:
+            if self.ev_phase == 0:
+                if self.n_entries <= self.ev_goal:
+                    self.ev_active = False
+                    return True
+                if work == 0:
+                    return False
+                if self.ev_hist == NULL:
+                    self.ev_hist = <uint64_t*>malloc(65536 * sizeof(uint64_t))
+                    if self.ev_hist == NULL:
+                        raise MemoryError()
+                memset(self.ev_hist, 0, 65536 * sizeof(uint64_t))
+                self.ev_c0 = self.clock
+                self.ev_excess = self.n_entries - self.ev_goal + self.ev_depth
+                self.ev_acc = 0
+                self.ev_cursor = 0
+                self.ev_round_evicted = 0
+                self.ev_phase = 1
+            hist = self.ev_hist
+            if self.ev_phase == 4:
+                # Marks of the nodes at least ev_cutoff old, so the sweep reads a byte per
+                # entry instead of the node (a node touched since is spared by its stamp).
+                top = self.ev_marks_len
+                end = top if <uint64_t>(top - self.ev_cursor) <= work else self.ev_cursor + <uint32_t>work
+                for i in range(self.ev_cursor, end):
+                    nd = &self.pool[i]
+                    age = <int32_t>(self.ev_c0 - nd.stamp)
+                    self.ev_marks[i] = (nd.n_holders != 0 and nd.children != FREE_MARK
+                                        and age >= 0 and <uint32_t>age >= self.ev_cutoff)
+                work -= min(work, <uint64_t>(end - self.ev_cursor) + 1)
+                self.ev_cursor = end
+                if end < top:
+                    return False
+                self.ev_phase = 3
+                self.ev_cursor = 0
+                self.ev_map = 0
+                self.ev_map_cap = self.maps[0].cap if self.n_maps else 0
+                continue
+            if self.ev_phase == 1 or self.ev_phase == 2:
+                # The age histogram (radix select as in ``_evict_round``), ages taken at ev_c0;
+                # nodes touched since (age < 0) are new and not counted.
+                top = self.pool_top
+                end = top if <uint64_t>(top - self.ev_cursor) <= work else self.ev_cursor + <uint32_t>work
+                for i in range(self.ev_cursor, end):
+                    nd = &self.pool[i]
+                    if nd.n_holders and nd.children != FREE_MARK:
+                        age = <int32_t>(self.ev_c0 - nd.stamp)
+                        if age < 0:
+                            continue
+                        if self.ev_phase == 1:
+                            hist[<uint32_t>age >> 16] += _node_entries(nd)
+                        elif <uint32_t>age >> 16 == self.ev_hb:
+                            hist[<uint32_t>age & 0xFFFF] += _node_entries(nd)
+                work -= min(work, <uint64_t>(end - self.ev_cursor) + 1)
+                self.ev_cursor = end
+                if end < self.pool_top:
+                    return False
+                b = 0xFFFF
+                while b > 0 and self.ev_acc + hist[b] < self.ev_excess:
+                    self.ev_acc += hist[b]
+                    b -= 1
+                memset(hist, 0, 65536 * sizeof(uint64_t))
+                self.ev_cursor = 0
+                if self.ev_phase == 1:
+                    self.ev_hb = <uint32_t>b
+                    self.ev_phase = 2
+                else:
+                    self.ev_cutoff = (self.ev_hb << 16) | <uint32_t>b
+                    free(self.ev_marks)
+                    self.ev_marks_len = self.pool_top
+                    self.ev_marks = <uint8_t*>malloc(self.ev_marks_len + 1)
+                    if self.ev_marks == NULL:
+                        raise MemoryError()
+                    self.ev_phase = 4
+                continue
+            # Phase 3: every entry naming a node at least ev_cutoff old goes, map by map.
+            while self.ev_map < self.n_maps:
+                tm = &self.maps[self.ev_map]
+                if tm.cap != self.ev_map_cap:  # grown or shrunk since: start it again
+                    self.ev_cursor = 0
+                    self.ev_map_cap = tm.cap
+                while self.ev_cursor < tm.cap:
+                    if work == 0:
+                        return False
+                    work -= 1
+                    entry = &tm.slots[self.ev_cursor]
+                    if entry.refs and entry.node < self.ev_marks_len and self.ev_marks[entry.node]:
+                        age = <int32_t>(self.ev_c0 - self.pool[entry.node].stamp)
+                        if age >= 0 and <uint32_t>age >= self.ev_cutoff:
+                            self._evict_entry(tm, <uint16_t>self.ev_map, entry)
+                            if tm.cap != self.ev_map_cap:  # shrunk: start it again
+                                self.ev_cursor = 0
+                                self.ev_map_cap = tm.cap
+                            continue  # the slot now holds the next of its run: look again
+                    self.ev_cursor += 1
+                self.ev_map += 1
+                self.ev_cursor = 0
+                self.ev_map_cap = self.maps[self.ev_map].cap if self.ev_map < self.n_maps else 0
+            self.ev_phase = 0
+            self.evictions += 1
+            free(self.ev_marks)
+            self.ev_marks = NULL
+            self.ev_marks_len = 0
+            if self.ev_round_evicted == 0 and self.n_entries > self.ev_goal:
+                self.ev_active = False  # nothing old enough left (cannot happen: excess > 0)
+                return True
+
+    cdef void _evict_entry(self, TargetMap* tm, uint16_t target, Entry* entry) noexcept:
+        """Drop one map entry (every medium) as BlockRemoved of its hash would."""
+        cdef uint32_t refs = entry.refs, node = entry.node
+        cdef int m, dropped = media_count(refs)
+        targetmap_delete(tm, entry)
+        tm.entries -= dropped
+        self.n_entries -= dropped
+        self.evicted_entries += dropped
+        self.ev_round_evicted += dropped
+        for m in range(4):
+            if (refs >> (8 * m)) & 0xFF:
+                self._holder_sub(tm, node, target, m)
+        self._release(node)
 
     cdef uint64_t _evict(self, uint64_t goal) except? 0xFFFFFFFFFFFFFFFF:
         """R7: evict the oldest nodes' entries until ``n_entries <= goal``."""
@@ -910,6 +1134,20 @@ cdef class BlockTree:
             if parent != NO_NODE:
                 self.pool[parent].children -= 1
             node = parent
+
+
+cdef enum:
+    SYNC_WORK = 1 << 16  # R9: evictions of trees this small stay synchronous
+    MIN_STEP_WORK = 1 << 12
+
+cdef uint64_t UNLIMITED_WORK = 0xFFFFFFFFFFFFFFFF
+
+
+cdef inline uint64_t step_work(uint64_t round_work, uint64_t stored, uint64_t slack) noexcept:
+    """R9: visits per store so that a round (``round_work`` visits) ends well before the stores
+    since its start (``stored`` blocks each) fill half the slack."""
+    cdef uint64_t work = (4 * round_work * (stored if stored else 1)) // (slack if slack else 1)
+    return work if work > MIN_STEP_WORK else MIN_STEP_WORK
 
 
 cdef inline uint64_t _node_entries(Node* nd) noexcept nogil:

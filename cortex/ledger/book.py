@@ -28,6 +28,11 @@ Rules:
   proportional to its entries. Evictions only remove entries, so a target's ledger stays a true
   lower bound (misses only, no false hits); later events naming evicted hashes are counted as
   unknown ones. ``evicted_entries`` / ``evictions`` count them (all trees, since start).
+  Large books evict incrementally (``ledger.pyx`` R9): the eviction starts ``_slack`` entries
+  (half the evicted fraction) before the budget, aims ``_slack`` below the low water and
+  advances a bounded number of node and map-slot visits per store, so no store pauses for a
+  whole pass over the ledger; it finishes at once only when a store would exceed
+  ``max_entries``, which stays a hard bound.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ from cortex.events.model import (
 from cortex.ledger.state import TargetState
 
 MAX_TARGETS = 65535
+SYNC_WORK = 1 << 16  # node and map-slot visits: evictions of books this small stay synchronous
+MIN_STEP_WORK = 1 << 12
+UNLIMITED_WORK = (1 << 64) - 1
 MAX_BLOCK_SIZE = 1 << 16  # tokens; larger values are corrupt input, not a cache geometry
 _CACHE_LIMIT = 4096  # namespace seeds / media remembered before the caches are reset
 _INPUT_ERRORS = (ValueError, OverflowError, TypeError)
@@ -126,6 +134,15 @@ class LedgerBook:
             raise ValueError(f"low_water must be in (0, 1], got {low_water}")
         self.max_entries = max_entries
         self.low_water = low_water
+        # Entries below the budget at which an incremental eviction starts (R9 of ledger.pyx).
+        self._slack = 0 if max_entries is None else (
+            max_entries - int(max_entries * low_water)) // 2
+        # Evictions of trees whose round is at most this many visits stay synchronous; visits
+        # per store of an incremental eviction (0: sized from the slack). Tests lower them.
+        self.sync_work = SYNC_WORK
+        self.step_work = 0
+        self._evicting: dict[BlockTree, int] = {}  # tree -> its goal, while incremental
+        self._round_work = 0
         self._clock = 0
         self._trees: dict[tuple[EngineFamily, str, int], BlockTree] = {}
         self._infos: dict[int, TargetInfo] = {}
@@ -249,8 +266,9 @@ class LedgerBook:
                     unknown_parent += 1
                 else:
                     stored_blocks += stored
-                    if budget is not None and self.entries > budget:
-                        self._evict(budget)
+                    if budget is not None and (self._evicting
+                                               or self.entries + self._slack > budget):
+                        self._keep_budget(budget, stored)
             elif kind is BlockRemoved:
                 try:
                     unknown = self._remove(target, trees, event)
@@ -267,14 +285,44 @@ class LedgerBook:
                            duplicates, skipped, cleared, conflicts, invalid)
 
     def _evict(self, budget: int) -> None:
-        """Evict down to the low water (rules at the top)."""
+        """Evict down to the low water at once (rules at the top)."""
+        for tree, goal in self._goals(budget).items():
+            tree.evict(goal)
+
+    def _goals(self, budget: int) -> dict[BlockTree, int]:
+        """Each tree's entries after an eviction down to the low water (shares of the excess
+        proportional to the trees' entries)."""
         trees = list(self._trees.values())
         total = sum(tree.entries for tree in trees)
         excess = total - int(budget * self.low_water)
+        goals = {}
         for tree in trees:
             share = -(-excess * tree.entries // total) if len(trees) > 1 else excess
             if share > 0:
-                tree.evict(max(0, tree.entries - share))
+                goals[tree] = max(0, tree.entries - share)
+        return goals
+
+    def _keep_budget(self, budget: int, stored: int) -> None:
+        """After a store: start, advance or finish an eviction (R9 of ledger.pyx). Small trees
+        evict at once past the budget; large ones start ``_slack`` entries before it and spread
+        the work over the following stores, finishing at once only if the budget is reached."""
+        if not self._evicting:
+            work = sum(tree.evict_work for tree in self._trees.values())
+            if work <= self.sync_work:
+                if self.entries > budget:
+                    self._evict(budget)
+                return
+            self._evicting = self._goals(budget)
+            self._round_work = work
+        if self.entries > budget:
+            step = UNLIMITED_WORK
+        else:
+            step = self.step_work or max(MIN_STEP_WORK,
+                                         4 * self._round_work * max(1, stored)
+                                         // max(1, self._slack))
+        for tree, goal in list(self._evicting.items()):
+            if tree.evict_step(goal, step, self._slack * tree.entries // max(1, self.entries)):
+                del self._evicting[tree]
 
     @property
     def evicted_entries(self) -> int:

@@ -220,3 +220,20 @@ TestLedgerBudgetStateMachine = BudgetMachine.TestCase
 TestLedgerBudgetStateMachine.settings = settings(
     max_examples=100, stateful_step_count=60, deadline=None
 )
+
+
+class IncrementalBudgetMachine(BudgetMachine):
+    """The budget kept by incremental eviction (ledger.pyx R9): a few visits per store, so
+    episodes span many stores, removals and clears; the budget stays a hard bound."""
+
+    @initialize(prompts=st.lists(PROMPTS, min_size=1, max_size=4),
+                step=st.integers(min_value=1, max_value=12))
+    def setup(self, prompts: list[list[int]], step: int) -> None:
+        super().setup(prompts)
+        self.tree.set_budget(BUDGET, 0.5, sync_work=0, step_work=step)
+
+
+TestLedgerIncrementalBudgetStateMachine = IncrementalBudgetMachine.TestCase
+TestLedgerIncrementalBudgetStateMachine.settings = settings(
+    max_examples=100, stateful_step_count=60, deadline=None
+)
