@@ -48,12 +48,32 @@ class BlockTree:
     clock: int  # newest ``now`` given to store, modulo 2**32
 
     def __init__(self, block_size: int, max_entries: int = 0, low_water: float = 0.95) -> None: ...
-    def set_budget(self, max_entries: int, low_water: float = 0.95) -> None:
+    sync_work: int  # R9: trees whose round is at most this many visits evict synchronously
+    step_work: int  # R9: visits per store of an incremental eviction (0: sized from the slack)
+    def set_budget(self, max_entries: int, low_water: float = 0.95, sync_work: int = 65536,
+                   step_work: int = 0) -> None:
         """Change the budget (0: none); applies from the next store. ValueError unless
-        0 < low_water <= 1."""
+        0 < low_water <= 1. Large trees evict incrementally over the following stores (R9)."""
     def evict(self, goal: int) -> int:
         """Evict least-recently-touched entries until at most ``goal`` are left; how many were
-        evicted. O(nodes + target map slots) per call."""
+        evicted. O(nodes + target map slots) per call. Ends an incremental eviction."""
+    def evict_step(self, goal: int, work: int, depth: int = 0) -> bool:
+        """Advance an incremental eviction (R9) by about ``work`` node and slot visits, each
+        round aiming ``depth`` below ``goal``; True once at most ``goal`` entries are left."""
+    @property
+    def evict_work(self) -> int:
+        """Visits of one incremental eviction round (3 x node pool + target map slots)."""
+    @property
+    def evicting(self) -> bool: ...
+    def export_target(self, target: int) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+        """(node keys u64, node parents u32 = 1 + parent index or 0, entry hashes u64, entry
+        nodes u32, entry refcounts u32), native order, parents listed first (R8)."""
+    def import_target(self, target: int, node_keys: memoryview, node_parents: memoryview,
+                      entry_hashes: memoryview, entry_nodes: memoryview,
+                      entry_refs: memoryview, now: int = 0) -> int:
+        """Rebuild ``export_target``'s entries into a target holding nothing (typed buffers:
+        ``memoryview(b).cast("Q"/"I")``); entries added. ValueError, tree unchanged, when the
+        arrays are inconsistent or disagree with the tree (R8)."""
     def store(
         self,
         target: int,
