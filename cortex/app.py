@@ -30,7 +30,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -477,15 +477,31 @@ async def _until_signal(server: HttpServer, drain_timeout_s: float) -> None:
     if threading.current_thread() is not threading.main_thread():
         await trio.sleep_forever()  # signals reach the main thread only: cancellation stops us
         return
+    # The receiver stays open through the drain: a second SIGTERM (systemd and a launcher
+    # process may both send one) must not meet the default action and kill the drain; a
+    # second SIGINT (an operator's Ctrl-C twice) stops at once.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             log.info("signal %s: draining", signal.Signals(signum).name)
             break
-    Notifier.from_environ().stopping("draining")  # systemd: a graceful stop, not a crash
-    server.drain()
-    with trio.move_on_after(drain_timeout_s + 1):
-        while server.in_flight:
-            await trio.sleep(0.05)
+        Notifier.from_environ().stopping("draining")  # systemd: a graceful stop, not a crash
+        server.drain()
+        with trio.move_on_after(drain_timeout_s + 1) as drain:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_more_signals_while_draining, signals, drain)
+                while server.in_flight:
+                    await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()
+
+
+async def _more_signals_while_draining(signals: AsyncIterator[int],
+                                       drain: trio.CancelScope) -> None:
+    async for signum in signals:
+        if signum == signal.SIGINT:
+            log.warning("second SIGINT: stopping without waiting for the drain")
+            drain.cancel()
+            return
+        log.warning("SIGTERM while draining: ignored (SIGINT or SIGKILL stops at once)")
 
 
 def serve(config: CortexConfig, reload: Callable[[], CortexConfig] | None = None) -> int:
