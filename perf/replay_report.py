@@ -1,8 +1,8 @@
 """Figures of one replay: per-router summary of the request records, and its tables.
 
 ``summarize(results, params, engines, ledger, roles)`` -> the per-router figures (hit rate,
-TTFT, its parts, prefill tokens, duplicated blocks, req/s, load spread, utilization, ledger
-accuracy); ``table`` (terminal) and ``markdown`` (perf/RESULTS.md) print a comparison, and
+TTFT, its parts, prefill tokens, duplicated blocks, req/s, load spread, work spread,
+utilization, ledger accuracy); ``table`` (terminal) and ``markdown`` (perf/RESULTS.md) print a comparison, and
 ``pd_notes`` what the columns mean for a prefill/decode row. Pure.
 
 A prefill/decode cluster (``roles`` given: worker -> both | prefill | decode) is read per leg:
@@ -32,6 +32,22 @@ def _pool(counts: dict[str, int], workers: list[str]) -> float:
     """Busiest worker's requests / the pool's mean (workers with none count as 0)."""
     mean = sum(counts.get(w, 0) for w in workers) / len(workers) if workers else 0.0
     return round(max((counts.get(w, 0) for w in workers), default=0) / mean, 3) if mean else 0.0
+
+
+def _work_spread(ok: list[Any], p: Any, workers: list[str]) -> float:
+    """Busiest engine's busy time / the mean over ``workers``, with busy time as the engines'
+    timing model has it: prefill of the uncached tokens (on the prefill engine of a PD
+    request), one decode step per output token after the first (on the answering engine). A
+    router that balances work rather than request counts shows it here."""
+    busy: dict[str, float] = {}
+    for r in ok:
+        own_prefill = (r.prompt_tokens - r.cached_tokens) / p.prefill_tokens_per_s
+        decode_time = max(r.output_tokens - 1, 0) * p.decode_ms_per_token / 1000
+        prefill_on = getattr(r, "prefill_worker", "") or r.worker
+        busy[prefill_on] = busy.get(prefill_on, 0.0) + own_prefill
+        busy[r.worker] = busy.get(r.worker, 0.0) + decode_time
+    mean = sum(busy.get(w, 0.0) for w in workers) / len(workers) if workers else 0.0
+    return round(max(busy.get(w, 0.0) for w in workers) / mean, 3) if mean else 0.0
 
 
 def _pd_figures(ok: list[Any], p: Any, roles: dict[str, str], ledger: dict | None,
@@ -97,6 +113,9 @@ def summarize(results: list[Any], p: Any, engines: int, ledger: dict | None,
     for r in ok:
         modes[r.mode or "-"] = modes.get(r.mode or "-", 0) + 1
     pd = _pd_figures(ok, p, roles, ledger, span) if roles else None
+    # every engine of the cluster (one that got nothing counts as idle), or the prefill pool
+    worker_names = (sorted(w for w, role in roles.items() if role == "prefill") if roles
+                    else sorted(per_worker) + [""] * max(engines - len(per_worker), 0))
     summary = {
         "requests": len(results), "failed": len(results) - len(ok),
         "hit_rate": round(cached / prompt, 4) if prompt else 0.0,
@@ -111,6 +130,7 @@ def summarize(results: list[Any], p: Any, engines: int, ledger: dict | None,
         "req_per_s": round(len(ok) / span, 2),
         "load_spread": round(max(per_worker.values(), default=0) / mean_load, 3)
         if mean_load else 0.0,
+        "work_spread": _work_spread(ok, p, worker_names),
         "per_worker": dict(sorted(per_worker.items())),
         "modes": modes,
         "utilization": round(busy / (engines * p.max_running * span), 3),
@@ -151,14 +171,15 @@ def pd_notes(result: dict) -> str:
 
 def table(result: dict) -> str:
     cols = ("hit", "ttft mean", "p50", "p99", "prefill tok", "dup blocks", "req/s", "spread",
-            "util", "ledger exact")
+            "work spread", "util", "ledger exact")
     lines = [f"{'router':<16}" + "".join(f"{c:>13}" for c in cols)]
     for name, r in result["routers"].items():
         exact = r["ledger"]["exact_share"]
         cells = (f"{r['hit_rate']:.1%}", f"{r['ttft_ms']['mean']:.0f} ms",
                  f"{r['ttft_ms']['p50']:.0f} ms", f"{r['ttft_ms']['p99']:.0f} ms",
                  f"{r['prefill_tokens']:,}", f"{r['duplicated_blocks']:,}",
-                 f"{r['req_per_s']:.1f}", f"{r['load_spread']:.2f}", f"{r['utilization']:.0%}",
+                 f"{r['req_per_s']:.1f}", f"{r['load_spread']:.2f}",
+                 f"{r.get('work_spread', 0.0):.2f}", f"{r['utilization']:.0%}",
                  "-" if exact is None else f"{exact:.1%}")
         lines.append(f"{name:<16}" + "".join(f"{c:>13}" for c in cells))
     notes = pd_notes(result)
@@ -168,7 +189,7 @@ def table(result: dict) -> str:
 def markdown(result: dict) -> str:
     """The comparison as a Markdown table (perf/RESULTS.md)."""
     head = ("| router | hit rate | TTFT mean | p50 | p99 | wait mean (p99) | prefill tokens "
-            "| dup blocks | req/s | load max/mean | util | ledger exact |")
+            "| dup blocks | req/s | load max/mean | work max/mean | util | ledger exact |")
     lines = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
     for name, r in result["routers"].items():
         exact = r["ledger"]["exact_share"]
@@ -177,7 +198,8 @@ def markdown(result: dict) -> str:
             f"| {name} | {r['hit_rate']:.1%} | {t['mean']:.0f} ms | {t['p50']:.0f} ms "
             f"| {t['p99']:.0f} ms | {w['wait_mean']:.0f} ({w['wait_p99']:.0f}) ms "
             f"| {r['prefill_tokens']:,} | {r['duplicated_blocks']:,} | {r['req_per_s']:.1f} "
-            f"| {r['load_spread']:.2f} | {r['utilization']:.0%} "
+            f"| {r['load_spread']:.2f} | {r.get('work_spread', 0.0):.2f} "
+            f"| {r['utilization']:.0%} "
             f"| {'-' if exact is None else f'{exact:.1%}'} |")
     notes = pd_notes(result)
     return "\n".join(lines) + ("\n\n" + notes if notes else "")

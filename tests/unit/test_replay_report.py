@@ -34,6 +34,8 @@ def test_figures_from_records() -> None:
     assert out["prefill_tokens"] == 1600
     assert out["per_worker"] == {"a": 2, "b": 1}
     assert out["load_spread"] == round(2 / 1.5, 3)
+    # busy: a 1.0 + 0.1 s prefill + 2 x 0.1 s decode, b 0.5 + 0.1 s: mean 0.95 s
+    assert out["work_spread"] == round(1.3 / 0.95, 3)
     assert out["ttft_ms"]["p50"] == 500.0
     # own prefill 1.0, 0.5, 0.1 s; waits 0, 0, 0.1 s
     assert out["ttft_parts_ms"]["own_prefill_mean"] == round(1600 / 3, 1)
