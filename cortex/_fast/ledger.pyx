@@ -45,7 +45,9 @@ Rules (they hold whenever no method is running):
   (so one eviction still frees the evicted fraction) and each store advances it by
   ``step_work`` visits (default: enough to end a round before the stores since its start
   could fill a quarter of the slack, at least 4096); only a store that would leave more than
-  ``max_entries`` finishes it at once, so ``max_entries`` stays a hard bound. A round takes
+  ``max_entries`` finishes it at once — and if the round cannot (the nodes it spares, touched
+  since it began, exceed the budget), ends it and evicts by R7 — so ``max_entries`` stays a
+  hard bound. A round takes
   ages at its start: an age histogram (radix select, as R7) gives the cutoff at which at least
   the excess is as old or older, a pass marks those nodes, then a sweep of the target maps
   evicts every entry naming a marked node (ties included: it may go lower by the entries of one
@@ -128,6 +130,16 @@ cdef int _grow(void** buffer, size_t* capacity, size_t needed, size_t item) exce
     free(buffer[0])
     buffer[0] = fresh
     capacity[0] = cap
+    return 0
+
+
+cdef int _double_path(uint32_t** path, uint32_t* capacity) except -1:
+    """Double a walk's path buffer, keeping its contents (``*path`` unchanged on failure)."""
+    cdef uint32_t* grown = <uint32_t*>realloc(path[0], 2 * capacity[0] * sizeof(uint32_t))
+    if grown == NULL:
+        raise MemoryError()
+    path[0] = grown
+    capacity[0] *= 2
     return 0
 
 
@@ -476,7 +488,6 @@ cdef class BlockTree:
         cdef uint32_t cap = 0, i, node, up, n_path, n_nodes = 0, n_ent = 0, path_cap = 256
         cdef uint32_t* index = NULL
         cdef uint32_t* path = NULL
-        cdef uint32_t* grown
         cdef bytearray keys_out, parents_out, hashes_out, nodes_out, refs_out
         cdef uint64_t* keys_p
         cdef uint32_t* parents_p
@@ -515,11 +526,7 @@ cdef class BlockTree:
                 up = node
                 while up != NO_NODE and index[up] == NO_NODE:
                     if n_path == path_cap:
-                        grown = <uint32_t*>realloc(path, 2 * path_cap * sizeof(uint32_t))
-                        if grown == NULL:
-                            raise MemoryError()
-                        path = grown
-                        path_cap *= 2
+                        _double_path(&path, &path_cap)
                     path[n_path] = up
                     n_path += 1
                     up = self.pool[up].parent
@@ -810,6 +817,13 @@ cdef class BlockTree:
         else:
             work = step_work(self.ev_round_work, stored, slack)
         self._evict_step(work)
+        if self.n_entries > cap:
+            # The hard bound: a round spares the nodes touched since it began, and when
+            # those alone exceed the budget the episode cannot get under it. End the episode
+            # and evict by the current ages at once (R7).
+            self.ev_active = False
+            self.ev_phase = 0
+            self._evict(goal)
         return 0
 
     cdef bint _evict_step(self, uint64_t work) except -1:
@@ -1022,7 +1036,6 @@ cdef class BlockTree:
         cdef Py_ssize_t db
         cdef Node* nd
         cdef uint32_t path_cap = 256
-        cdef uint32_t* grown
         cdef uint32_t* path = <uint32_t*>malloc(path_cap * sizeof(uint32_t))
         cdef uint32_t* depth = <uint32_t*>calloc(top if top else 1, sizeof(uint32_t))
         if depth == NULL or path == NULL:
@@ -1041,11 +1054,7 @@ cdef class BlockTree:
                 up = i
                 while up != NO_NODE and depth[up] == 0:
                     if n_path == path_cap:
-                        grown = <uint32_t*>realloc(path, 2 * path_cap * sizeof(uint32_t))
-                        if grown == NULL:
-                            raise MemoryError()
-                        path = grown
-                        path_cap *= 2
+                        _double_path(&path, &path_cap)
                     path[n_path] = up
                     n_path += 1
                     up = self.pool[up].parent
