@@ -34,6 +34,7 @@ from tokenizers import Tokenizer
 
 from cortex.errors import CortexError
 from cortex.profile.chat_template import ChatTemplate
+from cortex.profile.fast_pieces import FastPieceEncoder
 from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter
 
@@ -76,6 +77,8 @@ class ModelProfile:
     tokenizer: Tokenizer = field(repr=False, compare=False)
     segmenter: Segmenter = field(repr=False, compare=False)
     chat_template: ChatTemplate | None = field(repr=False, compare=False)
+    # exact fast encode of ASCII pieces; ``fast_pieces.why_not_fast`` says when it is off
+    fast_pieces: FastPieceEncoder | None = field(default=None, repr=False, compare=False)
 
     def new_cached_tokenizer(self, capacity_bytes: int = 64 << 20) -> SegmentCachedTokenizer:
         return SegmentCachedTokenizer(
@@ -83,6 +86,7 @@ class ModelProfile:
             self.segmenter,
             capacity_bytes=capacity_bytes,
             bos_id=self.bos_id if self.add_bos else None,
+            fast=self.fast_pieces,
         )
 
 
@@ -151,6 +155,7 @@ def load_profile(spec: ProfileSpec) -> ModelProfile:
         tokenizer=tokenizer,
         segmenter=segmenter,
         chat_template=template,
+        fast_pieces=FastPieceEncoder(tokenizer, segmenter),
     )
 
 

@@ -15,7 +15,9 @@ Invariants:
   id plus a fixed per-entry overhead); a piece larger than the whole budget is encoded but not
   kept. ``hits``/``misses`` count pieces, ``hit_tokens``/``miss_tokens`` their tokens.
 * Cold pieces of one call are encoded one by one (default: measured faster on this 2-core
-  machine), or together through ``encode_batch`` (Rust threads) with ``batch_cold``.
+  machine), or together through ``encode_batch`` (Rust threads) with ``batch_cold``. One by
+  one, a pure-ASCII piece goes through ``fast`` (``fast_pieces.FastPieceEncoder``, exact, ~3x
+  faster than ``encode`` on short English text) when one is given and it applies.
 * ``encode_array`` = ``lookup`` (split, take hits) → ``encode_pieces`` (tokenizer only, no
   cache access) → ``finish`` (remember, assemble); an I/O shell may run the middle step in a
   worker thread (``trio_tokenize``).
@@ -30,6 +32,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
+from cortex.profile.fast_pieces import FastPieceEncoder
 from cortex.profile.segments import Piece, Segmenter
 
 ENTRY_OVERHEAD_BYTES = 96  # dict slot, OrderedDict links, array header: a rough, fixed charge
@@ -66,6 +69,7 @@ class SegmentCachedTokenizer:
         "_cache",
         "_bytes",
         "_batch_cold",
+        "_fast",
         "hits",
         "misses",
         "hit_tokens",
@@ -80,6 +84,7 @@ class SegmentCachedTokenizer:
         capacity_bytes: int = 64 << 20,
         bos_id: int | None = None,
         batch_cold: bool = False,
+        fast: FastPieceEncoder | None = None,
     ) -> None:
         if capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
@@ -90,6 +95,7 @@ class SegmentCachedTokenizer:
         self._cache: OrderedDict[str, array[int]] = OrderedDict()
         self._bytes = 0
         self._batch_cold = batch_cold
+        self._fast = fast if fast is not None and fast.enabled else None
         self.hits = 0
         self.misses = 0
         self.hit_tokens = 0
@@ -146,9 +152,16 @@ class SegmentCachedTokenizer:
             batch = self._batch_cold and len(pieces) > 1
         if batch:
             encodings = self._tokenizer.encode_batch(pieces, add_special_tokens=False)
-        else:
-            encodings = [self._tokenizer.encode(p, add_special_tokens=False) for p in pieces]
-        return [enc.ids for enc in encodings]
+            return [enc.ids for enc in encodings]
+        encode = self._tokenizer.encode
+        fast = self._fast
+        if fast is None:
+            return [encode(p, add_special_tokens=False).ids for p in pieces]
+        out = []
+        for piece in pieces:
+            ids = fast.encode(piece)
+            out.append(encode(piece, add_special_tokens=False).ids if ids is None else ids)
+        return out
 
     def finish(self, lookup: Lookup, cold_ids: list[list[int]]) -> array[int]:
         """Remember the cold pieces' ids (counted as misses) and assemble the prompt's ids."""

@@ -180,6 +180,13 @@ class Segmenter:
         self._second = passes[1] if len(passes) > 1 else None
         self.why_not_splitting = why_not_splitting
 
+    @property
+    def tokens(self) -> frozenset[str]:
+        """Every added token this segmenter cuts out (either pass)."""
+        return frozenset(
+            text for p in (self._first, self._second) if p is not None for text in p.ids
+        )
+
     @classmethod
     def never(cls, reason: str) -> Segmenter:
         return cls({}, None, reason)

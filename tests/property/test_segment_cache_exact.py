@@ -1,7 +1,8 @@
 """The segment-cached tokenizer equals one plain full encode of the rendered prompt, with the
 real 128k-vocab DeepSeek tokenizer: random multi-turn chats (unicode, whitespace at the edges,
 added-token strings inside user text, empty messages), warm and cold, one cache shared across
-examples (and a tiny one that evicts all the time)."""
+examples (and a tiny one that evicts all the time). The cold and shared caches encode pure-ASCII
+pieces through the fast path (``fast_pieces``), the tiny one through ``Tokenizer.encode`` only."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortex.profile.chat_template import ChatTemplate
+from cortex.profile.fast_pieces import FastPieceEncoder
 from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter, added_tokens_from_json
 from tests import deepseek_profile as ds
@@ -19,7 +21,8 @@ _TOKENIZER = ds.tokenizer()
 _JSON = json.loads(ds.tokenizer_json_bytes())
 _ADDED = [t.content for t in added_tokens_from_json(_JSON)]
 _SEGMENTER = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
-_SHARED = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=1 << 20)
+_FAST = FastPieceEncoder(_TOKENIZER, _SEGMENTER, word_cache_entries=256)
+_SHARED = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=1 << 20, fast=_FAST)
 _TINY = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=600, batch_cold=False)
 _TEMPLATE = ChatTemplate(ds.TEMPLATE)
 
@@ -31,6 +34,8 @@ _fragment = st.one_of(
     st.text(max_size=12),
     st.text(alphabet=" \t\n\r\u00a0\u3000", max_size=4),
     st.text(alphabet="aé中文🙂1 2.\n'", max_size=12),
+    st.text(alphabet=st.characters(max_codepoint=127), max_size=12),
+    st.text(alphabet="ab Z09 .,'!?\t\r\n\x0b\x1c", max_size=12),
     st.sampled_from(_MARKERS),
     st.sampled_from(_ADDED),
 )
@@ -57,7 +62,7 @@ def _plain(text: str) -> list[int]:
 def test_cached_encode_equals_plain_full_encode(conv: tuple) -> None:
     text = _render(*conv)
     expected = _plain(text)
-    cold_cache = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER)
+    cold_cache = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, fast=_FAST)
     assert cold_cache.encode(text) == expected  # cold
     assert cold_cache.encode(text) == expected  # warm, every piece a hit
     assert _SHARED.encode(text) == expected  # pieces seen in earlier examples
@@ -87,3 +92,12 @@ def test_growing_chat_pays_only_for_new_text(conv: tuple, more: list) -> None:
         p for p, t in _SEGMENTER.split(first) if t is None
     }
     assert cache.misses - misses == len(new_pieces)
+
+
+def test_the_fast_path_takes_part() -> None:
+    assert _FAST.enabled, _FAST.why_not_fast
+    fast = FastPieceEncoder(_TOKENIZER, _SEGMENTER)
+    cache = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, fast=fast)
+    text = _render("Be brief.", [{"role": "user", "content": "Why 42?"}], True)
+    assert cache.encode(text) == _plain(text)
+    assert fast.cached_words > 0

@@ -1,0 +1,352 @@
+"""``FastPieceEncoder``: the exact token ids of a pure-ASCII piece without ``Tokenizer.encode``.
+
+Most of ``Tokenizer.encode``'s time on a short English message goes to its pre-tokenizer (onig
+regexes over Unicode classes, ~100 of ~113 µs for 55 tokens, measured). For ASCII text those
+classes have a small exact meaning, so the same splits are made here with Python ``re``, the
+bytes mapped as ``ByteLevel`` maps them, and each word run through the tokenizer's own model
+(``model.tokenize``), with a bounded cache of ids per word.
+
+Applies (decided once per tokenizer; ``why_not_fast`` says why not, like
+``Segmenter.why_not_splitting``) only when every step is modelled exactly:
+
+* no normalizer (absent or an empty ``Sequence``); no truncation, no padding; the post-processor
+  absent or ``ByteLevel`` (it trims offsets, never changes ids);
+* pre-tokenizer: a ``Sequence`` of ``Split(Regex, behavior=Isolated, invert=false)`` followed by
+  one ``ByteLevel(add_prefix_space=false, use_regex=false)``, every regex translatable
+  (``_translate``) and unable to match the empty string;
+* model: ``BPE`` without dropout (deterministic; merges, unknowns, byte fallback are the
+  model's own business since the model itself is called);
+* added tokens: the segmenter splits (``why_not_splitting`` is ``None``) at every added token
+  the tokenizer has, so an ordinary piece it produces contains none — leftmost-longest matching
+  leaves no whole token inside a gap — and ``encode`` of the piece never meets one.
+
+and per piece only when the piece is pure ASCII; ``encode`` returns ``None`` otherwise and the
+caller uses ``Tokenizer.encode``.
+
+Translation: each character class of the onig pattern becomes the explicit set of ASCII code
+points it matches — ``\\p{X}``/``\\P{X}`` (general categories, one or two letters) from
+``unicodedata`` at import, ``\\s``/``\\S`` as onig defines them for ASCII (TAB, LF, VT, FF, CR,
+space: Unicode ``White_Space``; Python's own ``\\s`` would add 0x1C-0x1F), literals and ranges
+as written (ranges past ASCII clipped). Groups, alternation, lookaheads and greedy or lazy
+quantifiers mean the same in both backtracking engines. Anything else (anchors, ``.``, other
+escapes, flags, possessive quantifiers, nested or intersected classes) is refused.
+
+Isolated splits: matches and the gaps between them are pieces, empty ones dropped; each later
+split applies within every piece of the earlier ones (``tokenizers`` ``Pattern::find_matches``).
+
+The word cache is a dict of at most ``word_cache_entries`` words (cleared when full) of at most
+``MAX_CACHED_WORD_CHARS`` chars (a few MB at most); values are deterministic per word, so
+concurrent use from a worker thread can at worst recompute, never return wrong ids.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from typing import Any
+
+try:  # Python 3.11+
+    from re import _parser as _sre_parse  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - Python < 3.11
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+from cortex.profile.segments import Segmenter
+
+ASCII = frozenset(range(128))
+# Oniguruma's \s (Unicode White_Space) restricted to ASCII: \t \n \v \f \r and space.
+ONIG_SPACE = frozenset((0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20))
+# General category (one and two letters) -> the ASCII code points in it, from unicodedata.
+CATEGORIES: dict[str, frozenset[int]] = {}
+for _cp in range(128):
+    _cat = unicodedata.category(chr(_cp))
+    for _name in (_cat, _cat[0]):
+        CATEGORIES[_name] = CATEGORIES.get(_name, frozenset()) | {_cp}
+_ALL_CATEGORY_NAMES = frozenset((
+    "L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "Mn", "Mc", "Me", "N", "Nd", "Nl", "No",
+    "P", "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "S", "Sm", "Sc", "Sk", "So",
+    "Z", "Zs", "Zl", "Zp", "C", "Cc", "Cf", "Cs", "Co", "Cn",
+))
+_SIMPLE_ESCAPES = {"t": 0x09, "n": 0x0A, "r": 0x0D, "f": 0x0C}
+MAX_CACHED_WORD_CHARS = 64
+WORD_CACHE_ENTRIES = 1 << 16
+
+
+class UnsupportedPattern(ValueError):
+    """A regex construct this translation does not model exactly."""
+
+
+def _category(name: str) -> frozenset[int]:
+    if name not in _ALL_CATEGORY_NAMES:
+        raise UnsupportedPattern(f"property \\p{{{name}}}")
+    return CATEGORIES.get(name, frozenset())
+
+
+def _emit_class(codes: frozenset[int]) -> str:
+    """A Python class matching exactly ``codes`` among ASCII characters."""
+    if not codes:
+        return r"[^\x00-\x7f]"  # matches no ASCII character
+    return "[" + "".join(f"\\x{c:02x}" for c in sorted(codes)) + "]"
+
+
+def _escape_set(pattern: str, i: int) -> tuple[frozenset[int] | int, int]:
+    """The escape at ``pattern[i] == '\\'``: a set (class escape) or one code point."""
+    if i + 1 >= len(pattern):
+        raise UnsupportedPattern("trailing backslash")
+    c = pattern[i + 1]
+    if c in "pP":
+        end = pattern.find("}", i)
+        if pattern[i + 2 : i + 3] != "{" or end < 0:
+            raise UnsupportedPattern(f"\\{c} without {{name}}")
+        codes = _category(pattern[i + 3 : end])
+        return (codes if c == "p" else ASCII - codes), end + 1
+    if c == "s":
+        return ONIG_SPACE, i + 2
+    if c == "S":
+        return ASCII - ONIG_SPACE, i + 2
+    if c in _SIMPLE_ESCAPES:
+        return _SIMPLE_ESCAPES[c], i + 2
+    if not c.isalnum() and c.isascii() and c.isprintable():
+        return ord(c), i + 2  # an escaped punctuation character stands for itself
+    raise UnsupportedPattern(f"escape \\{c}")
+
+
+def _parse_class(pattern: str, i: int) -> tuple[frozenset[int], int]:
+    """The bracket class starting at ``pattern[i] == '['``: its ASCII members, next index."""
+    i += 1
+    negate = pattern[i : i + 1] == "^"
+    if negate:
+        i += 1
+    members: set[int] = set()
+    first = True
+    while True:
+        if i >= len(pattern):
+            raise UnsupportedPattern("unterminated class")
+        c = pattern[i]
+        if c == "]" and not first:
+            i += 1
+            break
+        if c == "[" or pattern.startswith("&&", i):
+            raise UnsupportedPattern("nested or intersected class")
+        first = False
+        if c == "\\":
+            item, i = _escape_set(pattern, i)
+        else:
+            item, i = ord(c), i + 1
+        if isinstance(item, frozenset):
+            if pattern[i : i + 1] == "-" and pattern[i + 1 : i + 2] != "]":
+                raise UnsupportedPattern("class escape as a range start")
+            members |= item
+            continue
+        if pattern[i : i + 1] == "-" and pattern[i + 1 : i + 2] not in ("]", ""):
+            if pattern[i + 1] == "\\":
+                high, i = _escape_set(pattern, i + 1)
+                if isinstance(high, frozenset):
+                    raise UnsupportedPattern("class escape as a range end")
+            elif pattern[i + 1] == "[":
+                raise UnsupportedPattern("nested class")
+            else:
+                high, i = ord(pattern[i + 1]), i + 2
+            if high < item:
+                raise UnsupportedPattern("reversed range")
+            members.update(range(item, min(high, 127) + 1))
+        else:
+            members.add(item)
+    codes = frozenset(c for c in members if c < 128)
+    return (ASCII - codes if negate else codes), i
+
+
+_QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
+
+
+def _translate(pattern: str) -> str:
+    """A Python ``re`` pattern that finds the same matches as onig's ``pattern`` in any ASCII
+    text; raises ``UnsupportedPattern`` for anything not modelled."""
+    out: list[str] = []
+    i = 0
+    quantifiable = False  # the previous item may take a quantifier
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "[":
+            codes, i = _parse_class(pattern, i)
+            out.append(_emit_class(codes))
+            quantifiable = True
+        elif c == "\\":
+            item, i = _escape_set(pattern, i)
+            out.append(_emit_class(item if isinstance(item, frozenset) else frozenset((item,))))
+            quantifiable = True
+        elif c == "(":
+            for opener in ("(?:", "(?!", "(?="):
+                if pattern.startswith(opener, i):
+                    out.append(opener)
+                    i += len(opener)
+                    break
+            else:
+                if pattern.startswith("(?", i):
+                    raise UnsupportedPattern("group flags or named/lookbehind groups")
+                out.append("(?:")  # capturing or not, the match is the same
+                i += 1
+            quantifiable = False
+        elif c in ")|":
+            out.append(c)
+            i += 1
+            quantifiable = c == ")"
+        elif c in "?*+{":
+            if not quantifiable:
+                raise UnsupportedPattern(f"quantifier {c!r} with nothing to repeat")
+            if c == "{":
+                m = _QUANTIFIER.match(pattern, i)
+                if m is None:
+                    raise UnsupportedPattern("'{' that is not an interval")
+                out.append(m.group(0))
+                i = m.end()
+                if pattern[i : i + 1] == "+":
+                    raise UnsupportedPattern("interval followed by '+'")
+            else:
+                out.append(c)
+                i += 1
+                if pattern[i : i + 1] == "+":
+                    raise UnsupportedPattern("possessive quantifier")
+            if pattern[i : i + 1] == "?":  # lazy
+                out.append("?")
+                i += 1
+            quantifiable = False
+        elif c in ".^$":
+            raise UnsupportedPattern(f"{c!r}")
+        else:
+            # a literal: outside ASCII it can never match ASCII text, and stays so here
+            out.append(re.escape(c))
+            i += 1
+            quantifiable = True
+    translated = "".join(out)
+    try:
+        min_width = _sre_parse.parse(translated).getwidth()[0]
+    except re.error as exc:
+        raise UnsupportedPattern(f"not a valid pattern ({exc})") from exc
+    if min_width == 0:
+        raise UnsupportedPattern("the pattern can match the empty string")
+    return translated
+
+
+def _byte_level_table() -> dict[int, str]:
+    """ASCII code point -> ByteLevel's character for that byte, asked of ``tokenizers`` itself."""
+    from tokenizers import pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    table = {}
+    for cp in range(128):
+        ((mapped, _),) = byte_level.pre_tokenize_str(chr(cp))
+        table[cp] = mapped
+    return table
+
+
+def _state(component: Any) -> Any:
+    return None if component is None else json.loads(component.__getstate__())
+
+
+def _why_not(tokenizer: Any, segmenter: Segmenter) -> tuple[str | None, list[str]]:
+    """Why this tokenizer is not modelled exactly (or ``None``), and its split patterns."""
+    if tokenizer.truncation is not None or tokenizer.padding is not None:
+        return "truncation or padding is set", []
+    normalizer = _state(tokenizer.normalizer)
+    if normalizer is not None and not (
+        normalizer.get("type") == "Sequence" and not normalizer.get("normalizers")
+    ):
+        return f"normalizer {normalizer.get('type')} is not modelled", []
+    post = _state(tokenizer.post_processor)
+    if post is not None and post.get("type") != "ByteLevel":
+        return f"post-processor {post.get('type')} is not modelled", []
+    model_type = type(tokenizer.model).__name__
+    if model_type != "BPE" or tokenizer.model.dropout not in (None, 0.0):
+        return f"model {model_type} with dropout {getattr(tokenizer.model, 'dropout', None)}", []
+    pre = _state(tokenizer.pre_tokenizer)
+    steps = pre.get("pretokenizers", []) if pre and pre.get("type") == "Sequence" else [pre]
+    last = steps[-1] if steps else None
+    if not (
+        isinstance(last, dict)
+        and last.get("type") == "ByteLevel"
+        and last.get("add_prefix_space") is False
+        and last.get("use_regex") is False
+    ):
+        return "pre-tokenizer does not end in ByteLevel(add_prefix_space=false, use_regex=false)", []
+    patterns = []
+    for step in steps[:-1]:
+        regex = (step.get("pattern") or {}).get("Regex")
+        if step.get("type") != "Split" or step.get("behavior") != "Isolated" or step.get(
+            "invert"
+        ) or not isinstance(regex, str):
+            return f"pre-tokenizer step {json.dumps(step)[:80]} is not Split(Regex, Isolated)", []
+        try:
+            patterns.append(_translate(regex))
+        except UnsupportedPattern as exc:
+            return f"Split regex {regex[:40]!r}: {exc}", []
+    if segmenter.why_not_splitting is not None:
+        return f"the segmenter does not split ({segmenter.why_not_splitting})", []
+    added = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.content}
+    missing = added - segmenter.tokens
+    if missing:
+        return f"the segmenter does not split at {len(missing)} added tokens", []
+    return None, patterns
+
+
+class FastPieceEncoder:
+    """Exact ids of ASCII pieces that ``segmenter`` produced, for ``tokenizer`` (see module
+    docstring); ``encode`` returns ``None`` where it does not apply."""
+
+    __slots__ = ("_bytes", "_max_words", "_model", "_splits", "_words", "why_not_fast")
+
+    def __init__(
+        self, tokenizer: Any, segmenter: Segmenter, *, word_cache_entries: int = WORD_CACHE_ENTRIES
+    ) -> None:
+        self.why_not_fast, patterns = _why_not(tokenizer, segmenter)
+        # one capturing group around the whole pattern: ``split`` then keeps the matches
+        self._splits = [re.compile(f"({p})") for p in patterns]
+        self._model = tokenizer.model
+        self._bytes = _byte_level_table() if self.why_not_fast is None else {}
+        self._words: dict[str, tuple[int, ...]] = {}
+        self._max_words = word_cache_entries
+
+    @property
+    def enabled(self) -> bool:
+        return self.why_not_fast is None
+
+    @property
+    def cached_words(self) -> int:
+        return len(self._words)
+
+    def clear_words(self) -> None:
+        self._words.clear()
+
+    def encode(self, piece: str) -> list[int] | None:
+        """Token ids of ``piece`` (ordinary text from the segmenter), or ``None``: not ASCII or
+        the tokenizer is not modelled."""
+        if self.why_not_fast is not None or not piece.isascii():
+            return None
+        words = [piece]
+        for pattern in self._splits:
+            words = _isolate(pattern, words)
+        cache = self._words
+        try:  # the common case: every word seen before
+            return [i for word in words for i in cache[word]]
+        except KeyError:
+            pass
+        ids: list[int] = []
+        for word in words:
+            word_ids = cache.get(word)
+            if word_ids is None:
+                word_ids = tuple(t.id for t in self._model.tokenize(word.translate(self._bytes)))
+                if len(word) <= MAX_CACHED_WORD_CHARS:
+                    if len(cache) >= self._max_words:
+                        cache.clear()
+                    cache[word] = word_ids
+            ids.extend(word_ids)
+        return ids
+
+
+def _isolate(pattern: re.Pattern[str], texts: list[str]) -> list[str]:
+    """``Split(pattern, Isolated)`` of each text: matches and gaps, in order, none empty.
+
+    ``pattern`` is one capturing group, so ``split`` returns gap, match, gap, ..., gap."""
+    if len(texts) == 1:
+        return list(filter(None, pattern.split(texts[0])))
+    return [part for text in texts for part in pattern.split(text) if part]

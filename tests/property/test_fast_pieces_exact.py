@@ -1,0 +1,61 @@
+"""The fast ASCII path equals ``Tokenizer.encode`` with the real 128k-vocab DeepSeek tokenizer,
+for arbitrary ASCII text: all 128 code points, weighted towards realistic text (words, digit
+runs, punctuation, whitespace runs with \\r\\n\\t, control characters) and the vocabulary's
+ASCII added tokens (which the segmenter cuts out before the fast path sees a piece)."""
+
+from __future__ import annotations
+
+import json
+import string
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cortex.profile.fast_pieces import FastPieceEncoder
+from cortex.profile.segment_cache import SegmentCachedTokenizer
+from cortex.profile.segments import Segmenter, added_tokens_from_json
+from tests import deepseek_profile as ds
+
+_TOKENIZER = ds.tokenizer()
+_SEGMENTER = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
+_FAST = FastPieceEncoder(_TOKENIZER, _SEGMENTER, word_cache_entries=512)
+_ASCII_ADDED = [
+    t.content for t in added_tokens_from_json(json.loads(ds.tokenizer_json_bytes()))
+    if t.content.isascii()
+][:40]
+_WORDS = ["the", "The", "cache", "KV", "router's", "don't", "I'm", "x", "API", "HTTP/1.1",
+          "e.g.", "foo_bar", "camelCase", "a-b", "URL", "http://x.io/a?b=c"]
+
+_fragment = st.one_of(
+    st.sampled_from(_WORDS),
+    st.text(alphabet=string.ascii_letters, min_size=1, max_size=12),
+    st.text(alphabet=string.digits, min_size=1, max_size=9),
+    st.text(alphabet=string.punctuation, min_size=1, max_size=4),
+    st.text(alphabet=" \t\r\n\x0b\x0c", min_size=1, max_size=6),
+    # whitespace runs with the controls where Python's and onig's \s differ (0x1C-0x1F)
+    st.text(alphabet="  \t\n\x0b\x1c\x1d\x1e\x1f\x00\x7f", min_size=1, max_size=6),
+    st.sampled_from([" ", " ", "\n", "\r\n", "\n\n", ". ", ", "]),
+    st.text(alphabet=st.characters(max_codepoint=127), max_size=8),  # all 128, controls too
+    st.sampled_from(_ASCII_ADDED),
+)
+_ascii_text = st.lists(_fragment, max_size=24).map("".join)
+
+
+def _plain(text: str) -> list[int]:
+    return _TOKENIZER.encode(text, add_special_tokens=False).ids
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_ascii_text)
+def test_fast_path_equals_encode_on_ascii_pieces(text: str) -> None:
+    assert _FAST.enabled, _FAST.why_not_fast
+    for piece, token_id in _SEGMENTER.split(text):
+        if token_id is None:
+            assert _FAST.encode(piece) == _plain(piece)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_fragment, st.text(max_size=6)), max_size=16).map("".join))
+def test_cached_tokenizer_with_fast_path_equals_one_full_encode(text: str) -> None:
+    cache = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, fast=_FAST)
+    assert cache.encode(text) == _plain(text)
