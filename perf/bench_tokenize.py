@@ -4,17 +4,24 @@ the segment-cached tokenizer and the block keys, with the real 128k-vocab DeepSe
 Figures (microseconds, p50 over ``--iterations``):
 
 * ``warm_new_turn``: tokenize + key the chat when every earlier turn was seen and only the last
-  user message (~60 tokens, different each iteration) is new — the multi-turn case.
+  user message (~60 tokens, different each iteration) is new — the multi-turn case. Its ASCII
+  pieces go through ``fast_pieces`` (as a loaded profile does); ``..._no_fast`` is the same
+  without it (``Tokenizer.encode`` only), interleaved in the same run.
   ``..._with_render`` adds rendering the chat template from the messages.
 * ``warm_all_seen``: the same chat sent again (every piece a hit).
-* ``cold``: a fresh cache each time (every piece encoded one by one, the default) against one
-  plain ``Tokenizer.encode`` of the same text, interleaved in the same run;
-  ``cold_vs_plain_ratio`` = p50(cold) / p50(plain). ``cold_batched`` encodes the cold pieces
-  through one ``encode_batch`` (Rust threads) instead.
+* ``cold``: a fresh cache each time (every piece encoded one by one, the default; the fast
+  path's word cache fresh too) against one plain ``Tokenizer.encode`` of the same text,
+  interleaved in the same run; ``cold_vs_plain_ratio`` = p50(cold) / p50(plain).
+  ``cold_no_fast`` without the fast path; ``cold_batched`` encodes the cold pieces through one
+  ``encode_batch`` (Rust threads) instead.
+* ``new_message``: one new ~55-token user message (the piece a warm chat pays for), encoded by
+  ``FastPieceEncoder.encode`` (word cache warm from the chat's history, or emptied before each
+  call: ``fast_cold_words``) and by ``Tokenizer.encode``, interleaved.
 * ``block_keys_4k``: keys of the prompt's full 16-token blocks from ``array('I')`` ids.
 * ``loop_stall``: under trio, how late a 0.2 ms timer fires at worst (and p99) while another
   task tokenizes cold ~4k-token prompts back to back, inline (on the trio thread) or through
-  ``cortex.profile.trio_tokenize`` (cold pieces in a worker thread), with the time per prompt.
+  ``cortex.profile.trio_tokenize`` (cold pieces in a worker thread), with the time per prompt;
+  ``inline_fast``: inline with the fast path (a fresh word cache), as a loaded profile runs.
 
 Usage: ``python perf/bench_tokenize.py`` or ``--quick`` (smoke run); prints JSON.
 """
@@ -40,6 +47,7 @@ from benchkit import machine_info  # noqa: E402
 
 from cortex.profile import trio_tokenize  # noqa: E402
 from cortex.profile.chat_template import ChatTemplate  # noqa: E402
+from cortex.profile.fast_pieces import FastPieceEncoder  # noqa: E402
 from cortex.profile.request_keys import request_block_keys  # noqa: E402
 from cortex.profile.segment_cache import SegmentCachedTokenizer  # noqa: E402
 from cortex.profile.segments import Segmenter  # noqa: E402
@@ -80,7 +88,9 @@ def p50(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1e6, 1)
 
 
-def loop_stall(texts: list[str], tokenizer, segmenter, offload: bool) -> dict[str, float]:
+def loop_stall(
+    texts: list[str], tokenizer, segmenter, offload: bool, fast: FastPieceEncoder | None = None
+) -> dict[str, float]:
     """Longest event-loop stall (ms) while ``texts`` are tokenized cold, one after another."""
     gaps: list[float] = []
 
@@ -94,7 +104,7 @@ def loop_stall(texts: list[str], tokenizer, segmenter, offload: bool) -> dict[st
 
     async def run() -> float:
         done = trio.Event()
-        cache = SegmentCachedTokenizer(tokenizer, segmenter)
+        cache = SegmentCachedTokenizer(tokenizer, segmenter, fast=fast)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ticker, done)
             await trio.sleep(0)
@@ -137,16 +147,42 @@ def main() -> None:
     base_tokens = len(tokenizer.encode(base_text, add_special_tokens=False).ids)
 
     # Warm: earlier turns seen, a new final user message every iteration.
-    cached = SegmentCachedTokenizer(tokenizer, segmenter)
+    fast = FastPieceEncoder(tokenizer, segmenter)
+    assert fast.enabled, fast.why_not_fast
+    cached = SegmentCachedTokenizer(tokenizer, segmenter, fast=fast)
     cached.encode_array(render(history))
+    cached_no_fast = SegmentCachedTokenizer(tokenizer, segmenter)
+    cached_no_fast.encode_array(render(history))
     news = [history + [{"role": "user", "content": sentence(rng, 45)}] for _ in range(iterations)]
     texts = [render(m) for m in news]
     gc.disable()
-    warm, warm_render, all_seen = [], [], []
+    warm, warm_no_fast, warm_render, all_seen = [], [], [], []
     for messages, text in zip(news, texts):
         t0 = time.perf_counter()
         request_block_keys(cached.encode_array(text), BLOCK, MODEL)
         warm.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        request_block_keys(cached_no_fast.encode_array(text), BLOCK, MODEL)
+        warm_no_fast.append(time.perf_counter() - t0)
+
+    # One new user message alone: fast path vs Tokenizer.encode.
+    messages_only = [m[-1]["content"] for m in news]
+    message_tokens = statistics.mean(
+        len(tokenizer.encode(m, add_special_tokens=False).ids) for m in messages_only
+    )
+    fast_cold_words = FastPieceEncoder(tokenizer, segmenter)
+    msg_fast, msg_fast_cold, msg_plain = [], [], []
+    for message in messages_only:
+        t0 = time.perf_counter()
+        fast.encode(message)
+        msg_fast.append(time.perf_counter() - t0)
+        fast_cold_words.clear_words()
+        t0 = time.perf_counter()
+        fast_cold_words.encode(message)
+        msg_fast_cold.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        tokenizer.encode(message, add_special_tokens=False)
+        msg_plain.append(time.perf_counter() - t0)
     for messages in news:  # second pass: the new turns were seen by now; render timed too
         t0 = time.perf_counter()
         request_block_keys(cached.encode_array(render(messages)), BLOCK, MODEL)
@@ -164,16 +200,21 @@ def main() -> None:
 
     # Cold vs one plain full encode of the same text, interleaved.
     cold_iters = max(5, iterations // 10)
-    cold, cold_batched, plain = [], [], []
+    cold, cold_no_fast, cold_batched, plain = [], [], [], []
     for i in range(cold_iters):
         text = texts[i]
         t0 = time.perf_counter()
         tokenizer.encode(text, add_special_tokens=False)
         plain.append(time.perf_counter() - t0)
-        fresh = SegmentCachedTokenizer(tokenizer, segmenter)
+        fast.clear_words()
+        fresh = SegmentCachedTokenizer(tokenizer, segmenter, fast=fast)
         t0 = time.perf_counter()
         fresh.encode_array(text)
         cold.append(time.perf_counter() - t0)
+        fresh = SegmentCachedTokenizer(tokenizer, segmenter)
+        t0 = time.perf_counter()
+        fresh.encode_array(text)
+        cold_no_fast.append(time.perf_counter() - t0)
         fresh = SegmentCachedTokenizer(tokenizer, segmenter, batch_cold=True)
         t0 = time.perf_counter()
         fresh.encode_array(text)
@@ -191,6 +232,8 @@ def main() -> None:
     stall = {
         "inline": loop_stall(stall_texts, tokenizer, segmenter, offload=False),
         "offloaded": loop_stall(stall_texts, tokenizer, segmenter, offload=True),
+        "inline_fast": loop_stall(stall_texts, tokenizer, segmenter, offload=False,
+                                  fast=FastPieceEncoder(tokenizer, segmenter)),
     }
 
     result = {
@@ -201,11 +244,13 @@ def main() -> None:
         "pieces": len(segmenter.split(base_text)),
         "iterations": iterations,
         "warm_new_turn_us_p50": p50(warm),
+        "warm_new_turn_no_fast_us_p50": p50(warm_no_fast),
         "warm_new_turn_with_render_us_p50": round(p50(warm) + p50(render_only), 1),
         "render_only_us_p50": p50(render_only),
         "warm_all_seen_with_render_us_p50": p50(warm_render),
         "warm_all_seen_us_p50": p50(all_seen),
         "cold_us_p50": p50(cold),
+        "cold_no_fast_us_p50": p50(cold_no_fast),
         "cold_batched_us_p50": p50(cold_batched),
         "plain_encode_us_p50": p50(plain),
         "cold_vs_plain_ratio": round(statistics.median(cold) / statistics.median(plain), 3),
@@ -214,6 +259,15 @@ def main() -> None:
         ),
         "plain_encode_us_per_token": round(statistics.median(plain) * 1e6 / base_tokens, 3),
         "block_keys_4k_us_p50": p50(keys),
+        "new_message": {
+            "tokens_mean": round(message_tokens, 1),
+            "fast_us_p50": p50(msg_fast),
+            "fast_cold_words_us_p50": p50(msg_fast_cold),
+            "encode_us_p50": p50(msg_plain),
+            "fast_vs_encode_ratio": round(
+                statistics.median(msg_fast) / statistics.median(msg_plain), 3
+            ),
+        },
         "loop_stall": stall,
         "cache": {"pieces": cached.cached_pieces, "bytes": cached.cached_bytes,
                   "hits": cached.hits, "misses": cached.misses},
