@@ -1,1 +1,1 @@
-"""The data plane's HTTP/1.1 front: a lean server written on h11 over trio streams."""
+"""The data plane's HTTP/1.1 front: a lean server on llhttp (httptools) over trio streams."""
