@@ -126,6 +126,38 @@ async def test_client_leaving_while_the_handler_runs_cancels_it():
             assert served.server.in_flight == 0 and served.counters.connections_open == 0
 
 
+async def test_client_leaving_a_later_request_on_a_kept_connection_still_cancels_it():
+    # Between responses the main task reads the socket itself and the watcher's wait is
+    # ended; it must watch again for each later response.
+    script = Script()
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        if request.path == b"/fast":
+            await trio.sleep(0)  # the watcher gets to wait on the socket
+            return json_response(200, b"{}")
+        script.handler_started.set()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            script.handler_cancelled = True
+            raise
+        finally:
+            script.handler_finally.set()
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            for _ in range(3):
+                assert (await client.request(b"POST", b"/fast", b"{}")).status == 200
+            await client.send(build_request(b"POST", b"/slow", b"{}"))
+            await script.handler_started.wait()
+            await client.aclose()
+            await script.handler_finally.wait()
+            assert script.handler_cancelled
+            await trio.testing.wait_all_tasks_blocked()
+            assert served.counters.client_gone == 1 and served.counters.requests == 4
+
+
 async def test_client_leaving_while_the_body_streams_cancels_and_closes_it():
     script = Script()
 
