@@ -7,7 +7,8 @@ variables win); ``raise_exception`` raises ``TemplateError``. Rendering runs in 
 and a ``tojson`` filter keeping non-ASCII text as is, like HF's. Any rendering failure (Jinja,
 or a template indexing a message that is not there) is a ``TemplateError`` (400).
 
-Pure: compile once (``ChatTemplate(source)``), render many times.
+Pure: compile once (``ChatTemplate(source)``), render many times (the template's globals
+flattened into one dict at compile time: the same names and objects, a cheaper copy per render).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _tojson(value: object, indent: int | None = None) -> str:
 
 
 class ChatTemplate:
-    __slots__ = ("source", "_template")
+    __slots__ = ("_template", "source")
 
     def __init__(self, source: str) -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -42,6 +43,12 @@ class ChatTemplate:
         env.filters["tojson"] = _tojson
         self.source = source
         self._template = env.from_string(source)  # jinja2.TemplateSyntaxError on bad source
+        # The template's globals are a ChainMap over the environment's; every render copies them
+        # into its context, and copying a ChainMap is most of a small chat's render time (11.9
+        # µs → 4.4 µs flat for the DeepSeek template). Flattening once is exact: nothing adds
+        # globals after this point (the environment is private to this template). The sandbox
+        # is unchanged: it checks attribute access and calls, not where globals live.
+        self._template.globals = dict(self._template.globals)
 
     def render(
         self,

@@ -29,8 +29,9 @@ Bad shapes raise ``BadRequest``; pure otherwise.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from cortex.errors import BadRequest
 from cortex.profile.chat_template import ChatTemplate
@@ -39,9 +40,9 @@ MEDIA_SENTINEL = "\x00cortex-media-cut\x00"
 _MAX_TOKEN_ID = 1 << 32
 
 
-@dataclass(frozen=True, slots=True)
-class RequestPrompt:
-    """Exactly one of ``text`` / ``token_ids`` is set."""
+class RequestPrompt(msgspec.Struct, frozen=True):
+    """Exactly one of ``text`` / ``token_ids`` is set. (A frozen ``msgspec.Struct``, not a frozen
+    dataclass: one is built per request, in ~0.12 µs instead of ~1.2-1.5.)"""
 
     text: str | None
     token_ids: list[int] | None

@@ -6,12 +6,14 @@ leftmost-longest and the raw-then-normalized order are pinned down)."""
 
 from __future__ import annotations
 
+import re
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 from cortex.profile.segment_cache import SegmentCachedTokenizer
-from cortex.profile.segments import Segmenter
+from cortex.profile.segments import Segmenter, _longest_first_pattern
 
 RAW = ["<a>", "<a>b", "bc", "a>b>", "|", "<<"]
 NORMALIZED = ["ab", "c<", "b|b", "<a"]
@@ -43,3 +45,37 @@ def test_segmented_encode_equals_plain_encode(text: str) -> None:
     assert SegmentCachedTokenizer(_TOK, _SEG).encode(text) == expected
     assert _SHARED.encode(text) == expected
     assert "".join(p for p, _ in _SEG.split(text)) == text
+
+
+def _reference_leftmost_longest(tokens: set[str], text: str) -> list[tuple[int, str]]:
+    """Brute force: at each position from the left, the longest token starting there."""
+    found, pos = [], 0
+    while pos < len(text):
+        here = [t for t in tokens if text.startswith(t, pos)]
+        if here:
+            token = max(here, key=len)
+            found.append((pos, token))
+            pos += len(token)
+        else:
+            pos += 1
+    return found
+
+
+_tokens = st.sets(st.text(alphabet="ab<", min_size=1, max_size=5), min_size=1, max_size=8)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_tokens, st.text(alphabet="ab<c", max_size=30))
+def test_trie_pattern_and_flat_fallback_find_leftmost_longest(tokens: set[str], text: str) -> None:
+    expected = _reference_leftmost_longest(tokens, text)
+    trie = _longest_first_pattern(tokens)
+    flat = re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+    for pattern in (trie, flat):
+        assert [(m.start(), m.group()) for m in pattern.finditer(text)] == expected
+
+
+def test_a_trie_too_deep_for_re_falls_back_to_the_flat_alternation() -> None:
+    tokens = {"a" * k for k in range(1, 700)}  # nests 699 groups: too deep for re
+    pattern = _longest_first_pattern(tokens)
+    assert "(?:" not in pattern.pattern
+    assert [m.group() for m in pattern.finditer("b" + "a" * 1000)] == ["a" * 699, "a" * 301]

@@ -37,3 +37,24 @@ def test_sandbox_blocks_unsafe_attributes_and_mutation():
         ChatTemplate("{{ messages.__class__.__mro__ }}").render([])
     with pytest.raises(TemplateError):
         ChatTemplate("{{ messages.append(1) }}").render([])
+
+
+def test_globals_render_as_in_a_fresh_sandbox_render():
+    # The default namespace (range, dict, namespace, cycler, joiner) and raise_exception are
+    # reachable exactly as in jinja2's own render, and globals do not leak between renders.
+    source = (
+        "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+        "{{ m.role }}{% if loop.last %}!{% endif %}{% endfor %}{{ ns.n }}"
+        "{% for i in range(2) %}{{ i }}{% endfor %}{{ dict(a=1) | tojson }}"
+        "{% set c = cycler('x', 'y') %}{{ c.next() }}{{ c.next() }}"
+        "{% set j = joiner('+') %}{{ j() }}a{{ j() }}b"
+        "{% set late = 'L' %}{{ late }}{{ bos_token }}"
+    )
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    t = ChatTemplate(source)
+    first = t.render(msgs, bos_token="<s>")
+    assert first == 'userassistant!201{"a": 1}xya+bL<s>'
+    assert t.render(msgs, bos_token="<s>") == first
+    assert t.render(msgs[:1]) == 'user!101{"a": 1}xya+bL'
+    with pytest.raises(TemplateError, match="nope"):
+        ChatTemplate("{{ raise_exception('nope') }}").render(msgs)

@@ -55,7 +55,7 @@ def test_leftmost_then_longest_without_overlap():
         ).ids
 
 
-def test_many_first_characters_use_the_regex_scan():
+def test_many_first_characters_branch_at_the_root_of_the_trie():
     tok = char_tokenizer()
     tok.add_special_tokens([AddedToken(c + "|", normalized=False) for c in "abcdefxyz<>"])
     seg = segmenter_of(tok)
