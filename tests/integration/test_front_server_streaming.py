@@ -31,6 +31,17 @@ class Script:
         self.handler_cancelled = False
         self.body_cancelled = False
 
+    async def run_until_cancelled(self) -> None:
+        """A handler's body that runs until cancelled, recording start, cancel and end."""
+        self.handler_started.set()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            self.handler_cancelled = True
+            raise
+        finally:
+            self.handler_finally.set()
+
 
 async def test_streamed_body_is_flushed_chunk_by_chunk():
     script = Script()
@@ -103,14 +114,7 @@ async def test_client_leaving_while_the_handler_runs_cancels_it():
     script = Script()
 
     async def handler(request: HttpRequest) -> HttpResponse:
-        script.handler_started.set()
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            script.handler_cancelled = True
-            raise
-        finally:
-            script.handler_finally.set()
+        await script.run_until_cancelled()
 
     with trio.fail_after(TIMEOUT):
         async with serving(handler) as served:
@@ -135,14 +139,7 @@ async def test_client_leaving_a_later_request_on_a_kept_connection_still_cancels
         if request.path == b"/fast":
             await trio.sleep(0)  # the watcher gets to wait on the socket
             return json_response(200, b"{}")
-        script.handler_started.set()
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            script.handler_cancelled = True
-            raise
-        finally:
-            script.handler_finally.set()
+        await script.run_until_cancelled()
 
     with trio.fail_after(TIMEOUT):
         async with serving(handler) as served:
