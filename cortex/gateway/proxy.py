@@ -204,16 +204,21 @@ class Gateway:
         whole = leg.whole_body()
         if whole is not None:
             await stack.aclose()  # synchronous exits only: nothing here can be cancelled
-            sniffer = CachedTokensSniffer()
-            sniffer.feed(whole)
-            if sniffer.cached_tokens is not None:
-                self.observer.cached_tokens(pool.model, route, decision.predicted_cached_tokens,
-                                            sniffer.cached_tokens)
+            self.observe_cached_tokens(pool, route, whole)
             return HttpResponse(leg.response.status,
                                 _client_headers(leg, with_length=False) + extra, whole)
         return self.respond(leg, stack, extra, worker.name,
                             partial(self.observer.cached_tokens, pool.model, route,
                                     decision.predicted_cached_tokens))
+
+    def observe_cached_tokens(self, pool: ModelPool, route: Route, body: bytes) -> None:
+        """The engine's cached-token report in a whole answer (JSON or SSE), against the
+        prediction of ``route``; nothing when the answer carries none."""
+        sniffer = CachedTokensSniffer()
+        sniffer.feed(body)
+        if sniffer.cached_tokens is not None:
+            self.observer.cached_tokens(pool.model, route, route.decision.predicted_cached_tokens,
+                                        sniffer.cached_tokens)
 
     async def open_leg(
         self,

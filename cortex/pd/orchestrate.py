@@ -63,7 +63,6 @@ from cortex.pd.plan import (
 )
 from cortex.scheduling import Role
 from cortex.scheduling.inflight import Hold
-from cortex.upstream.sse import CachedTokensSniffer
 
 if TYPE_CHECKING:
     from cortex.gateway.proxy import Gateway
@@ -265,7 +264,7 @@ class PdOrchestrator:
             except UpstreamError as error:
                 raise LegFailed("prefill", prefill.worker.name, error) from None
             await prefill_stack.aclose()
-            self._prefill_reported(pool, prefill, prefill_answer)
+            self.gateway.observe_cached_tokens(pool, prefill, prefill_answer)
             decode_leg = legs["decode"]
             transform = None
             extra = self._headers(prefill, decode, "sglang")
@@ -320,7 +319,7 @@ class PdOrchestrator:
             except (UpstreamError, OSError, RetryableStatus) as error:
                 raise LegFailed("prefill", prefill.worker.name, error) from None
             await prefill_stack.aclose()
-            self._prefill_reported(pool, prefill, answer)
+            self.gateway.observe_cached_tokens(pool, prefill, answer)
             decode_stack.enter_context(_decode_hold(pool, decode))
             try:
                 leg = await gateway.open_leg(decode_stack, decode.worker.origin,
@@ -335,15 +334,6 @@ class PdOrchestrator:
                 await prefill_stack.aclose()
                 await decode_stack.aclose()
             raise
-
-    def _prefill_reported(self, pool: ModelPool, prefill: Route, answer: bytes) -> None:
-        """The prefill engine's cached tokens (JSON or SSE answer) against the prediction."""
-        sniffer = CachedTokensSniffer()
-        sniffer.feed(answer)
-        if sniffer.cached_tokens is not None:
-            self.gateway.observer.cached_tokens(pool.model, prefill,
-                                                prefill.decision.predicted_cached_tokens,
-                                                sniffer.cached_tokens)
 
     @staticmethod
     def _headers(prefill: Route, decode: Route, engine: str) -> list[tuple[bytes, bytes]]:
