@@ -43,9 +43,14 @@ async def test_an_answer_still_arriving_stays_a_stream_until_read():
         engine = cluster.engines[0]
         response = await running.gateway.handle(chat("Stream it.", stream=True))
         assert not isinstance(response.body, bytes)
-        assert running.pools[MODEL].pending.in_flight(engine.name) == 1
-        assert running.gateway.upstream.stats(engine.url).busy == 1
-        with trio.fail_after(10):
-            body = b"".join([chunk async for chunk in response.body])
+        try:
+            assert running.pools[MODEL].pending.in_flight(engine.name) == 1
+            # the exchange still holds its connection (a health probe or load poll may hold
+            # another one of the same pool at this moment)
+            assert running.gateway.upstream.stats(engine.url).busy >= 1
+            with trio.fail_after(10):
+                body = b"".join([chunk async for chunk in response.body])
+        finally:
+            await response.body.aclose()  # as the server always does, even on a failed assert
         assert body.endswith(b"data: [DONE]\n\n")
         assert running.pools[MODEL].pending.in_flight(engine.name) == 0
