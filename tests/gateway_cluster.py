@@ -187,8 +187,8 @@ async def gateway_cluster(
             server=ServerConfig(host="127.0.0.1", port=0),
             control=ControlConfig(host="127.0.0.1", port=0, admin_token="test-token"),
             models=(model_config(),), workers=workers,
-            health=HealthConfig(interval_s=0.2, timeout_s=2.0, load_interval_s=0.2),
-            **(config_changes or {}))
+            **{"health": HealthConfig(interval_s=0.2, timeout_s=2.0, load_interval_s=0.2),
+               **(config_changes or {})})
         running = await nursery.start(run_gateway, config)
         cluster = Cluster(engines, running, config, scopes)
         await cluster.until(lambda: all_ready(running))

@@ -13,9 +13,10 @@ Rules:
   first chunk are in hand the response is committed: a later failure ends the client's stream
   (the server closes the connection without the final chunk) and is never replayed.
 * Everything an attempt holds — its in-flight accounting and its upstream connection — lives in
-  one ``AsyncExitStack`` that the streamed body closes in its ``finally`` (the server always
-  ``aclose``s a streamed body), so a client that leaves aborts the engine's request and releases
-  the accounting; nothing leaks on any path.
+  one ``AsyncExitStack`` that the streamed body (``LegBody``) closes when it ends or is
+  ``aclose``d, started or not (the server always ``aclose``s a streamed body, also when the
+  client left before the first chunk was asked for), so a client that leaves aborts the
+  engine's request and releases the accounting; nothing leaks on any path.
 * The body is passed through as it arrives; ``CachedTokensSniffer`` only scans for the engine's
   ``cached_tokens`` report to measure the ledger's accuracy (predicted vs reported).
 * An answer already whole when its first bytes arrive (a small JSON response) skips the
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -256,34 +257,9 @@ class Gateway:
         Cortex's headers, and its body streamed as it arrives."""
         headers = _client_headers(leg, with_length=transform is None)
         return HttpResponse(leg.response.status, headers + extra_headers,
-                            self._stream(leg, stack, worker, on_cached_tokens, transform))
-
-    async def _stream(
-        self,
-        leg: Leg,
-        stack: contextlib.AsyncExitStack,
-        worker: str,
-        on_cached_tokens: Callable[[int], None] | None,
-        transform: Callable[[bytes], bytes] | None,
-    ) -> AsyncIterator[bytes]:
-        sniffer = CachedTokensSniffer()
-        complete = False
-        try:
-            if leg.first is not None:
-                sniffer.feed(leg.first)
-                yield leg.first if transform is None else transform(leg.first)
-                async for chunk in leg.chunks:
-                    sniffer.feed(chunk)
-                    yield chunk if transform is None else transform(chunk)
-            complete = True
-        except UpstreamError as error:
-            self.observer.upstream_failed(worker, error, retried=False, after_first_byte=True)
-            raise
-        finally:
-            with trio.CancelScope(shield=True):
-                await stack.aclose()
-            if complete and on_cached_tokens is not None and sniffer.cached_tokens is not None:
-                on_cached_tokens(sniffer.cached_tokens)
+                            LegBody(leg, stack, partial(self.observer.upstream_failed, worker,
+                                                        retried=False, after_first_byte=True),
+                                    on_cached_tokens, transform))
 
     # ------------------------------------------------------------------ other routes
 
@@ -328,3 +304,71 @@ def _client_headers(leg: Leg, *, with_length: bool) -> list[tuple[bytes, bytes]]
     return [(name, value) for name, value in leg.response.headers
             if name not in _DROPPED_RESPONSE_HEADERS and not name.startswith(b"x-cortex-")
             and (with_length or name != b"content-length")]
+
+
+class LegBody:
+    """A leg's body as the client's streamed response body: the first chunk, then the rest as
+    it arrives (``transform``-ed if given), sniffed for ``cached_tokens``.
+
+    Not an async generator on purpose: ``aclose()`` on a generator that never started runs
+    none of its ``finally``, and the server may close a body before asking for any chunk (the
+    client left while the head was written). Here ``aclose`` always closes ``stack`` — the
+    upstream exchange and the in-flight accounting — exactly once.
+    """
+
+    __slots__ = ("_leg", "_stack", "_on_failure", "_on_cached_tokens", "_transform",
+                 "_sniffer", "_started", "_closed")
+
+    def __init__(self, leg: Leg, stack: contextlib.AsyncExitStack,
+                 on_failure: Callable[[UpstreamError], None],
+                 on_cached_tokens: Callable[[int], None] | None,
+                 transform: Callable[[bytes], bytes] | None) -> None:
+        self._leg = leg
+        self._stack = stack
+        self._on_failure = on_failure
+        self._on_cached_tokens = on_cached_tokens
+        self._transform = transform
+        self._sniffer = CachedTokensSniffer()
+        self._started = False
+        self._closed = False
+
+    def __aiter__(self) -> LegBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._closed:
+            raise StopAsyncIteration
+        leg = self._leg
+        if not self._started:
+            self._started = True
+            chunk = leg.first
+        else:
+            try:
+                chunk = await leg.chunks.__anext__()
+            except StopAsyncIteration:
+                chunk = None
+            except UpstreamError as error:
+                self._on_failure(error)
+                await self._close(complete=False)
+                raise
+            except BaseException:
+                await self._close(complete=False)
+                raise
+        if chunk is None:
+            await self._close(complete=True)
+            raise StopAsyncIteration
+        self._sniffer.feed(chunk)
+        return chunk if self._transform is None else self._transform(chunk)
+
+    async def aclose(self) -> None:
+        await self._close(complete=False)
+
+    async def _close(self, *, complete: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            await self._stack.aclose()
+        cached = self._sniffer.cached_tokens
+        if complete and self._on_cached_tokens is not None and cached is not None:
+            self._on_cached_tokens(cached)

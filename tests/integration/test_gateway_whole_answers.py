@@ -8,8 +8,13 @@ import json
 
 import trio
 
+from cortex.config import HealthConfig
 from cortex.front.messages import HttpRequest
 from tests.gateway_cluster import MODEL, gateway_cluster
+
+# Health probes and load polls share the upstream pool; after the first round (which the
+# cluster waits for) none runs during a test, so the pool's counts are the request's alone.
+QUIET = {"health": HealthConfig(interval_s=600.0, timeout_s=2.0, load_interval_s=600.0)}
 
 
 def chat(question: str, **extra: object) -> HttpRequest:
@@ -20,7 +25,7 @@ def chat(question: str, **extra: object) -> HttpRequest:
 
 
 async def test_a_whole_answer_is_bytes_and_its_exchange_already_closed():
-    async with gateway_cluster(("vllm-0.33",)) as cluster:
+    async with gateway_cluster(("vllm-0.33",), config_changes=QUIET) as cluster:
         running = cluster.running
         engine = cluster.engines[0]
         response = await running.gateway.handle(chat("Answer in one piece."))
@@ -31,26 +36,46 @@ async def test_a_whole_answer_is_bytes_and_its_exchange_already_closed():
         assert dict(response.headers)[b"x-cortex-assigned-worker"] == engine.name.encode()
         # before anything is written to a client: the worker's connection is idle again and
         # the request no longer counts as pending work
-        stats = running.gateway.upstream.stats(engine.url)  # (probes share the pool)
+        stats = running.gateway.upstream.stats(engine.url)
         assert stats.busy == 0 and stats.idle >= 1
         assert running.pools[MODEL].pending.in_flight(engine.name) == 0
 
 
 async def test_an_answer_still_arriving_stays_a_stream_until_read():
     timing = {"decode_s_per_token": 0.02}  # six tokens, 20 ms apart: not whole at first read
-    async with gateway_cluster(("vllm-0.33",), timing_changes=timing) as cluster:
+    async with gateway_cluster(("vllm-0.33",), timing_changes=timing,
+                               config_changes=QUIET) as cluster:
         running = cluster.running
         engine = cluster.engines[0]
+        await cluster.until(lambda: running.gateway.upstream.stats(engine.url).busy == 0)
         response = await running.gateway.handle(chat("Stream it.", stream=True))
         assert not isinstance(response.body, bytes)
         try:
             assert running.pools[MODEL].pending.in_flight(engine.name) == 1
-            # the exchange still holds its connection (a health probe or load poll may hold
-            # another one of the same pool at this moment)
-            assert running.gateway.upstream.stats(engine.url).busy >= 1
+            assert running.gateway.upstream.stats(engine.url).busy == 1  # still its exchange's
             with trio.fail_after(10):
                 body = b"".join([chunk async for chunk in response.body])
         finally:
             await response.body.aclose()  # as the server always does, even on a failed assert
         assert body.endswith(b"data: [DONE]\n\n")
         assert running.pools[MODEL].pending.in_flight(engine.name) == 0
+
+
+async def test_a_stream_closed_before_its_first_chunk_releases_everything():
+    """The server closes a body without asking for a chunk when the client left while the
+    head was written: the exchange and the accounting are released all the same."""
+    timing = {"decode_s_per_token": 0.02}
+    async with gateway_cluster(("vllm-0.33",), timing_changes=timing,
+                               config_changes=QUIET) as cluster:
+        running = cluster.running
+        engine = cluster.engines[0]
+        await cluster.until(lambda: running.gateway.upstream.stats(engine.url).busy == 0)
+        response = await running.gateway.handle(chat("Leave at once.", stream=True))
+        assert not isinstance(response.body, bytes)
+        assert running.gateway.upstream.stats(engine.url).busy == 1
+        await response.body.aclose()
+        stats = running.gateway.upstream.stats(engine.url)
+        assert stats.busy == 0 and stats.discarded >= 1  # incomplete: closed, not pooled
+        assert running.pools[MODEL].pending.in_flight(engine.name) == 0
+        async for _ in response.body:  # a closed body yields nothing more
+            raise AssertionError("a closed body yielded a chunk")
