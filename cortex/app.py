@@ -9,15 +9,8 @@ Order of start (each step done before the next begins, via ``nursery.start``):
 3. the health/load monitor (a worker is routable after its first good probe);
 4. the control plane (hypercorn, loopback by default) and the data plane (lean llhttp server).
 
-Worker lifecycle rules (architecture.md §2, §4):
-
-* health or load changes re-read the worker's view at once (``ModelPool.set_figures``);
-* a worker whose breaker opens (dead) leaves the live pool first (its view turns unhealthy);
-  then its ingestion stops and its ledger entries are dropped (state SYNCING, "worker down"),
-  so late events cannot write back; when its breaker closes again, ingestion restarts and
-  replays history from sequence 0 (READY if the engine's buffer reaches back, else PARTIAL);
-* removal (admin API, or a drained worker whose in-flight count reached 0) takes it out of its
-  pool, stops ingestion and unregisters its targets.
+Workers are kept in step with the registry (pools, ingestion, ledger targets) by
+``cortex.worker_lifecycle.WorkerLifecycle``, whose docstring holds the worker lifecycle rules.
 
 Shutdown (SIGINT/SIGTERM, or cancelling ``run_gateway``): the data plane drains (in-flight
 requests finish within ``server.limits.drain_timeout_s``), then everything is cancelled.
@@ -37,51 +30,28 @@ from functools import partial
 import trio
 
 from cortex.config.tree import CortexConfig
-from cortex.control.admin import AdminOps, spec_as_json
 from cortex.control.app import ControlApp
 from cortex.control.auth import BearerAuth
 from cortex.control.serve import serve_control
-from cortex.errors import ConfigError, CortexError
+from cortex.errors import ConfigError
 from cortex.events.counters import IngestCounters
-from cortex.events.model import EngineFamily
-from cortex.events.source import EventSource, IngestSettings, rank_endpoint
-from cortex.events.subscriber import run_source
-from cortex.events.sync import TargetSync
-from cortex.events.warm_start import fetch_snapshot
 from cortex.front.server import HttpServer
 from cortex.gateway.metrics_observer import MetricsObserver
-from cortex.gateway.pool import ModelPool, WorkerFigures
+from cortex.gateway.pool import ModelPool
 from cortex.gateway.proxy import Gateway
-from cortex.gateway.worker_report import (
-    WorkerReport,
-    sglang_server_info,
-    vllm_block_size,
-    vllm_models,
-)
 from cortex.ledger.book import LedgerBook
-from cortex.ledger.snapshot import (
-    ExportedTarget,
-    SnapshotError,
-    StreamId,
-    TargetImage,
-    encode,
-    take_snapshot,
-)
-from cortex.ledger.state import TargetState
 from cortex.logs import access_logged
 from cortex.metrics import CortexMetrics, ledger_figures
 from cortex.profile.profile_set import ProfileSet, load_profiles
 from cortex.systemd import Notifier, run_watchdog
 from cortex.upstream.pool import UpstreamPool
-from cortex.workers.breaker import BreakerState
+from cortex.worker_lifecycle import WorkerLifecycle, model_of
 from cortex.workers.dns_watch import run_dns_discovery
-from cortex.workers.monitor import Fetch, run_monitor
-from cortex.workers.registry import ChangeKind, WorkerRegistry
+from cortex.workers.monitor import run_monitor
+from cortex.workers.registry import WorkerRegistry
 from cortex.workers.spec import WorkerSpec
 
 log = logging.getLogger("cortex.app")
-
-_FAMILIES = {"vllm": EngineFamily.VLLM, "sglang": EngineFamily.SGLANG}
 
 
 @dataclass(slots=True)
@@ -129,281 +99,6 @@ def build_pools(
     return pools, profiles
 
 
-def model_of(spec: WorkerSpec, config: CortexConfig) -> str:
-    if spec.model is not None:
-        return spec.model
-    if len(config.models) == 1:
-        return config.models[0].name
-    return "default"
-
-
-class _Workers(AdminOps):
-    """Keeps pools, ingestion and the ledger in step with the registry (rules at the top)."""
-
-    def __init__(self, config: CortexConfig, registry: WorkerRegistry, book: LedgerBook,
-                 pools: dict[str, ModelPool], profiles: ProfileSet, nursery: trio.Nursery,
-                 counters: dict[int, IngestCounters], metrics: CortexMetrics,
-                 fetch: Fetch, upstream: UpstreamPool) -> None:
-        self.config = config
-        self.upstream = upstream
-        self.profiles = profiles
-        self.fetch = fetch
-        self.reported: set[str] = set()
-        self.registry = registry
-        self.book = book
-        self.pools = pools
-        self.nursery = nursery
-        self.counters = counters
-        self.metrics = metrics
-        self.ingestion: dict[str, trio.CancelScope] = {}
-        self.targets: dict[str, tuple[int, ...]] = {}
-        self.worker_of_target: dict[int, str] = {}
-        self.model: dict[str, str] = {}
-        self.discovered: list[set[str]] = []  # per DNS service: the names it added
-        self.syncs: dict[int, TargetSync] = {}  # targets whose ingestion runs
-        self.warm: dict[StreamId, TargetImage] = {}  # a peer's snapshot, used once per stream
-        registry.on_change(self.on_change)
-        book.on_state_change(self.on_state)
-
-    # AdminOps -----------------------------------------------------------------------------
-    def list_workers(self) -> list[dict[str, object]]:
-        out = []
-        for spec in self.registry.specs():
-            status = self.registry.status(spec.name)
-            pool = self.pools.get(self.model.get(spec.name, ""))
-            out.append({**spec_as_json(spec), "live": status.live, "healthy": status.healthy,
-                        "breaker": status.breaker.value, "draining": status.draining,
-                        "last_error": status.last_error,
-                        "in_flight": pool.pending.in_flight(spec.name) if pool else 0})
-        return out
-
-    def add(self, spec: WorkerSpec) -> None:
-        self.registry.add(spec)
-
-    def drain(self, name: str) -> None:
-        pool = self.pools.get(self.model.get(name, ""))
-        self.registry.drain(name, pool.pending.in_flight(name) if pool else 0)
-
-    def remove(self, name: str) -> None:
-        self.registry.remove(name)
-
-    # registry and ledger listeners --------------------------------------------------------
-    def on_change(self, kind: ChangeKind, name: str) -> None:
-        if kind == "added":
-            self._added(self.registry.spec(name))
-        elif kind == "removed":
-            self._removed(name)
-        else:
-            self._figures(name)
-
-    def on_state(self, target: int, state: TargetState) -> None:
-        name = self.worker_of_target.get(target)
-        pool = self.pools.get(self.model.get(name or "", ""))
-        if name is not None and pool is not None:
-            pool.refresh(name)
-
-    def _added(self, spec: WorkerSpec) -> None:
-        model = model_of(spec, self.config)
-        pool = self.pools.get(model)
-        if pool is None:
-            scheduler = self.config.scheduler
-            pool = self.pools[model] = ModelPool(
-                model, self.book, profiles=self.profiles, cost=scheduler.cost,
-                watermarks=scheduler.watermarks, bounds=scheduler.bounds)
-        self.model[spec.name] = model
-        targets: tuple[int, ...] = ()
-        if spec.events is not None and not pool.passthrough:
-            family = _FAMILIES[spec.engine]
-            targets = tuple(self.book.register(spec.name, rank, family, model)
-                            for rank in range(spec.dp_size))
-            for target in targets:
-                self.worker_of_target[target] = spec.name
-                self.counters.setdefault(target, IngestCounters())
-        self.targets[spec.name] = targets
-        pool.set_worker(spec, targets)
-        self._figures(spec.name)  # not live until its first good probe
-        self._start_ingestion(spec)
-
-    async def _check_report(self, spec: WorkerSpec, pool: ModelPool) -> None:
-        """Read what the worker says about itself: model and page size (compared with the
-        profile), and a PD prefill's bootstrap port."""
-        timeout = self.config.health.timeout_s
-        try:
-            if spec.engine == "sglang":
-                status, body = await self.fetch(spec.origin, "/server_info", timeout)
-                report = sglang_server_info(body if status == 200 else b"")
-            else:
-                status, body = await self.fetch(spec.origin, "/v1/models", timeout)
-                models = vllm_models(body) if status == 200 else ()
-                status, body = await self.fetch(spec.origin, "/metrics", timeout)
-                size = vllm_block_size(body.decode(errors="replace")) if status == 200 else None
-                report = WorkerReport(models, size)
-        except (OSError, CortexError, trio.TooSlowError) as error:
-            log.warning("worker %s: could not read its own report: %s", spec.name, error)
-            self.reported.discard(spec.name)  # asked again when it is next seen live
-            return
-        if spec.name not in pool.workers:
-            return
-        pool.set_report(spec.name, report)
-        if pool.profile is None:
-            return
-        reason = pool.note_report(spec.name, report.model_for(pool.model), report.block_size)
-        if reason is not None:
-            log.warning("worker %s disagrees with the profile of %s: %s; exact routing off",
-                        spec.name, pool.model, reason)
-
-    def _removed(self, name: str) -> None:
-        self.reported.discard(name)
-        pool = self.pools.get(self.model.pop(name, ""))
-        if pool is not None:
-            pool.remove_worker(name)
-        self._stop_ingestion(name)
-        for target in self.targets.pop(name, ()):
-            self.worker_of_target.pop(target, None)
-            self.counters.pop(target, None)
-            self.book.unregister(target)
-        self.metrics.forget_worker(name)
-
-    def _figures(self, name: str) -> None:
-        if name not in self.registry:
-            return
-        status = self.registry.status(name)
-        pool = self.pools.get(self.model.get(name, ""))
-        if pool is None:
-            return
-        loads = status.loads.values()
-        queue = sum(load.waiting for load in loads) if loads else None
-        usages = [load.kv_usage for load in loads if load.kv_usage is not None]
-        pool.set_figures(name, WorkerFigures(status.live, queue, max(usages, default=None)))
-        if status.live and name not in self.reported and not pool.passthrough:
-            self.reported.add(name)
-            self.nursery.start_soon(self._check_report, self.registry.spec(name), pool)
-        dead = status.breaker is BreakerState.OPEN
-        if dead and name in self.ingestion:
-            self._stop_ingestion(name)  # after the view turned unhealthy: leave the pool first
-            for target in self.targets.get(name, ()):
-                self.book.drop_target_entries(target)
-                self.book.set_state(target, TargetState.SYNCING, "worker down")
-        elif not dead and name not in self.ingestion:
-            self._start_ingestion(self.registry.spec(name))
-
-    def _start_ingestion(self, spec: WorkerSpec) -> None:
-        targets = self.targets.get(spec.name, ())
-        if not targets or spec.events is None or spec.name in self.ingestion:
-            return  # (``_added`` reaches here twice: through ``_figures``, then directly)
-        scope = self.ingestion[spec.name] = trio.CancelScope()
-        family = _FAMILIES[spec.engine]
-        model = self.model[spec.name]
-        sources = [EventSource(spec.name, rank, family, model, rank_endpoint(spec.events, rank),
-                               None if spec.replay is None else rank_endpoint(spec.replay, rank),
-                               spec.topic.encode())
-                   for rank in range(spec.dp_size)]
-        self.nursery.start_soon(self._ingest, scope, sources, targets, self.config.ingest)
-
-    async def _ingest(self, scope: trio.CancelScope, sources: list[EventSource],
-                      targets: tuple[int, ...], settings: IngestSettings) -> None:
-        with scope:
-            async with trio.open_nursery() as nursery:
-                for source, target in zip(sources, targets, strict=True):
-                    warm = self.warm.pop(self.stream_of(target), None)
-                    self.syncs[target] = await nursery.start(partial(
-                        run_source, source, target, self.book, settings=settings,
-                        counters=self.counters[target], warm=warm))
-
-    def _stop_ingestion(self, name: str) -> None:
-        scope = self.ingestion.pop(name, None)
-        if scope is not None:
-            scope.cancel()
-        for target in self.targets.get(name, ()):
-            self.syncs.pop(target, None)
-
-    # ledger snapshot (warm start of a peer) ---------------------------------------------------
-    def stream_of(self, target: int) -> StreamId:
-        """The target's event stream, named as any replica names it (``cortex.ledger.snapshot``)."""
-        info = self.book.info(target)
-        spec = self.registry.spec(info.worker)
-        events = "" if spec.events is None else rank_endpoint(spec.events, info.rank)
-        return StreamId(spec.url, info.rank, spec.engine, info.model, events, spec.topic)
-
-    def snapshot(self) -> bytes:
-        """``GET /admin/ledger/snapshot``: every READY target's ledger with its resume point,
-        taken synchronously (no checkpoint: consistent with the sync machines)."""
-        started = time.perf_counter()
-        exported = []
-        for target, name in sorted(self.worker_of_target.items()):
-            sync = self.syncs.get(target)
-            state = self.book.state(target)
-            point = sync.resume_point if sync is not None and state is TargetState.READY else None
-            exported.append(ExportedTarget(
-                self.stream_of(target), name, state.value, point,
-                self.book.export_target(target) if point is not None else None))
-        snapshot = take_snapshot(exported)
-        body = encode(snapshot)
-        log.info("ledger snapshot: %d targets (%d entries), %d skipped, %d bytes in %.1f ms",
-                 len(snapshot.targets), sum(t.entries for t in snapshot.targets),
-                 len(snapshot.skipped), len(body), 1e3 * (time.perf_counter() - started))
-        return body
-
-    async def load_warm_start(self) -> None:
-        """Fetch the peer's snapshot (``ledger.warm_start_url``) for the streams about to
-        start; a failure is logged, counted (``book.warm_start_failures``) and ignored."""
-        try:
-            snapshot = await fetch_snapshot(self.config.ledger, self.upstream)
-        except SnapshotError as error:
-            self.book.warm_start_failures += 1
-            log.warning("warm start: no usable snapshot, replaying from 0: %s", error)
-            return
-        self.warm = snapshot.by_stream()
-        log.info("warm start: peer snapshot of %d streams (%d skipped by the peer)",
-                 len(snapshot.targets), len(snapshot.skipped))
-
-    # reload (SIGHUP) ------------------------------------------------------------------------
-    def reload(self, specs: Sequence[WorkerSpec]) -> tuple[list[str], list[str]]:
-        """Make the registry's workers ``specs`` without touching client connections: a new
-        name is added; a name no longer listed is drained (it leaves after its last request,
-        at once if its url is taken by a new entry); a changed spec (url, weight, events, ...)
-        is replaced — removed and added again, so it is live after its next good probe and its
-        ledger re-syncs by replay. A listed worker that was draining is taken back (replaced).
-        Returns (what changed, problems); a problem skips that one worker only."""
-        wanted = {spec.name: spec for spec in specs}
-        origins = {spec.origin for spec in specs}
-        changes: list[str] = []
-        problems: list[str] = []
-        for spec in self.registry.specs():
-            if any(spec.name in owned for owned in self.discovered):
-                continue  # DNS discovery's own
-            new = wanted.get(spec.name)
-            if new is None and spec.origin in origins:
-                self.remove(spec.name)
-                changes.append(f"removed {spec.name} (its url is listed under another name)")
-            elif new is None:
-                if not self.registry.status(spec.name).draining:
-                    self.drain(spec.name)
-                    changes.append(f"draining {spec.name}")
-            elif new != spec or self.registry.status(spec.name).draining:
-                self.remove(spec.name)
-                changes.append(f"replaced {spec.name}")
-        for name, spec in wanted.items():
-            if name not in self.registry:
-                try:
-                    self.registry.add(spec)
-                except ConfigError as error:
-                    problems += error.problems
-                else:
-                    if f"replaced {name}" not in changes:
-                        changes.append(f"added {name}")
-        return changes, problems
-
-    async def report_in_flight(self) -> None:
-        """Drained workers leave once their last request finished (checked twice a second)."""
-        while True:
-            await trio.sleep(0.5)
-            for spec in self.registry.specs():
-                if self.registry.status(spec.name).draining:
-                    pool = self.pools.get(self.model.get(spec.name, ""))
-                    self.registry.report_in_flight(
-                        spec.name, pool.pending.in_flight(spec.name) if pool else 0)
-
 
 async def run_gateway(config: CortexConfig, *,
                       task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
@@ -427,8 +122,8 @@ async def run_gateway(config: CortexConfig, *,
 
     async with trio.open_nursery() as nursery:
         await nursery.start(upstream.run)
-        workers = _Workers(config, registry, book, pools, profiles, nursery, counters, metrics,
-                           fetch, upstream)
+        workers = WorkerLifecycle(config, registry, book, pools, profiles, nursery, counters,
+                                  metrics, fetch, upstream)
         if config.ledger.warm_start_url is not None:  # before any stream starts
             await workers.load_warm_start()
         problems: list[str] = []
@@ -510,7 +205,7 @@ def serve(config: CortexConfig, reload: Callable[[], CortexConfig] | None = None
     Under systemd (``NOTIFY_SOCKET``): READY=1 once both listeners are bound and the workers'
     ingestion started, WATCHDOG=1 from the trio loop every half ``WatchdogSec``, STOPPING=1
     when a signal starts the drain. ``reload`` (SIGHUP) re-reads the configuration and applies
-    its worker list (``_Workers.reload``); other keys need a restart."""
+    its worker list (``WorkerLifecycle.reload``); other keys need a restart."""
     notifier = Notifier.from_environ()
 
     async def main() -> None:
