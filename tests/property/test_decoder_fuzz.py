@@ -1,6 +1,6 @@
 """Fuzzing the wire decoder: whatever comes in, it returns a value that satisfies the model
 invariants or raises DecodeError — nothing else escapes. And the typed fast path never changes
-a result: ``decode_payload`` always equals the generic reference path ``_decode_generic``.
+a result: ``decode_payload`` always equals the generic reference path ``decode_generic``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cortex.errors import DecodeError
-from cortex.events.decoder import _decode_generic, decode_payload
+from cortex.events.decoder import decode_payload
+from cortex.events.decoder_generic import decode_generic
 from cortex.events.frames import parse_live_frames, parse_replay_reply
 from cortex.events.model import EngineFamily, EventBatch, LiveMessage, ReplayEnd, ReplayItem
 from tests.conftest import shared_dir
@@ -87,7 +88,7 @@ def check_payload(payload: bytes, family: EngineFamily) -> EventBatch | None:
     else:
         assert_model_invariants(result)
     try:
-        reference: EventBatch | None = _decode_generic(payload, family)
+        reference: EventBatch | None = decode_generic(payload, family)
     except DecodeError:
         reference = None
     assert result == reference

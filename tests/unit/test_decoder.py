@@ -8,7 +8,9 @@ import msgspec
 import pytest
 
 from cortex.errors import DecodeError
-from cortex.events.decoder import _decode_generic, _decode_typed, decode_payload
+from cortex.events.decoder import decode_payload
+from cortex.events.decoder_generic import decode_generic
+from cortex.events.decoder_typed import decode_typed
 from cortex.events.frames import encode_replay_request, parse_live_frames, parse_replay_reply
 from cortex.events.model import (
     AllBlocksCleared,
@@ -70,8 +72,8 @@ def decode(payload: bytes, family: EngineFamily = VLLM) -> EventBatch:
     """decode_payload, checking invariants and that both paths agree whenever both succeed."""
     result = decode_payload(payload, family)
     assert_model_invariants(result)
-    assert _decode_generic(payload, family) == result
-    typed = _decode_typed(payload, family)
+    assert decode_generic(payload, family) == result
+    typed = decode_typed(payload, family)
     assert typed is None or typed == result
     return result
 
@@ -93,7 +95,7 @@ def test_both_eras_mixed_in_one_batch() -> None:
     assert stored_map == stored_array
     assert isinstance(cleared, AllBlocksCleared)
     assert removed == BlockRemoved([3], None, None)
-    assert _decode_typed(batch(vllm_map(), vllm_array()), VLLM) is None  # mixed: generic path
+    assert decode_typed(batch(vllm_map(), vllm_array()), VLLM) is None  # mixed: generic path
 
 
 def test_unknown_tags_are_skipped_and_counted() -> None:
@@ -363,7 +365,7 @@ def test_malformed_payloads_raise_decode_error(name: str, family: EngineFamily) 
     with pytest.raises(DecodeError):
         decode_payload(payload, family)
     with pytest.raises(DecodeError):
-        _decode_generic(payload, family)
+        decode_generic(payload, family)
 
 
 def test_payload_must_be_bytes_like() -> None:

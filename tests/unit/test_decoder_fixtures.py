@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from cortex.events.decoder import _decode_generic, _decode_typed, decode_payload
+from cortex.events.decoder import decode_payload
+from cortex.events.decoder_generic import decode_generic
+from cortex.events.decoder_typed import decode_typed
 from cortex.events.frames import encode_replay_request, parse_live_frames, parse_replay_reply
 from cortex.events.model import (
     AllBlocksCleared,
@@ -69,8 +71,8 @@ def decode_both_paths(payload: bytes, family: EngineFamily) -> EventBatch:
     """decode_payload, also checking that the fast path took it and agrees with the reference."""
     batch = decode_payload(payload, family)
     assert_model_invariants(batch)
-    assert _decode_generic(payload, family) == batch
-    typed = _decode_typed(payload, family)
+    assert decode_generic(payload, family) == batch
+    typed = decode_typed(payload, family)
     assert typed == batch, "fixture payloads must take the typed fast path"
     return batch
 
