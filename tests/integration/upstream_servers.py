@@ -3,7 +3,8 @@
 ``start_server(nursery, behaviour)`` serves ``behaviour(conn)`` for every accepted connection
 and returns ``(origin, server)``. ``ServerConn`` reads requests with h11 (so well-behaved
 answers are real HTTP) and can also write raw bytes, stall or close at any point. Everything
-is synchronised with trio Events — nothing sleeps.
+is synchronised with trio Events — nothing sleeps. ``get(pool, origin, body)`` is the client
+side the pool tests share: a chat POST through the pool, its whole answer read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from functools import partial
 
 import h11
 import trio
+
+from cortex.upstream.pool import UpstreamPool
 
 
 @dataclass
@@ -132,3 +135,12 @@ async def keep_alive_ok(conn: ServerConn) -> None:
     """Well-behaved: answer every request with 200 ``ok`` (echoing the body if any)."""
     while (request := await conn.read_request()) is not None:
         await conn.respond(200, request.body or b"ok")
+
+
+CHAT = b"/v1/chat/completions"
+JSON = [(b"content-type", b"application/json")]
+
+
+async def get(pool: UpstreamPool, origin: str, body: bytes = b"") -> bytes:
+    async with pool.request(origin, b"POST", CHAT, JSON, body) as response:
+        return await response.read()
