@@ -107,6 +107,7 @@ class Params:
     gsp_rate: float = 4.0
     seed: int = 0
     affinity_tolerance_s: float = -1.0  # Cortex's exact_kv tolerance; < 0: its default
+    recompute_weight: float = -1.0  # Cortex's exact_kv recompute charge; < 0: its default
     engine_procs: str = "engine"  # engine: one process per engine | flavor: one per flavor
 
     def flavor_list(self) -> list[str]:
@@ -353,7 +354,8 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
                                    per_engine=p.engine_procs == "engine", roles=roles)
         policy = router if router in GATEWAY_POLICIES else PD_ROUTERS.get(router, "cortex")
         gateway = rc.start_gateway(procs, engines, policy, MODEL, p.engine_block,
-                                   p.prefill_tokens_per_s, p.affinity_tolerance_s)
+                                   p.prefill_tokens_per_s, p.affinity_tolerance_s,
+                                   p.recompute_weight)
         url = rc.start_sglang_router(procs, engines, MODEL) if router == "sglang-router" \
             else gateway.url
         started = time.monotonic()

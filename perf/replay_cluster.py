@@ -183,9 +183,11 @@ class Gateway:
 
 def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
                   block_size: int, prefill_tokens_per_s: float,
-                  affinity_tolerance_s: float = -1.0) -> Gateway:
+                  affinity_tolerance_s: float = -1.0,
+                  recompute_weight: float = -1.0) -> Gateway:
     spec = {"model": model, "prefill_tokens_per_s": prefill_tokens_per_s,
-            "affinity_tolerance_s": affinity_tolerance_s, "tokenizer": ds.TOKENIZER_JSON, "block_size": block_size,
+            "affinity_tolerance_s": affinity_tolerance_s,
+            "recompute_weight": recompute_weight, "tokenizer": ds.TOKENIZER_JSON, "block_size": block_size,
             "template": procs.template(), "bos": ds.BOS, "eos": ds.EOS, "policy": policy,
             "workers": [{"name": e.name, "url": e.url, "engine": e.flavor, "events": e.events,
                          "replay": e.replay, "role": e.role,

@@ -70,6 +70,8 @@ def config_from(spec: dict) -> CortexConfig:
     cost = {"default_prefill_tokens_per_s": spec["prefill_tokens_per_s"]}
     if spec.get("affinity_tolerance_s", -1.0) >= 0:
         cost["affinity_tolerance_s"] = spec["affinity_tolerance_s"]
+    if spec.get("recompute_weight", -1.0) >= 0:
+        cost["recompute_weight"] = spec["recompute_weight"]
     return CortexConfig(
         server=ServerConfig(host="127.0.0.1", port=0),
         control=ControlConfig(host="127.0.0.1", port=0),
