@@ -246,10 +246,15 @@ def test_moving_away_from_the_longest_hit_is_charged_the_recompute_again():
     assert pick(1100, 1) == "w0"  # 0.1036 <= 0.1064
     assert pick(1150, 1) == "w1"  # 0.1086 > 0.1064
     assert pick(1150, 2) == "w0"  # 0.1086 <= 0.1128
-    d = ExactKv(CostConfig(decode_s_per_in_flight=0, affinity_tolerance_s=0.1)).decide(
-        request(8), [worker("w0", queued_prefill_tokens=1200), worker("w1")],
-        {"w0": 8, "w1": 4})  # the default weight, 2: 0.1136 s > 0.1128 s
-    assert d.worker == "w1" and "(allowed 0.113 s)" in d.reason
+    def pick_default(queued: int) -> Decision:
+        return ExactKv(CostConfig(decode_s_per_in_flight=0, affinity_tolerance_s=0.1)).decide(
+            request(8), [worker("w0", queued_prefill_tokens=queued), worker("w1")],
+            {"w0": 8, "w1": 4})
+
+    # the default weight, 10: the longest hit may cost 0.1 + 0.064 s more
+    assert pick_default(1700).worker == "w0"  # extra 0.1636 s <= 0.164
+    d = pick_default(1800)  # extra 0.1736 s > 0.164
+    assert d.worker == "w1" and "(allowed 0.164 s)" in d.reason
 
 
 def test_holders_all_above_the_load_cap_send_the_request_elsewhere():
