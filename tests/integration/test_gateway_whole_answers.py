@@ -5,11 +5,15 @@ write; a stream that is still arriving stays a stream (real sim engines, real so
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import trio
 
+from cortex.app import Running
 from cortex.config import HealthConfig
-from cortex.front.messages import HttpRequest
+from cortex.front.messages import HttpRequest, HttpResponse
+from cortex.sim.engine import SimEngine
 from tests.gateway_cluster import MODEL, gateway_cluster
 
 # Health probes and load polls share the upstream pool; after the first round (which the
@@ -41,15 +45,23 @@ async def test_a_whole_answer_is_bytes_and_its_exchange_already_closed():
         assert running.pools[MODEL].pending.in_flight(engine.name) == 0
 
 
-async def test_an_answer_still_arriving_stays_a_stream_until_read():
-    timing = {"decode_s_per_token": 0.02}  # six tokens, 20 ms apart: not whole at first read
-    async with gateway_cluster(("vllm-0.33",), timing_changes=timing,
+@asynccontextmanager
+async def streaming_answer(question: str) -> AsyncIterator[tuple[Running, SimEngine,
+                                                                  HttpResponse]]:
+    """A one-engine cluster, probes quiet and none in flight, and the handler's response to a
+    streamed request still arriving (six tokens, 20 ms apart: not whole at first read)."""
+    async with gateway_cluster(("vllm-0.33",), timing_changes={"decode_s_per_token": 0.02},
                                config_changes=QUIET) as cluster:
         running = cluster.running
         engine = cluster.engines[0]
         await cluster.until(lambda: running.gateway.upstream.stats(engine.url).busy == 0)
-        response = await running.gateway.handle(chat("Stream it.", stream=True))
+        response = await running.gateway.handle(chat(question, stream=True))
         assert not isinstance(response.body, bytes)
+        yield running, engine, response
+
+
+async def test_an_answer_still_arriving_stays_a_stream_until_read():
+    async with streaming_answer("Stream it.") as (running, engine, response):
         try:
             assert running.pools[MODEL].pending.in_flight(engine.name) == 1
             assert running.gateway.upstream.stats(engine.url).busy == 1  # still its exchange's
@@ -64,14 +76,7 @@ async def test_an_answer_still_arriving_stays_a_stream_until_read():
 async def test_a_stream_closed_before_its_first_chunk_releases_everything():
     """The server closes a body without asking for a chunk when the client left while the
     head was written: the exchange and the accounting are released all the same."""
-    timing = {"decode_s_per_token": 0.02}
-    async with gateway_cluster(("vllm-0.33",), timing_changes=timing,
-                               config_changes=QUIET) as cluster:
-        running = cluster.running
-        engine = cluster.engines[0]
-        await cluster.until(lambda: running.gateway.upstream.stats(engine.url).busy == 0)
-        response = await running.gateway.handle(chat("Leave at once.", stream=True))
-        assert not isinstance(response.body, bytes)
+    async with streaming_answer("Leave at once.") as (running, engine, response):
         assert running.gateway.upstream.stats(engine.url).busy == 1
         await response.body.aclose()
         stats = running.gateway.upstream.stats(engine.url)
