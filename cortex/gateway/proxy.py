@@ -50,7 +50,7 @@ from cortex.gateway.endpoints import (
     request_prompt,
     with_dp_rank,
 )
-from cortex.gateway.legs import RETRY_STATUSES, Leg, RetryableStatus
+from cortex.gateway.legs import RETRY_STATUSES, Leg, LegBody, RetryableStatus
 from cortex.gateway.observer import RouteObserver
 from cortex.gateway.pool import ModelPool, Route
 from cortex.gateway.settings import AdmissionSettings
@@ -305,70 +305,3 @@ def _client_headers(leg: Leg, *, with_length: bool) -> list[tuple[bytes, bytes]]
             if name not in _DROPPED_RESPONSE_HEADERS and not name.startswith(b"x-cortex-")
             and (with_length or name != b"content-length")]
 
-
-class LegBody:
-    """A leg's body as the client's streamed response body: the first chunk, then the rest as
-    it arrives (``transform``-ed if given), sniffed for ``cached_tokens``.
-
-    Not an async generator on purpose: ``aclose()`` on a generator that never started runs
-    none of its ``finally``, and the server may close a body before asking for any chunk (the
-    client left while the head was written). Here ``aclose`` always closes ``stack`` — the
-    upstream exchange and the in-flight accounting — exactly once.
-    """
-
-    __slots__ = ("_leg", "_stack", "_on_failure", "_on_cached_tokens", "_transform",
-                 "_sniffer", "_started", "_closed")
-
-    def __init__(self, leg: Leg, stack: contextlib.AsyncExitStack,
-                 on_failure: Callable[[UpstreamError], None],
-                 on_cached_tokens: Callable[[int], None] | None,
-                 transform: Callable[[bytes], bytes] | None) -> None:
-        self._leg = leg
-        self._stack = stack
-        self._on_failure = on_failure
-        self._on_cached_tokens = on_cached_tokens
-        self._transform = transform
-        self._sniffer = CachedTokensSniffer()
-        self._started = False
-        self._closed = False
-
-    def __aiter__(self) -> LegBody:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self._closed:
-            raise StopAsyncIteration
-        leg = self._leg
-        if not self._started:
-            self._started = True
-            chunk = leg.first
-        else:
-            try:
-                chunk = await leg.chunks.__anext__()
-            except StopAsyncIteration:
-                chunk = None
-            except UpstreamError as error:
-                self._on_failure(error)
-                await self._close(complete=False)
-                raise
-            except BaseException:
-                await self._close(complete=False)
-                raise
-        if chunk is None:
-            await self._close(complete=True)
-            raise StopAsyncIteration
-        self._sniffer.feed(chunk)
-        return chunk if self._transform is None else self._transform(chunk)
-
-    async def aclose(self) -> None:
-        await self._close(complete=False)
-
-    async def _close(self, *, complete: bool) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with trio.CancelScope(shield=True):
-            await self._stack.aclose()
-        cached = self._sniffer.cached_tokens
-        if complete and self._on_cached_tokens is not None and cached is not None:
-            self._on_cached_tokens(cached)
