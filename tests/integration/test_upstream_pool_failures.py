@@ -20,9 +20,8 @@ from tests.integration.upstream_servers import (
     ServerConn,
     get,
     keep_alive_ok,
-    start_server,
+    pool_serving,
 )
-
 
 # -- broken workers ------------------------------------------------------------------------
 
@@ -32,16 +31,11 @@ async def test_garbage_instead_of_a_head():
         await conn.raw(b"SMTP ready\r\n\r\n")
         await conn.wait_eof()
 
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, garbage)
-            await nursery.start(pool.run)
-            with pytest.raises(UpstreamBroken) as caught:
-                await get(pool, origin)
-            assert (caught.value.phase, caught.value.response_started) == ("head", True)
-            await server.conns[0].saw_eof.wait()
-            nursery.cancel_scope.cancel()
+    async with pool_serving(garbage) as (pool, origin, server, nursery):
+        with pytest.raises(UpstreamBroken) as caught:
+            await get(pool, origin)
+        assert (caught.value.phase, caught.value.response_started) == ("head", True)
+        await server.conns[0].saw_eof.wait()
 
 
 async def test_close_after_head_and_mid_chunked_body():
@@ -53,36 +47,26 @@ async def test_close_after_head_and_mid_chunked_body():
             await conn.start_chunked()
             await conn.chunk(b"data: 1\n\n")
 
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, _ = await start_server(nursery, die_in_body)
-            await nursery.start(pool.run)
-            for expected_chunks in ([b"12345"], [b"data: 1\n\n"]):
-                chunks = []
-                with pytest.raises(UpstreamBroken) as caught:
-                    async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
-                        async for chunk in response.body_chunks():
-                            chunks.append(chunk)
-                assert chunks == expected_chunks
-                assert (caught.value.phase, caught.value.response_started) == ("body", True)
-            assert pool.stats(origin).open == 0
-            nursery.cancel_scope.cancel()
+    async with pool_serving(die_in_body) as (pool, origin, _, nursery):
+        for expected_chunks in ([b"12345"], [b"data: 1\n\n"]):
+            chunks = []
+            with pytest.raises(UpstreamBroken) as caught:
+                async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
+                    async for chunk in response.body_chunks():
+                        chunks.append(chunk)
+            assert chunks == expected_chunks
+            assert (caught.value.phase, caught.value.response_started) == ("body", True)
+        assert pool.stats(origin).open == 0
 
 
 async def test_body_over_read_limit():
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, _ = await start_server(nursery, keep_alive_ok)
-            await nursery.start(pool.run)
-            with pytest.raises(UpstreamBroken) as caught:
-                async with pool.request(origin, b"POST", CHAT, JSON, b"x" * 100) as response:
-                    await response.read(limit=10)
-            assert caught.value.phase == "body"
-            # the whole response had arrived, so the connection itself is clean and kept
-            assert pool.stats(origin) == PoolStats(1, 1, 0, created=1, reused=0, discarded=0)
-            nursery.cancel_scope.cancel()
+    async with pool_serving(keep_alive_ok) as (pool, origin, _, nursery):
+        with pytest.raises(UpstreamBroken) as caught:
+            async with pool.request(origin, b"POST", CHAT, JSON, b"x" * 100) as response:
+                await response.read(limit=10)
+        assert caught.value.phase == "body"
+        # the whole response had arrived, so the connection itself is clean and kept
+        assert pool.stats(origin) == PoolStats(1, 1, 0, created=1, reused=0, discarded=0)
 
 
 async def test_connect_refused():
@@ -97,18 +81,13 @@ async def test_connect_refused():
 
 
 async def test_a_head_h11_refuses_is_a_bad_request_and_nothing_is_sent():
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, keep_alive_ok)
-            await nursery.start(pool.run)
-            with pytest.raises(BadRequest):
-                async with pool.request(origin, b"POST", CHAT, [(b"x-evil", b"a\r\nb: c")]):
-                    pass
-            await server.conns[0].saw_eof.wait()
-            assert server.conns[0].requests == []
-            assert pool.stats(origin).open == 0
-            nursery.cancel_scope.cancel()
+    async with pool_serving(keep_alive_ok) as (pool, origin, server, nursery):
+        with pytest.raises(BadRequest):
+            async with pool.request(origin, b"POST", CHAT, [(b"x-evil", b"a\r\nb: c")]):
+                pass
+        await server.conns[0].saw_eof.wait()
+        assert server.conns[0].requests == []
+        assert pool.stats(origin).open == 0
 
 
 # -- cancellation and timeouts -------------------------------------------------------------
@@ -121,18 +100,13 @@ async def test_cancelled_while_waiting_for_head_closes_the_socket():
         got_request.set()
         await conn.wait_eof()
 
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, never_answer)
-            await nursery.start(pool.run)
-            with trio.CancelScope() as client_gone:
-                nursery.start_soon(_cancel_when, got_request, client_gone)
-                await get(pool, origin)
-            assert client_gone.cancelled_caught
-            await server.conns[0].saw_eof.wait()  # the engine learns its client left
-            assert pool.stats(origin) == PoolStats(0, 0, 0, created=1, reused=0, discarded=1)
-            nursery.cancel_scope.cancel()
+    async with pool_serving(never_answer) as (pool, origin, server, nursery):
+        with trio.CancelScope() as client_gone:
+            nursery.start_soon(_cancel_when, got_request, client_gone)
+            await get(pool, origin)
+        assert client_gone.cancelled_caught
+        await server.conns[0].saw_eof.wait()  # the engine learns its client left
+        assert pool.stats(origin) == PoolStats(0, 0, 0, created=1, reused=0, discarded=1)
 
 
 async def test_cancelled_mid_stream_closes_the_socket():
@@ -142,18 +116,13 @@ async def test_cancelled_mid_stream_closes_the_socket():
         await conn.chunk(b"data: 1\n\n")
         await conn.wait_eof()
 
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, stream_forever)
-            await nursery.start(pool.run)
-            with trio.CancelScope() as client_gone:
-                async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
-                    async for _chunk in response.body_chunks():
-                        client_gone.cancel()
-            await server.conns[0].saw_eof.wait()
-            assert pool.stats(origin).discarded == 1
-            nursery.cancel_scope.cancel()
+    async with pool_serving(stream_forever) as (pool, origin, server, nursery):
+        with trio.CancelScope() as client_gone:
+            async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
+                async for _chunk in response.body_chunks():
+                    client_gone.cancel()
+        await server.conns[0].saw_eof.wait()
+        assert pool.stats(origin).discarded == 1
 
 
 async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
@@ -169,24 +138,20 @@ async def test_head_and_body_timeouts():
             await conn.chunk(b"data: 1\n\n")
         await conn.wait_eof()
 
-    pool = UpstreamPool(PoolLimits(read_timeout_s=0.2))
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, stall)
-            await nursery.start(pool.run)
-            with pytest.raises(UpstreamTimeout) as caught:
-                async with pool.request(origin, b"POST", CHAT, JSON, b"{}",
-                                        head_timeout_s=0.2):
-                    pass
-            assert (caught.value.phase, caught.value.http_status) == ("head", 504)
-            with pytest.raises(UpstreamTimeout) as caught:
-                async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
-                    assert await anext(response.body_chunks()) == b"data: 1\n\n"
-                    await response.read()
-            assert (caught.value.phase, caught.value.response_started) == ("body", True)
-            await server.conns[0].saw_eof.wait()
-            await server.conns[1].saw_eof.wait()
-            nursery.cancel_scope.cancel()
+    slow_reads = UpstreamPool(PoolLimits(read_timeout_s=0.2))
+    async with pool_serving(stall, slow_reads) as (pool, origin, server, nursery):
+        with pytest.raises(UpstreamTimeout) as caught:
+            async with pool.request(origin, b"POST", CHAT, JSON, b"{}",
+                                    head_timeout_s=0.2):
+                pass
+        assert (caught.value.phase, caught.value.http_status) == ("head", 504)
+        with pytest.raises(UpstreamTimeout) as caught:
+            async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
+                assert await anext(response.body_chunks()) == b"data: 1\n\n"
+                await response.read()
+        assert (caught.value.phase, caught.value.response_started) == ("body", True)
+        await server.conns[0].saw_eof.wait()
+        await server.conns[1].saw_eof.wait()
 
 
 async def test_an_earlier_deadline_wakes_the_deadline_keeper():
@@ -203,26 +168,21 @@ async def test_an_earlier_deadline_wakes_the_deadline_keeper():
             heads_requested.set()
         await conn.wait_eof()
 
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, never_answer)
-            await nursery.start(pool.run)
-            a_gone = trio.CancelScope()
+    async with pool_serving(never_answer) as (pool, origin, server, nursery):
+        a_gone = trio.CancelScope()
 
-            async def request_a() -> None:
-                with a_gone:
-                    await get(pool, origin, b"a")
+        async def request_a() -> None:
+            with a_gone:
+                await get(pool, origin, b"a")
 
-            nursery.start_soon(request_a)
-            await trio.testing.wait_all_tasks_blocked()
-            with pytest.raises(UpstreamTimeout) as caught:
-                async with pool.request(origin, b"POST", CHAT, JSON, b"b", head_timeout_s=0.2):
-                    pass
-            assert caught.value.phase == "head"
-            assert heads_requested.is_set() and pool.stats(origin).busy == 1  # A still waits
-            a_gone.cancel()
-            for conn in server.conns:
-                await conn.saw_eof.wait()
-            assert pool.stats(origin).open == 0
-            nursery.cancel_scope.cancel()
+        nursery.start_soon(request_a)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(UpstreamTimeout) as caught:
+            async with pool.request(origin, b"POST", CHAT, JSON, b"b", head_timeout_s=0.2):
+                pass
+        assert caught.value.phase == "head"
+        assert heads_requested.is_set() and pool.stats(origin).busy == 1  # A still waits
+        a_gone.cancel()
+        for conn in server.conns:
+            await conn.saw_eof.wait()
+        assert pool.stats(origin).open == 0

@@ -11,7 +11,13 @@ import trio.testing
 from cortex.upstream.errors import UpstreamTimeout
 from cortex.upstream.limits import PoolLimits
 from cortex.upstream.pool import PoolStats, UpstreamPool
-from tests.integration.upstream_servers import ServerConn, get, keep_alive_ok, start_server
+from tests.integration.upstream_servers import (
+    ServerConn,
+    get,
+    keep_alive_ok,
+    pool_serving,
+    start_server,
+)
 
 
 async def test_connection_cap_waiters_get_the_released_connection_or_time_out():
@@ -25,35 +31,30 @@ async def test_connection_cap_waiters_get_the_released_connection_or_time_out():
                 await release.wait()
             await conn.respond(200, request.body)
 
-    pool = UpstreamPool(PoolLimits(max_connections_per_worker=1, max_idle_per_worker=1,
-                                   acquire_timeout_s=0.2))
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, first_waits)
-            await nursery.start(pool.run)
-            results: list[bytes] = []
+    limits = PoolLimits(max_connections_per_worker=1, max_idle_per_worker=1, acquire_timeout_s=0.2)
+    async with pool_serving(first_waits, UpstreamPool(limits)) as (pool, origin, server, nursery):
+        results: list[bytes] = []
 
-            async def call(body: bytes) -> None:
-                results.append(await get(pool, origin, body))
+        async def call(body: bytes) -> None:
+            results.append(await get(pool, origin, body))
 
-            nursery.start_soon(call, b"hold")
-            await in_flight.wait()
-            with pytest.raises(UpstreamTimeout) as caught:
-                await get(pool, origin, b"late")
-            assert caught.value.phase == "acquire"
-            assert pool.stats(origin).busy == 1
+        nursery.start_soon(call, b"hold")
+        await in_flight.wait()
+        with pytest.raises(UpstreamTimeout) as caught:
+            await get(pool, origin, b"late")
+        assert caught.value.phase == "acquire"
+        assert pool.stats(origin).busy == 1
 
-            # a waiter is handed the connection as soon as the holder completes
-            pool.limits = PoolLimits(max_connections_per_worker=1, max_idle_per_worker=1,
-                                     acquire_timeout_s=10)
-            async with trio.open_nursery() as waiters:
-                waiters.start_soon(call, b"next")
-                await trio.testing.wait_all_tasks_blocked()
-                release.set()
-            assert results == [b"hold", b"next"]
-            assert len(server.conns) == 1
-            assert pool.stats(origin) == PoolStats(1, 1, 0, created=1, reused=1, discarded=0)
-            nursery.cancel_scope.cancel()
+        # a waiter is handed the connection as soon as the holder completes
+        pool.limits = PoolLimits(max_connections_per_worker=1, max_idle_per_worker=1,
+                                 acquire_timeout_s=10)
+        async with trio.open_nursery() as waiters:
+            waiters.start_soon(call, b"next")
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        assert results == [b"hold", b"next"]
+        assert len(server.conns) == 1
+        assert pool.stats(origin) == PoolStats(1, 1, 0, created=1, reused=1, discarded=0)
 
 
 async def test_idle_cap_keeps_the_newest():
@@ -69,16 +70,13 @@ async def test_idle_cap_keeps_the_newest():
             await both_in.wait()
             await conn.respond(200, request.body)
 
-    pool = UpstreamPool(PoolLimits(max_connections_per_worker=4, max_idle_per_worker=1))
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, _ = await start_server(nursery, answer_when_both_arrived)
-            await nursery.start(pool.run)
-            async with trio.open_nursery() as calls:
-                calls.start_soon(get, pool, origin, b"a")
-                calls.start_soon(get, pool, origin, b"b")
-            assert pool.stats(origin) == PoolStats(1, 1, 0, created=2, reused=0, discarded=1)
-            nursery.cancel_scope.cancel()
+    limits = PoolLimits(max_connections_per_worker=4, max_idle_per_worker=1)
+    async with pool_serving(answer_when_both_arrived, UpstreamPool(limits)) as (
+            pool, origin, _, nursery):
+        async with trio.open_nursery() as calls:
+            calls.start_soon(get, pool, origin, b"a")
+            calls.start_soon(get, pool, origin, b"b")
+        assert pool.stats(origin) == PoolStats(1, 1, 0, created=2, reused=0, discarded=1)
 
 
 async def test_run_reaps_idle_connections_and_closes_the_pool_on_cancel():
@@ -117,16 +115,12 @@ async def _answer_then_wait_eof(conn: ServerConn) -> None:
 async def test_reap_idle_follows_the_injected_clock():
     now = [100.0]
     pool = UpstreamPool(PoolLimits(idle_timeout_s=30), clock=lambda: now[0])
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, _answer_then_wait_eof)
-            await nursery.start(pool.run)
-            await get(pool, origin)
-            assert pool.reap_idle(129.0) == 130.0
-            assert pool.stats(origin).idle == 1
-            assert pool.reap_idle(130.0) is None
-            await server.conns[0].saw_eof.wait()
-            nursery.cancel_scope.cancel()
+    async with pool_serving(_answer_then_wait_eof, pool) as (pool, origin, server, nursery):
+        await get(pool, origin)
+        assert pool.reap_idle(129.0) == 130.0
+        assert pool.stats(origin).idle == 1
+        assert pool.reap_idle(130.0) is None
+        await server.conns[0].saw_eof.wait()
 
 
 async def test_close_origin_closes_idle_and_retires_busy_connections():
@@ -140,25 +134,20 @@ async def test_close_origin_closes_idle_and_retires_busy_connections():
                 await release.wait()
             await conn.respond(200, request.body)
 
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, maybe_hold)
-            await nursery.start(pool.run)
-            await get(pool, origin, b"idle")
-            async with trio.open_nursery() as calls:
-                calls.start_soon(get, pool, origin, b"hold")  # reuses the idle one
-                await holding.wait()
-                await get(pool, origin, b"second")  # a second connection, then idle
-                assert pool.stats(origin).open == 2
-                await pool.close_origin(origin)
-                assert pool.stats(origin).idle == 0
-                await server.conns[1].saw_eof.wait()
-                release.set()
-            assert pool.stats(origin).open == 0  # the busy one was closed, not pooled
-            await server.conns[0].saw_eof.wait()
-            assert await get(pool, origin, b"again") == b"again"  # the origin still works
-            nursery.cancel_scope.cancel()
+    async with pool_serving(maybe_hold) as (pool, origin, server, nursery):
+        await get(pool, origin, b"idle")
+        async with trio.open_nursery() as calls:
+            calls.start_soon(get, pool, origin, b"hold")  # reuses the idle one
+            await holding.wait()
+            await get(pool, origin, b"second")  # a second connection, then idle
+            assert pool.stats(origin).open == 2
+            await pool.close_origin(origin)
+            assert pool.stats(origin).idle == 0
+            await server.conns[1].saw_eof.wait()
+            release.set()
+        assert pool.stats(origin).open == 0  # the busy one was closed, not pooled
+        await server.conns[0].saw_eof.wait()
+        assert await get(pool, origin, b"again") == b"again"  # the origin still works
 
 
 async def test_waiters_cancelled_or_handed_a_slot_leave_the_books_straight():
@@ -175,36 +164,33 @@ async def test_waiters_cancelled_or_handed_a_slot_leave_the_books_straight():
             return
         await keep_alive_ok_after(conn, request)
 
-    pool = UpstreamPool(PoolLimits(max_connections_per_worker=1, max_idle_per_worker=1))
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, hold_then_close)
-            await nursery.start(pool.run)
-            results: list[bytes] = []
+    limits = PoolLimits(max_connections_per_worker=1, max_idle_per_worker=1)
+    async with pool_serving(hold_then_close, UpstreamPool(limits)) as (
+            pool, origin, server, nursery):
+        results: list[bytes] = []
 
-            async def call(body: bytes) -> None:
-                results.append(await get(pool, origin, body))
+        async def call(body: bytes) -> None:
+            results.append(await get(pool, origin, body))
 
-            async with trio.open_nursery() as calls:
-                calls.start_soon(call, b"hold")
-                await holding.wait()
-                gone = trio.CancelScope()
+        async with trio.open_nursery() as calls:
+            calls.start_soon(call, b"hold")
+            await holding.wait()
+            gone = trio.CancelScope()
 
-                async def impatient() -> None:
-                    with gone:
-                        await get(pool, origin, b"never")
+            async def impatient() -> None:
+                with gone:
+                    await get(pool, origin, b"never")
 
-                calls.start_soon(impatient)
-                calls.start_soon(call, b"patient")
-                await trio.testing.wait_all_tasks_blocked()
-                gone.cancel()  # leaves the queue before anything was handed over
-                await trio.testing.wait_all_tasks_blocked()
-                release.set()  # the holder's connection closes: its slot goes to "patient"
-            assert results == [b"held", b"patient"]
-            assert len(server.conns) == 2
-            assert [r.body for c in server.conns for r in c.requests] == [b"hold", b"patient"]
-            assert pool.stats(origin) == PoolStats(1, 1, 0, created=2, reused=0, discarded=1)
-            nursery.cancel_scope.cancel()
+            calls.start_soon(impatient)
+            calls.start_soon(call, b"patient")
+            await trio.testing.wait_all_tasks_blocked()
+            gone.cancel()  # leaves the queue before anything was handed over
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()  # the holder's connection closes: its slot goes to "patient"
+        assert results == [b"held", b"patient"]
+        assert len(server.conns) == 2
+        assert [r.body for c in server.conns for r in c.requests] == [b"hold", b"patient"]
+        assert pool.stats(origin) == PoolStats(1, 1, 0, created=2, reused=0, discarded=1)
 
 
 async def keep_alive_ok_after(conn: ServerConn, first) -> None:

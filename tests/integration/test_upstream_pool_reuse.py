@@ -8,70 +8,54 @@ import pytest
 import trio
 
 from cortex.upstream.errors import UpstreamBroken
-from cortex.upstream.pool import PoolStats, UpstreamPool
+from cortex.upstream.pool import PoolStats
 from tests.integration.upstream_servers import (
     CHAT,
     JSON,
     ServerConn,
     get,
     keep_alive_ok,
-    start_server,
+    pool_serving,
 )
-
 
 # -- keep-alive and reuse --------------------------------------------------------------------
 
 async def test_sequential_requests_reuse_one_connection():
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, keep_alive_ok)
-            await nursery.start(pool.run)
-            async with pool.request(origin, b"POST", CHAT, JSON, b"first") as response:
-                assert (response.status, response.reused) == (200, False)
-                assert await response.read() == b"first"
-            async with pool.request(origin, b"POST", CHAT, JSON, b"second") as response:
-                assert response.reused
-                assert await response.read() == b"second"
-            assert len(server.conns) == 1 and len(server.conns[0].requests) == 2
-            assert pool.stats(origin) == PoolStats(open=1, idle=1, busy=0, created=1,
-                                                   reused=1, discarded=0)
-            nursery.cancel_scope.cancel()
+    async with pool_serving(keep_alive_ok) as (pool, origin, server, nursery):
+        async with pool.request(origin, b"POST", CHAT, JSON, b"first") as response:
+            assert (response.status, response.reused) == (200, False)
+            assert await response.read() == b"first"
+        async with pool.request(origin, b"POST", CHAT, JSON, b"second") as response:
+            assert response.reused
+            assert await response.read() == b"second"
+        assert len(server.conns) == 1 and len(server.conns[0].requests) == 2
+        assert pool.stats(origin) == PoolStats(open=1, idle=1, busy=0, created=1,
+                                               reused=1, discarded=0)
 
 
 async def test_head_sent_to_worker():
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, keep_alive_ok)
-            await nursery.start(pool.run)
-            headers = [(b"Host", b"gateway.example"), (b"Connection", b"keep-alive, x-hop"),
-                       (b"x-hop", b"1"), (b"transfer-encoding", b"chunked"),
-                       (b"content-length", b"1"), (b"authorization", b"Bearer k")]
-            async with pool.request(origin, b"POST", b"/generate?x=1", headers,
-                                    b"{}") as response:
-                await response.read()
-            seen = server.conns[0].requests[0]
-            assert (seen.method, seen.target, seen.body) == (b"POST", b"/generate?x=1", b"{}")
-            assert seen.headers == [(b"host", origin.removeprefix("http://").encode()),
-                                    (b"authorization", b"Bearer k"),
-                                    (b"content-length", b"2")]
-            nursery.cancel_scope.cancel()
+    async with pool_serving(keep_alive_ok) as (pool, origin, server, nursery):
+        headers = [(b"Host", b"gateway.example"), (b"Connection", b"keep-alive, x-hop"),
+                   (b"x-hop", b"1"), (b"transfer-encoding", b"chunked"),
+                   (b"content-length", b"1"), (b"authorization", b"Bearer k")]
+        async with pool.request(origin, b"POST", b"/generate?x=1", headers,
+                                b"{}") as response:
+            await response.read()
+        seen = server.conns[0].requests[0]
+        assert (seen.method, seen.target, seen.body) == (b"POST", b"/generate?x=1", b"{}")
+        assert seen.headers == [(b"host", origin.removeprefix("http://").encode()),
+                                (b"authorization", b"Bearer k"),
+                                (b"content-length", b"2")]
 
 
 async def test_unread_body_already_received_still_reuses():
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, keep_alive_ok)
-            await nursery.start(pool.run)
-            for _ in range(3):
-                async with pool.request(origin, b"GET", b"/health", []) as response:
-                    assert response.status == 200
-                    # the small body came in the head's segment; the caller never reads it
-            assert len(server.conns) == 1
-            assert pool.stats(origin) == PoolStats(1, 1, 0, created=1, reused=2, discarded=0)
-            nursery.cancel_scope.cancel()
+    async with pool_serving(keep_alive_ok) as (pool, origin, server, nursery):
+        for _ in range(3):
+            async with pool.request(origin, b"GET", b"/health", []) as response:
+                assert response.status == 200
+                # the small body came in the head's segment; the caller never reads it
+        assert len(server.conns) == 1
+        assert pool.stats(origin) == PoolStats(1, 1, 0, created=1, reused=2, discarded=0)
 
 
 async def test_connection_close_from_worker_is_not_reused():
@@ -79,16 +63,11 @@ async def test_connection_close_from_worker_is_not_reused():
         await conn.read_request()
         await conn.respond(200, b"bye", [(b"connection", b"close")])
 
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, close_after_answer)
-            await nursery.start(pool.run)
-            assert await get(pool, origin) == b"bye"
-            assert await get(pool, origin) == b"bye"
-            assert len(server.conns) == 2
-            assert pool.stats(origin) == PoolStats(0, 0, 0, created=2, reused=0, discarded=2)
-            nursery.cancel_scope.cancel()
+    async with pool_serving(close_after_answer) as (pool, origin, server, nursery):
+        assert await get(pool, origin) == b"bye"
+        assert await get(pool, origin) == b"bye"
+        assert len(server.conns) == 2
+        assert pool.stats(origin) == PoolStats(0, 0, 0, created=2, reused=0, discarded=2)
 
 
 async def test_early_exit_closes_and_is_never_reused():
@@ -102,19 +81,14 @@ async def test_early_exit_closes_and_is_never_reused():
             await conn.chunk(b"data: 2\n\n")
             await conn.end()
 
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, stream_two_chunks)
-            await nursery.start(pool.run)
-            async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
-                assert response.status == 200
-                assert await anext(response.body_chunks()) == b"data: 1\n\n"
-            await server.conns[0].saw_eof.wait()
-            assert await get(pool, origin) == b"data: 1\n\ndata: 2\n\n"
-            assert len(server.conns) == 2
-            assert pool.stats(origin).discarded == 1
-            nursery.cancel_scope.cancel()
+    async with pool_serving(stream_two_chunks) as (pool, origin, server, nursery):
+        async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
+            assert response.status == 200
+            assert await anext(response.body_chunks()) == b"data: 1\n\n"
+        await server.conns[0].saw_eof.wait()
+        assert await get(pool, origin) == b"data: 1\n\ndata: 2\n\n"
+        assert len(server.conns) == 2
+        assert pool.stats(origin).discarded == 1
 
 
 async def test_streamed_chunks_arrive_one_by_one():
@@ -129,23 +103,18 @@ async def test_streamed_chunks_arrive_one_by_one():
         await conn.chunk(b"data: [DONE]\n\n")
         await conn.end()
 
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, _ = await start_server(nursery, lockstep)
-            await nursery.start(pool.run)
-            received = []
-            async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
-                assert response.header(b"content-type") == b"text/event-stream"
-                async for chunk in response.body_chunks():
-                    received.append(chunk)
-                    if len(received) <= 3:
-                        got[len(received) - 1].set()
-                assert response.complete
-            assert received == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n",
-                                b"data: [DONE]\n\n"]
-            assert pool.stats(origin).idle == 1  # complete: back in the pool
-            nursery.cancel_scope.cancel()
+    async with pool_serving(lockstep) as (pool, origin, _, nursery):
+        received = []
+        async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
+            assert response.header(b"content-type") == b"text/event-stream"
+            async for chunk in response.body_chunks():
+                received.append(chunk)
+                if len(received) <= 3:
+                    got[len(received) - 1].set()
+            assert response.complete
+        assert received == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n",
+                            b"data: [DONE]\n\n"]
+        assert pool.stats(origin).idle == 1  # complete: back in the pool
 
 
 # -- the keep-alive race: one retry, only when safe --------------------------------------------
@@ -159,17 +128,12 @@ async def test_reused_connection_closed_before_any_byte_is_retried_once():
             first = False
             await conn.respond(200, b"ok")
 
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, drop_second_request)
-            await nursery.start(pool.run)
-            assert await get(pool, origin) == b"ok"
-            assert await get(pool, origin) == b"ok"
-            assert len(server.conns) == 2
-            stats = pool.stats(origin)
-            assert (stats.created, stats.reused, stats.discarded) == (2, 1, 1)
-            nursery.cancel_scope.cancel()
+    async with pool_serving(drop_second_request) as (pool, origin, server, nursery):
+        assert await get(pool, origin) == b"ok"
+        assert await get(pool, origin) == b"ok"
+        assert len(server.conns) == 2
+        stats = pool.stats(origin)
+        assert (stats.created, stats.reused, stats.discarded) == (2, 1, 1)
 
 
 async def test_connection_closed_while_idle_is_replaced():
@@ -181,16 +145,11 @@ async def test_connection_closed_while_idle_is_replaced():
         await conn.close()  # ...then closed while idle in the client's pool
         closed.set()
 
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, answer_then_close)
-            await nursery.start(pool.run)
-            assert await get(pool, origin) == b"ok"
-            await closed.wait()
-            assert await get(pool, origin) == b"ok"  # detected while idle, or retried once
-            assert len(server.conns) == 2
-            nursery.cancel_scope.cancel()
+    async with pool_serving(answer_then_close) as (pool, origin, server, nursery):
+        assert await get(pool, origin) == b"ok"
+        await closed.wait()
+        assert await get(pool, origin) == b"ok"  # detected while idle, or retried once
+        assert len(server.conns) == 2
 
 
 async def test_no_retry_once_a_response_byte_arrived():
@@ -200,33 +159,23 @@ async def test_no_retry_once_a_response_byte_arrived():
         await conn.read_request()
         await conn.raw(b"HTTP/1.1 200 OK\r\n")  # part of a head, then gone
 
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, half_head_on_reuse)
-            await nursery.start(pool.run)
+    async with pool_serving(half_head_on_reuse) as (pool, origin, server, nursery):
+        await get(pool, origin)
+        with pytest.raises(UpstreamBroken) as caught:
             await get(pool, origin)
-            with pytest.raises(UpstreamBroken) as caught:
-                await get(pool, origin)
-            assert (caught.value.phase, caught.value.response_started) == ("head", True)
-            assert caught.value.origin == origin
-            assert len(server.conns) == 1
-            nursery.cancel_scope.cancel()
+        assert (caught.value.phase, caught.value.response_started) == ("head", True)
+        assert caught.value.origin == origin
+        assert len(server.conns) == 1
 
 
 async def test_no_retry_on_a_fresh_connection():
     async def read_then_close(conn: ServerConn) -> None:
         await conn.read_request()
 
-    pool = UpstreamPool()
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            origin, server = await start_server(nursery, read_then_close)
-            await nursery.start(pool.run)
-            with pytest.raises(UpstreamBroken) as caught:
-                await get(pool, origin)
-            assert (caught.value.phase, caught.value.response_started) == ("head", False)
-            assert caught.value.http_status == 502
-            assert len(server.conns) == 1
-            assert pool.stats(origin) == PoolStats(0, 0, 0, created=1, reused=0, discarded=1)
-            nursery.cancel_scope.cancel()
+    async with pool_serving(read_then_close) as (pool, origin, server, nursery):
+        with pytest.raises(UpstreamBroken) as caught:
+            await get(pool, origin)
+        assert (caught.value.phase, caught.value.response_started) == ("head", False)
+        assert caught.value.http_status == 502
+        assert len(server.conns) == 1
+        assert pool.stats(origin) == PoolStats(0, 0, 0, created=1, reused=0, discarded=1)

@@ -5,11 +5,15 @@ and returns ``(origin, server)``. ``ServerConn`` reads requests with h11 (so wel
 answers are real HTTP) and can also write raw bytes, stall or close at any point. Everything
 is synchronised with trio Events — nothing sleeps. ``get(pool, origin, body)`` is the client
 side the pool tests share: a chat POST through the pool, its whole answer read.
+``pool_serving(behaviour, pool)`` is their set-up: such a server and the pool running in front
+of it inside ``fail_after(10)``, yielding ``(pool, origin, server, nursery)``; all cancelled on
+exit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -129,6 +133,18 @@ async def start_server(nursery: trio.Nursery, behaviour: Behaviour) -> tuple[str
                                             host="127.0.0.1"))
     port = listeners[0].socket.getsockname()[1]
     return f"http://127.0.0.1:{port}", server
+
+
+@asynccontextmanager
+async def pool_serving(behaviour: Behaviour, pool: UpstreamPool | None = None
+                       ) -> AsyncIterator[tuple[UpstreamPool, str, Server, trio.Nursery]]:
+    pool = pool if pool is not None else UpstreamPool()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            origin, server = await start_server(nursery, behaviour)
+            await nursery.start(pool.run)
+            yield pool, origin, server, nursery
+            nursery.cancel_scope.cancel()
 
 
 async def keep_alive_ok(conn: ServerConn) -> None:
