@@ -81,14 +81,9 @@ async def one(port: int, text: str, max_tokens: int) -> tuple[float, float]:
         if status != 200:
             raise RuntimeError(f"status {status}")
         first = None
-        length = dict(headers).get(b"content-length")
-        if length is not None:  # the whole stream was in when Cortex answered: one piece
-            if b"data: {" in await client.read_exactly(int(length)):
+        async for part in client.body_parts(headers):  # chunked, or whole with its length
+            if first is None and b"data: {" in part:
                 first = trio.current_time()
-        else:
-            while chunk := await client.read_chunk():
-                if first is None and b"data: {" in chunk:
-                    first = trio.current_time()
         end = trio.current_time()
     finally:
         await client.aclose()

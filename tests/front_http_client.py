@@ -4,6 +4,7 @@ different code than the one producing it)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import trio
@@ -107,16 +108,21 @@ class RawClient:
         response = RawResponse(status, headers, b"", raw_head)
         if head_request or status in (204, 304):
             return response
-        if response.header(b"transfer-encoding") == b"chunked":
-            parts = []
-            while chunk := await self.read_chunk():
-                parts.append(chunk)
-            response.body = b"".join(parts)
-        elif (length := response.header(b"content-length")) is not None:
-            response.body = await self.read_exactly(int(length))
-        else:
-            response.body = await self.read_until_eof()
+        response.body = b"".join([part async for part in self.body_parts(headers)])
         return response
+
+    async def body_parts(self, headers: list[tuple[bytes, bytes]]) -> AsyncIterator[bytes]:
+        """The body after a head with ``headers``, as it arrives: each chunk of a chunked
+        body, a ``content-length`` body in one piece (what Cortex sends for an answer, SSE
+        included, that was whole at its first read), else everything up to end of stream."""
+        fields = dict(headers)
+        if fields.get(b"transfer-encoding") == b"chunked":
+            while chunk := await self.read_chunk():
+                yield chunk
+        elif (length := fields.get(b"content-length")) is not None:
+            yield await self.read_exactly(int(length))
+        else:
+            yield await self.read_until_eof()
 
     async def request(self, method: bytes, target: bytes, body: bytes = b"",
                       headers: list[tuple[bytes, bytes]] | None = None) -> RawResponse:
