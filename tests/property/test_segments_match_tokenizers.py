@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 from cortex.profile.segment_cache import SegmentCachedTokenizer
-from cortex.profile.segments import Segmenter, _longest_first_pattern
+from cortex.profile.segments import Segmenter, _longest_first_pattern, _Pass
 
 RAW = ["<a>", "<a>b", "bc", "a>b>", "|", "<<"]
 NORMALIZED = ["ab", "c<", "b|b", "<a"]
@@ -72,6 +72,25 @@ def test_trie_pattern_and_flat_fallback_find_leftmost_longest(tokens: set[str], 
     flat = re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
     for pattern in (trie, flat):
         assert [(m.start(), m.group()) for m in pattern.finditer(text)] == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(_tokens, st.text(alphabet="ab<c", max_size=30), st.data())
+def test_a_pass_finds_the_same_matches_by_str_find_and_by_finditer(
+    tokens: set[str], text: str, data: st.DataObject
+) -> None:
+    """``str.find`` on first characters + ``match`` (few first characters) and ``finditer``
+    (many) yield the brute-force reference's matches, over the whole text or a window."""
+    pos = data.draw(st.integers(0, len(text)))
+    end = data.draw(st.integers(pos, len(text)))
+    expected = [(at, at + len(token))
+                for at, token in _reference_leftmost_longest(tokens, text[pos:end])]
+    expected = [(start + pos, stop + pos) for start, stop in expected]
+    by_find = _Pass(dict.fromkeys(tokens, 0))
+    by_finditer = _Pass(dict.fromkeys(tokens, 0), find_firsts_max=0)
+    assert by_find._firsts is not None and by_finditer._firsts is None
+    assert list(by_find.spans(text, pos, end)) == expected
+    assert list(by_finditer.spans(text, pos, end)) == expected
 
 
 def test_a_trie_too_deep_for_re_falls_back_to_the_flat_alternation() -> None:
