@@ -30,7 +30,12 @@ Figures per system (``direct`` = straight to one mock worker, the baseline):
 ``targets`` compares Cortex with sglang-router (issue 4): added latency at c=1 ≤ 1.5× for both
 sizes, throughput at 64 connections ≥ 0.5×, added TTFB ≤ 1 ms (p50), each "met"/"not met".
 
-Usage: ``python perf/bench_gateway.py [--quick] [--systems cortex,sglang-router,nginx]``
+``--baseline DIR`` adds ``cortex-baseline``: Cortex run from another checkout (its extensions
+built), measured in the same interleaved rounds — a before/after comparison under one machine
+load; ``targets`` then also gives ``vs_baseline`` (Cortex's added p50 / the baseline's).
+
+Usage: ``python perf/bench_gateway.py [--quick] [--systems cortex,sglang-router,nginx]
+[--baseline DIR]``
 (JSON on stdout). A peer that is not installed is skipped with the reason in ``skipped``;
 Cortex failing to start is an error (exit 1).
 """
@@ -358,6 +363,19 @@ def targets(results: dict[str, object]) -> dict[str, object]:
     return out
 
 
+def versus_baseline(results: dict[str, object]) -> dict[str, float | None]:
+    """Cortex's added p50 (and throughput) over the baseline checkout's, same run."""
+    mine, base = results["cortex"], results["cortex-baseline"]
+    out: dict[str, float | None] = {}
+    for phase in ("latency_small", "latency_large", "ttfb"):
+        theirs = base[phase]["added_us"]["p50"]
+        out[f"{phase}_added_p50"] = (round(mine[phase]["added_us"]["p50"] / theirs, 3)
+                                     if theirs > 0 else None)
+    out["throughput_c64"] = round(mine["throughput_c64"]["req_per_s"]
+                                  / base["throughput_c64"]["req_per_s"], 3)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="smoke run (few requests)")
@@ -368,6 +386,8 @@ def main() -> int:
                              "(py-spy record --subprocesses) for SECONDS")
     parser.add_argument("--drive-connections", type=int, default=1)
     parser.add_argument("--drive-large", action="store_true", help="~4k-token bodies")
+    parser.add_argument("--baseline", type=Path,
+                        help="also measure Cortex run from this checkout (cortex-baseline)")
     args = parser.parse_args()
     wanted = [name for name in args.systems.split(",") if name]
     params = PARAMS["quick" if args.quick else "full"]
@@ -385,18 +405,23 @@ def main() -> int:
         urls = [mock.url for mock in mocks]
         systems: dict[str, tuple[int, list[int]]] = {
             "direct": (mocks[0].port, [mocks[0].process.pid])}
+        if args.baseline is not None:
+            wanted.append("cortex-baseline")
         for name in wanted:
             if name in skipped:
                 continue
             try:
                 if name == "cortex":
                     running = peers.start_cortex(urls, MODEL, ds.TOKENIZER_JSON, template)
+                elif name == "cortex-baseline":
+                    running = peers.start_cortex(urls, MODEL, ds.TOKENIZER_JSON, template,
+                                                 name, args.baseline.resolve())
                 elif name == "sglang-router":
                     running = peers.start_sglang_router(urls, MODEL)
                 else:
                     running = peers.start_nginx(urls, MODEL)
             except peers.StartError as failure:
-                if name == "cortex":
+                if name in ("cortex", "cortex-baseline"):
                     error = str(failure)
                     break
                 skipped[name] = f"did not start: {failure}"
@@ -422,6 +447,8 @@ def main() -> int:
                                                 "after_run": rss_mib(pids)}
             result.update(figures)
             result["targets"] = targets(figures)
+            if "cortex-baseline" in figures and "cortex" in figures:
+                result["targets"]["vs_baseline"] = versus_baseline(figures)
             result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
         elif error is not None:
             result["error"] = error

@@ -120,12 +120,12 @@ def _children(pid: int) -> list[int]:
 
 
 def _spawn(name: str, argv: list[str], tmpdir: str, env: dict[str, str] | None = None,
-           stdout: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
+           stdout: int | None = None, cwd: Path = REPO) -> tuple[subprocess.Popen[bytes], str]:
     log_path = os.path.join(tmpdir, f"{name}.log")
     log = open(log_path, "wb")  # noqa: SIM115 (the child owns it)
     try:
         process = subprocess.Popen(argv, stdout=stdout if stdout is not None else log,
-                                   stderr=log, stdin=subprocess.DEVNULL, cwd=REPO,
+                                   stderr=log, stdin=subprocess.DEVNULL, cwd=cwd,
                                    env=env, start_new_session=True)
     finally:
         log.close()
@@ -190,8 +190,10 @@ def start_mock(model: str, name: str = "mock") -> Running:
 
 
 def start_cortex(worker_urls: list[str], model: str, tokenizer: str,
-                 template: str) -> Running:
-    tmpdir = tempfile.mkdtemp(prefix="bench-cortex-")
+                 template: str, name: str = "cortex", repo: Path = REPO) -> Running:
+    """``python -m cortex serve`` run from ``repo`` (its working directory comes first on
+    ``sys.path``, so another checkout — with its extensions built — runs its own code)."""
+    tmpdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
     port, control = free_port(), free_port()
     argv = [sys.executable, "-m", "cortex", "serve", "--server-host", HOST,
             "--server-port", str(port), "--control-port", str(control),
@@ -200,8 +202,8 @@ def start_cortex(worker_urls: list[str], model: str, tokenizer: str,
     for index, url in enumerate(worker_urls):
         argv += ["--worker", f"{url},name=w{index},engine=sglang,model={model}"]
     env = {key: value for key, value in os.environ.items() if not key.startswith("CORTEX_")}
-    process, log_path = _spawn("cortex", argv, tmpdir, env=env)
-    running = Running("cortex", port, process, tmpdir, log_path, {"control_port": control})
+    process, log_path = _spawn(name, argv, tmpdir, env=env, cwd=repo)
+    running = Running(name, port, process, tmpdir, log_path, {"control_port": control})
     _wait(running, lambda: _get_ok(control, "/health/ready"), "GET /health/ready 200")
     _wait(running, lambda: _post_ok(port, model), "a chat completion")
     return running
