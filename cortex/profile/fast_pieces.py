@@ -157,6 +157,13 @@ def _parse_class(pattern: str, i: int) -> tuple[frozenset[int], int]:
 
 
 _QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
+# A translated pattern that is one class without ASCII members, repeated or not (``_translate``
+# has refused a minimum width of 0): it can match no ASCII text at all.
+_NO_ASCII_ONLY = re.compile(re.escape(_emit_class(frozenset())) + r"(?:\+|\{\d+(?:,\d*)?\})?\??")
+
+
+def _matches_no_ascii(translated: str) -> bool:
+    return _NO_ASCII_ONLY.fullmatch(translated) is not None
 
 
 def _translate(pattern: str) -> str:
@@ -299,8 +306,9 @@ class FastPieceEncoder:
         self, tokenizer: Any, segmenter: Segmenter, *, word_cache_entries: int = WORD_CACHE_ENTRIES
     ) -> None:
         self.why_not_fast, patterns = _why_not(tokenizer, segmenter)
-        # one capturing group around the whole pattern: ``split`` then keeps the matches
-        self._splits = [re.compile(f"({p})") for p in patterns]
+        # one capturing group around the whole pattern: ``split`` then keeps the matches; a
+        # split that can match no ASCII text leaves every ASCII piece whole, so it is skipped
+        self._splits = [re.compile(f"({p})") for p in patterns if not _matches_no_ascii(p)]
         self._model = tokenizer.model
         self._bytes = _byte_level_table() if self.why_not_fast is None else {}
         self._words: dict[str, tuple[int, ...]] = {}

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 from cortex.profile.segment_cache import SegmentCachedTokenizer
+from cortex.profile import segments
 from cortex.profile.segments import Segmenter, _longest_first_pattern, _Pass
 
 RAW = ["<a>", "<a>b", "bc", "a>b>", "|", "<<"]
@@ -89,8 +91,11 @@ def test_a_pass_finds_the_same_matches_by_str_find_and_by_finditer(
     by_find = _Pass(dict.fromkeys(tokens, 0))
     by_finditer = _Pass(dict.fromkeys(tokens, 0), find_firsts_max=0)
     assert by_find._firsts is not None and by_finditer._firsts is None
-    assert list(by_find.spans(text, pos, end)) == expected
-    assert list(by_finditer.spans(text, pos, end)) == expected
+    assert by_finditer.spans(text, pos, end) == expected
+    assert by_find.spans(text, pos, end) == expected  # short: finditer as well
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(segments, "FIND_MIN_CHARS", 0)
+        assert by_find.spans(text, pos, end) == expected
 
 
 def test_a_trie_too_deep_for_re_falls_back_to_the_flat_alternation() -> None:

@@ -12,6 +12,7 @@ from cortex.profile.fast_pieces import (
     ASCII,
     FastPieceEncoder,
     UnsupportedPattern,
+    _matches_no_ascii,
     _translate,
 )
 from cortex.profile.segment_cache import SegmentCachedTokenizer
@@ -74,6 +75,19 @@ def test_deepseek_splits_find_what_onig_finds(pattern: str) -> None:
 def test_unmodelled_constructs_are_refused(pattern: str) -> None:
     with pytest.raises(UnsupportedPattern):
         _translate(pattern)
+
+
+@pytest.mark.parametrize(("pattern", "no_ascii"), [
+    (r"[一-龥぀-ゟ゠-ヿ]+", True), (r"[一-龥]{2,5}", True), (r"[一-龥]+?", True), (r"é", False),
+    (r"[一-龥]+|a", False), (r"[一-龥]a", False), (r"\p{N}{1,3}", False), (r"[^a]+", False),
+])
+def test_a_split_that_can_match_no_ascii_text_is_recognised(pattern: str, no_ascii: bool) -> None:
+    # "é" is a literal, not a class: left in (still exact, just not skipped)
+    assert _matches_no_ascii(_translate(pattern)) is no_ascii
+
+
+def test_deepseek_skips_its_cjk_split_for_ascii_pieces():
+    assert len(DS_SPLITS) == 3 and len(DS_FAST._splits) == 2
 
 
 def test_deepseek_is_modelled_and_its_ascii_pieces_are_exact():
