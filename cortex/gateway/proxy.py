@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -286,7 +285,7 @@ class Gateway:
         return json_response(200, msgspec.json.encode({"object": "list", "data": data}))
 
     def _pool_readiness(self) -> Readiness:
-        views = [replace(view, ledger_state=pool.ledger_state(view.worker))
+        views = [msgspec.structs.replace(view, ledger_state=pool.ledger_state(view.worker))
                  for pool in self.pools.values() for view in pool.views()]
         extra = [f"model {name}: exact routing off ({pool.exact_off})"
                  for name, pool in sorted(self.pools.items())

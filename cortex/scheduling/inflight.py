@@ -24,9 +24,10 @@ Single owner (the trio thread), no locks.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from types import TracebackType
+
+import msgspec
 
 from cortex.scheduling.view import WorkerView
 
@@ -84,7 +85,7 @@ class PendingWork:
         return Hold(self, worker, prefill_tokens)
 
     def view(self, base: WorkerView) -> WorkerView:
-        return dataclasses.replace(
+        return msgspec.structs.replace(
             base,
             in_flight=self._in_flight.get(base.worker, 0),
             queued_prefill_tokens=self._queued_tokens.get(base.worker, 0),
