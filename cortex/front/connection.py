@@ -58,7 +58,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -390,9 +390,21 @@ class HttpConnection:
                 keep_alive = False
         close = not keep_alive or self._shared.draining
         body = response.body
-        if isinstance(body, (bytes, bytearray, memoryview)):
-            return await self._send_whole(request, response, body, close)
-        return await self._stream_body(request, response, body, close)
+        try:
+            if isinstance(body, (bytes, bytearray, memoryview)):
+                return await self._send_whole(request, response, body, close)
+            return await self._stream_body(request, response, body, close)
+        finally:
+            if response.after_sent is not None:
+                self._after_sent(request, response.after_sent)
+
+    def _after_sent(self, request: HttpRequest, after_sent: Callable[[], None]) -> None:
+        try:
+            after_sent()
+        except Exception:
+            log.exception("after_sent of %s %s failed", request.method.decode("latin-1"),
+                          request.path.decode("latin-1", "replace"))
+            self._shared.counters.handler_errors += 1
 
     async def _send_whole(self, request: HttpRequest, response: HttpResponse,
                           body: bytes | bytearray | memoryview, close: bool) -> bool:

@@ -13,6 +13,10 @@ Contract (shared by the data plane, the simulated engines and the tests):
   of ``bytes`` chunks, streamed as they come (chunked transfer encoding unless the handler set
   ``content-length``). Each chunk is written and flushed before the next is awaited: no
   buffering, no per-token parsing.
+* ``HttpResponse.after_sent`` (optional, synchronous) runs once the response has been handed
+  to the kernel, or its writing failed: bookkeeping the client need not wait for (a measurement
+  of the answer, say). It must not raise; if it does, the server logs it and counts a handler
+  error. With a streamed body it runs after the body's ``aclose()``.
 * For a streamed body the server always calls ``aclose()`` on the iterator when it stops
   reading it — normal end, client gone, or error — so the handler's ``finally`` blocks run
   (an upstream connection is closed, in-flight accounting released).
@@ -60,6 +64,7 @@ class HttpResponse:
     status: int
     headers: Headers = field(default_factory=list)
     body: bytes | AsyncIterator[bytes] = b""
+    after_sent: Callable[[], None] | None = None
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]

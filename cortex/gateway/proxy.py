@@ -21,7 +21,9 @@ Rules:
   ``cached_tokens`` report to measure the ledger's accuracy (predicted vs reported).
 * An answer already whole when its first bytes arrive (a small JSON response) skips the
   streaming machinery: the exchange is closed (connection back to the pool, accounting
-  released) before the client's write, and the body goes out as bytes with the head.
+  released) before the client's write, and the body goes out as bytes with the head; its
+  ``cached_tokens`` report is sniffed after the write (``HttpResponse.after_sent``), off the
+  client's wait.
 """
 
 from __future__ import annotations
@@ -204,9 +206,10 @@ class Gateway:
         whole = leg.whole_body()
         if whole is not None:
             await stack.aclose()  # synchronous exits only: nothing here can be cancelled
-            self.observe_cached_tokens(pool, route, whole)
+            # the engine's report is measured once the answer is on its way (not before)
             return HttpResponse(leg.response.status,
-                                _client_headers(leg, with_length=False) + extra, whole)
+                                _client_headers(leg, with_length=False) + extra, whole,
+                                partial(self.observe_cached_tokens, pool, route, whole))
         return self.respond(leg, stack, extra, worker.name,
                             partial(self.observer.cached_tokens, pool.model, route,
                                     decision.predicted_cached_tokens))

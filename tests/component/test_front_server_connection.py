@@ -215,3 +215,46 @@ async def test_body_failing_before_its_held_head_becomes_an_error_answer():
         assert response.header(b"connection") == b"close"
         assert await client.read_until_eof() == b""
     assert shared.counters.responses_by_status == {502: 1}
+
+
+async def test_after_sent_runs_once_the_answer_is_written_and_a_failing_one_is_counted(caplog):
+    """``after_sent`` runs after the write (the client already has its answer), once per
+    response, whole or streamed; one that raises is logged and counted, and the connection
+    goes on serving."""
+    written: list[bytes] = []
+    seen: list[tuple[str, int]] = []
+
+    async def chunks():
+        yield b"streamed"
+
+    def after(kind: str) -> None:
+        seen.append((kind, len(written)))
+        if kind == "fails":
+            raise RuntimeError("a measurement bug")
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        kind = request.path.decode()[1:]
+        body = chunks() if kind == "stream" else b"{}"
+        return HttpResponse(200, [], body, lambda: after(kind))
+
+    to_client = trio.testing.MemorySendStream()
+    from_client = trio.testing.MemoryReceiveStream()
+
+    async def record() -> None:
+        written.append(to_client.get_data_nowait())
+
+    to_client.send_all_hook = record
+    for path in (b"/whole", b"/stream", b"/fails", b"/whole"):
+        from_client.put_data(build_request(b"GET", path))
+    shared = ServerShared(handler, LIMITS, ServerCounters(), b"cortex")
+    with caplog.at_level(logging.ERROR, logger="cortex.front"):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(HttpConnection(trio.StapledStream(to_client, from_client),
+                                              shared).run)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    # whole: after its one write; streamed: after its head, its chunk and its last chunk
+    assert seen == [("whole", 1), ("stream", 4), ("fails", 5), ("whole", 6)]
+    assert shared.counters.responses_by_status == {200: 4}
+    assert shared.counters.handler_errors == 1
+    assert "after_sent of GET /fails failed" in caplog.text
