@@ -38,41 +38,22 @@ Running the handler and answering:
   wait then ended by its own cancel scope.
 * ``CortexError`` → ``error_response``; any other exception is a bug: logged on
   ``cortex.front``, counted, answered 500 and the connection closed.
-* A ``bytes`` body goes out with the head in one write (one ``send_all``), with
-  ``content-length``. An iterator body is written chunk by chunk (chunked, or close-delimited
-  for HTTP/1.0, unless the handler set ``content-length``); each chunk is written before the
-  next is awaited. A chunked head goes out at once (an SSE client sees it before the first
-  event); a ``content-length`` head waits for the first chunk and shares its write. If the
-  iterator raises after the head went out, the connection is closed without the terminating
-  chunk; before (a held head), the client gets the error's JSON answer instead. A handler's
-  ``content-length`` must match the bytes it yields: a mismatch is a handler bug (500 if the
-  head was still held, else the connection is closed).
-* Response heads follow ``cortex.front.response_head`` (server-owned ``date`` and ``server``,
-  no hop-by-hop headers); one the handler got wrong (``UnsendableResponse``) is a logged 500.
-  A response carrying ``connection: close`` — asked by the client (``connection: close``,
-  HTTP/1.0), after a handler bug, or while the server drains — ends the connection.
+* Writing the response: ``cortex.front.response_writer``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import sys
-from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import trio
 
 from cortex.errors import CortexError
 from cortex.front.errors_http import InternalServerError, RequestTimeout, error_response
-from cortex.front.messages import HttpRequest, HttpResponse
+from cortex.front.messages import HttpRequest
 from cortex.front.request_parser import RequestParser
-from cortex.front.response_head import (
-    NO_BODY_STATUS,
-    UnsendableResponse,
-    encode_head,
-    response_headers,
-)
+from cortex.front.response_writer import ResponseWriter
 from cortex.front.transport import READ_SIZE, SocketTransport, StreamTransport, transport_for
 
 if TYPE_CHECKING:
@@ -83,8 +64,6 @@ log = logging.getLogger("cortex.front")
 LINGER_S = 2.0  # a refused client gets this long to read the answer before the socket closes
 _LINGER_BYTES = 1 << 20
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_LAST_CHUNK = b"0\r\n\r\n"
-_CHUNKED = (b"transfer-encoding", b"chunked")
 
 
 def _only_cortex_error(exc: Exception) -> CortexError | None:
@@ -128,6 +107,7 @@ class HttpConnection:
         self._cycles = 0
         self._peer_closed = False
         self._transport: SocketTransport | StreamTransport = transport_for(stream)
+        self._writer = ResponseWriter(self._transport, shared)
         self._ahead = 0  # bytes the watcher read since the main task last asked for more
         self._eof = False  # end of stream (or reset) seen
         self._scope = trio.CancelScope()  # the cycles' scope (see _serve)
@@ -388,150 +368,14 @@ class HttpConnection:
                 self._shared.counters.handler_errors += 1
                 response = error_response(InternalServerError())
                 keep_alive = False
-        close = not keep_alive or self._shared.draining
-        body = response.body
-        try:
-            if isinstance(body, (bytes, bytearray, memoryview)):
-                return await self._send_whole(request, response, body, close)
-            return await self._stream_body(request, response, body, close)
-        finally:
-            if response.after_sent is not None:
-                self._after_sent(request, response.after_sent)
-
-    def _after_sent(self, request: HttpRequest, after_sent: Callable[[], None]) -> None:
-        try:
-            after_sent()
-        except Exception:
-            log.exception("after_sent of %s %s failed", request.method.decode("latin-1"),
-                          request.path.decode("latin-1", "replace"))
-            self._shared.counters.handler_errors += 1
-
-    async def _send_whole(self, request: HttpRequest, response: HttpResponse,
-                          body: bytes | bytearray | memoryview, close: bool) -> bool:
-        """Head and body in one write."""
-        status = response.status
-        try:
-            head = encode_head(status, response_headers(
-                status, response.headers, self._shared.server_header, close, len(body)))
-        except UnsendableResponse:
-            return await self._handler_bug(request, "unsendable response", head_sent=False)
-        self._shared.counters.count_status(status)
-        if body and request.method != b"HEAD" and status not in NO_BODY_STATUS:
-            await self._transport.send_all(head + body)
-        else:
-            await self._transport.send_all(head)
-        return not close
-
-    async def _stream_body(self, request: HttpRequest, response: HttpResponse,
-                           body: AsyncIterator[bytes], close: bool) -> bool:
-        """Streams an iterator body. With a handler-set ``content-length`` the head waits for
-        the first chunk and goes out with it in one write (a proxied JSON answer is then one
-        send, as for a ``bytes`` body); a chunked stream (SSE) gets its head at once."""
-        held = False
-        try:
-            status = response.status
-            headers = response_headers(status, response.headers, self._shared.server_header,
-                                       close, None)
-            no_body = request.method == b"HEAD" or status in NO_BODY_STATUS
-            length = None
-            chunked = False
-            try:
-                if status not in NO_BODY_STATUS:
-                    for name, value in headers:
-                        if name == b"content-length":
-                            if not value.isdigit():
-                                raise UnsendableResponse(f"content-length {value!r}")
-                            length = int(value)
-                    if length is None and request.http_version == b"1.1":
-                        headers.append(_CHUNKED)
-                        chunked = True
-                    # (else HTTP/1.0: close-delimited; such a client never keeps the connection)
-                head = encode_head(status, headers)
-            except UnsendableResponse:
-                return await self._handler_bug(request, "unsendable response head",
-                                               head_sent=False)
-            held = length is not None and not no_body
-            if not held:
-                self._shared.counters.count_status(status)
-                await self._transport.send_all(head)
-            if no_body:
-                return not close
-            sent = 0
-            chunks = body.__aiter__()
-            while True:
-                try:
-                    chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
-                except CortexError as exc:
-                    if held:  # nothing sent yet: the client gets a proper error
-                        return await self._send_error_and_close(exc)
-                    log.warning("response body of %s failed after the head: %r",
-                                request.path.decode("latin-1", "replace"), exc)
-                    return False
-                except Exception:
-                    return await self._handler_bug(request, "response body failed",
-                                                   head_sent=not held)
-                if not chunk:
-                    continue
-                sent += len(chunk)
-                if chunked:
-                    data = b"%x\r\n%b\r\n" % (len(chunk), chunk)
-                elif length is not None and sent > length:
-                    return await self._handler_bug(request, "body exceeds content-length",
-                                                   head_sent=not held)
-                else:
-                    data = chunk
-                if held:
-                    held = False
-                    self._shared.counters.count_status(status)
-                    data = head + data
-                await self._transport.send_all(data)
-            if length is not None and sent < length:
-                return await self._handler_bug(request, "body shorter than content-length",
-                                               head_sent=not held)
-            if held:  # an empty body with content-length: 0
-                self._shared.counters.count_status(status)
-                await self._transport.send_all(head)
-            elif chunked:
-                await self._transport.send_all(_LAST_CHUNK)
-            return not close and (chunked or length is not None)
-        finally:
-            aclose = getattr(body, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-    async def _send_error_and_close(self, error: CortexError) -> bool:
-        """Answers ``error`` instead of the response whose head was not sent; closes after."""
-        response = error_response(error)
-        head = encode_head(response.status, response_headers(
-            response.status, response.headers, self._shared.server_header, True,
-            len(response.body)))
-        self._shared.counters.count_status(response.status)
-        await self._transport.send_all(head + response.body)
-        return False
-
-    async def _handler_bug(self, request: HttpRequest, what: str, *, head_sent: bool) -> bool:
-        """Logs and counts a response the handler got wrong; answers 500 if no head went out.
-        The connection is closed afterwards (returns False)."""
-        log.error("%s on %s %s", what, request.method.decode("latin-1"),
-                  request.path.decode("latin-1", "replace"),
-                  exc_info=sys.exc_info()[0] is not None)
-        self._shared.counters.handler_errors += 1
-        if not head_sent:
-            return await self._send_error_and_close(InternalServerError())
-        return False
+        return await self._writer.send(request, response,
+                                       close=not keep_alive or self._shared.draining)
 
     async def _refuse(self, error: CortexError) -> None:
         """Answers a request that could not be read, then closes gracefully (bounded)."""
-        response = error_response(error)
         with trio.move_on_after(LINGER_S):
-            head = encode_head(response.status, response_headers(
-                response.status, response.headers, self._shared.server_header, True,
-                len(response.body)))
-            self._shared.counters.count_status(response.status)
             try:
-                await self._transport.send_all(head + response.body)
+                await self._writer.send_error_and_close(error)
                 await self._stream.send_eof()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
