@@ -59,7 +59,10 @@ class Scheduler:
         workers: Sequence[WorkerView],
         matched: Mapping[str, int],
         role: Role = Role.BOTH,
+        first_policy: int = 0,
     ) -> Decision:
+        """The first decision of ``policies[first_policy:]`` over the open workers (a caller
+        that has proven the earlier policies decline may skip them)."""
         marks = self.watermarks
         max_in_flight, max_queued, max_engine_queue, max_kv = self._limits
         both = Role.BOTH
@@ -85,7 +88,7 @@ class Scheduler:
         if matched and len(open_workers) != len(workers):
             open_ids = {view.worker for view in open_workers}
             matched = {w: blocks for w, blocks in matched.items() if w in open_ids}
-        for policy in self.policies:
+        for policy in self.policies[first_policy:]:
             decision = policy.decide(request, open_workers, matched)
             if decision is not None:
                 return decision

@@ -5,7 +5,8 @@
 worker_matches(target_blocks, views), role)`` returns — the reference — but finds the
 ``exact_kv`` and ``load_aware`` candidates in C over columns synced from the views. Everything
 else (no open worker, p2c, round robin, the linear cost form) goes to the reference chain, which
-consumes the RNG exactly as it would have.
+consumes the RNG exactly as it would have; when the compiled pass found that neither
+``exact_kv`` nor ``load_aware`` applies, the chain starts at ``p2c``.
 
 ``views`` must be a tuple (``PendingWork.views()`` returns the same tuple object while nothing
 changed, which makes syncing free).
@@ -25,6 +26,8 @@ from cortex.scheduling.load_aware import load_aware_verdict
 from cortex.scheduling.matches import worker_matches
 from cortex.scheduling.view import RequestFacts, Role, WorkerView
 from cortex.scheduling.watermark import Watermarks
+
+_AFTER_LOAD_AWARE = 2  # events_chain: exact_kv, load_aware, then p2c, round_robin
 
 
 class FastScheduler:
@@ -67,4 +70,7 @@ class FastScheduler:
                                      *found[1:])
             if verdict == "load_aware":
                 return load_aware_verdict(found[1])
+            if verdict == "chain":  # no trusted hit on an open worker, not every ledger READY:
+                # exact_kv and load_aware decline; p2c and round robin read no matches
+                return self.reference.decide(request, views, {}, role, _AFTER_LOAD_AWARE)
         return self.reference.decide(request, views, worker_matches(target_blocks, views), role)
