@@ -7,6 +7,9 @@ Rules:
 * Generation requests: body parsed once; the model's pool tokenizes (segment cache, cold
   pieces off the trio thread) and decides; the request goes to the worker with Cortex's
   decision headers on the response.
+* The decision's metrics (``RouteObserver.decided``) are recorded once the answer was written
+  (``HttpResponse.after_sent``), or when the request ends without one — not while the client
+  waits.
 * Retries happen only before the first response byte reaches the client: a connect failure, a
   connection that breaks before the first body chunk, or a 502/503/504 head moves the request to
   another worker (the failed ones excluded), up to ``retries`` more attempts. Once the head and
@@ -59,6 +62,7 @@ from cortex.logs import request_started
 from cortex.pd.orchestrate import PdOrchestrator
 from cortex.pd.plan import PdSettings
 from cortex.profile.trio_tokenize import encode_array
+from cortex.upstream.connection import NOT_READY
 from cortex.upstream.pool import UpstreamPool
 from cortex.upstream.sse import CachedTokensSniffer
 
@@ -158,26 +162,37 @@ class Gateway:
         failed: list[str] = []
         last_error: CortexError | None = None
         admission = self._admission(pool)
-        for attempt in range(1, self.retries + 2):
-            route = await admission.admit(
-                partial(pool.decide, token_ids, prompt, exclude=tuple(failed)))
-            if attempt == 1:
-                self.observer.decided(pool.model, route, trio.current_time() - started)
-            try:
-                return await self._attempt(pool, route, endpoint, request, body, headers,
-                                           attempt)
-            except (UpstreamError, RetryableStatus) as error:
-                failed.append(route.worker.name)
-                last_error = (error if isinstance(error, UpstreamError)
-                              else UpstreamError(f"{route.worker.name}: {error}"))
-                self.observer.upstream_failed(route.worker.name, error, retried=(
-                    attempt <= self.retries))
-                log.warning("attempt %d on %s failed before the first byte: %s", attempt,
-                            route.worker.name, error)
-                if attempt > self.retries or len(failed) >= len(pool.workers):
-                    break
-        assert last_error is not None
-        raise last_error
+        record_decision: Callable[[], None] | None = None  # recorded after the answer, or on exit
+        try:
+            for attempt in range(1, self.retries + 2):
+                route = await admission.admit(
+                    partial(pool.decide, token_ids, prompt, exclude=tuple(failed)))
+                if attempt == 1:
+                    record_decision = partial(self.observer.decided, pool.model, route,
+                                              trio.current_time() - started)
+                try:
+                    response = await self._attempt(pool, route, endpoint, request, body,
+                                                   headers, attempt)
+                except (UpstreamError, RetryableStatus) as error:
+                    failed.append(route.worker.name)
+                    last_error = (error if isinstance(error, UpstreamError)
+                                  else UpstreamError(f"{route.worker.name}: {error}"))
+                    self.observer.upstream_failed(route.worker.name, error, retried=(
+                        attempt <= self.retries))
+                    log.warning("attempt %d on %s failed before the first byte: %s", attempt,
+                                route.worker.name, error)
+                    if attempt > self.retries or len(failed) >= len(pool.workers):
+                        break
+                    continue
+                if record_decision is not None:
+                    response.after_sent = _in_turn(record_decision, response.after_sent)
+                    record_decision = None
+                return response
+            assert last_error is not None
+            raise last_error
+        finally:
+            if record_decision is not None:
+                record_decision()
 
     async def _attempt(
         self,
@@ -196,7 +211,6 @@ class Gateway:
             stack.enter_context(route.hold)
             leg = await self.open_leg(stack, worker.origin, request.target, sent_headers, raw,
                                       retry_statuses=attempt <= self.retries)
-            route.hold.prefill_done()
         except BaseException:
             await stack.aclose()
             raise
@@ -210,6 +224,7 @@ class Gateway:
             return HttpResponse(leg.response.status,
                                 _client_headers(leg, with_length=False) + extra, whole,
                                 partial(self.observe_cached_tokens, pool, route, whole))
+        route.hold.prefill_done()  # (a whole answer's hold was released in one step above)
         return self.respond(leg, stack, extra, worker.name,
                             partial(self.observer.cached_tokens, pool.model, route,
                                     decision.predicted_cached_tokens))
@@ -240,10 +255,12 @@ class Gateway:
         if retry_statuses and response.status in RETRY_STATUSES:
             raise RetryableStatus(response.status)
         chunks = response.body_chunks()
-        try:
-            first = await chunks.__anext__()
-        except StopAsyncIteration:
-            first = None
+        first = response.chunk_now()  # a small answer came whole with its head: no await
+        if first is NOT_READY:
+            try:
+                first = await chunks.__anext__()
+            except StopAsyncIteration:
+                first = None
         return Leg(response, first, chunks)
 
     def respond(
@@ -298,6 +315,19 @@ class Gateway:
     def _ready(self) -> HttpResponse:
         state = self.readiness()
         return json_response(state.http_status, msgspec.json.encode(state.as_json()))
+
+
+def _in_turn(first: Callable[[], None], then: Callable[[], None] | None) -> Callable[[], None]:
+    """``first`` then ``then`` (if any), ``then`` also when ``first`` raises."""
+    if then is None:
+        return first
+
+    def both() -> None:
+        try:
+            first()
+        finally:
+            then()
+    return both
 
 
 def _client_headers(leg: Leg, *, with_length: bool) -> list[tuple[bytes, bytes]]:

@@ -33,6 +33,7 @@ Rules and invariants:
 
 from __future__ import annotations
 
+import enum
 import select
 import socket
 from typing import NamedTuple
@@ -48,6 +49,13 @@ RECEIVE_SIZE = 65_536
 _wait_readable = trio.lowlevel.wait_readable
 _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 _current_time = trio.current_time
+
+
+class NotReady(enum.Enum):
+    NOT_READY = "not ready"
+
+
+NOT_READY = NotReady.NOT_READY
 
 
 class ResponseHead(NamedTuple):
@@ -132,20 +140,26 @@ class UpstreamConnection:
         otherwise the wait for the socket is bounded by ``timeout_s`` (the gap between two
         chunks of a stream).
         """
-        reader = self._reader
-        assert reader is not None, "send_request first"
         while True:
-            if reader.has_body:
-                return reader.take_body()
-            if reader.error is not None:
-                raise UpstreamBroken(reader.error, origin=self.origin, phase="body",
-                                     response_started=True)
-            if reader.complete:
-                return None
+            chunk = self.body_now()
+            if chunk is not NOT_READY:
+                return chunk
             await _checkpoint_if_cancelled()
             if not self._read_now("body"):
                 await self._wait(_current_time() + timeout_s, "body",
                                  f"no body bytes for {timeout_s:g} s")
+
+    def body_now(self) -> bytes | None | NotReady:
+        """``receive_body`` without I/O: body bytes already received, ``None`` if the response
+        ended, ``NOT_READY`` if the socket must be read (or waited for) first."""
+        reader = self._reader
+        assert reader is not None, "send_request first"
+        if reader.has_body:
+            return reader.take_body()
+        if reader.error is not None:
+            raise UpstreamBroken(reader.error, origin=self.origin, phase="body",
+                                 response_started=True)
+        return None if reader.complete else NOT_READY
 
     def _read_now(self, phase: Phase) -> bool:
         """One non-blocking read into the reader (EOF included); False if nothing is there."""

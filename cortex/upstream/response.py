@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from cortex.upstream.connection import UpstreamConnection
+from cortex.upstream.connection import NotReady, UpstreamConnection
 from cortex.upstream.errors import UpstreamBroken
 from cortex.upstream.request_head import Headers
 
@@ -60,6 +60,16 @@ class UpstreamResponse:
             if key == name:
                 return value
         return None
+
+    def chunk_now(self) -> bytes | None | NotReady:
+        """The next body bytes if they are already in hand (no I/O), ``None`` at the end, else
+        ``NOT_READY`` (then ``body_chunks`` waits for them)."""
+        if self._complete:
+            return None
+        chunk = self._conn.body_now()
+        if chunk is None:
+            self._complete = True
+        return chunk
 
     def body_chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (de-chunked), each wait bounded by ``read_timeout_s``."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import trio
 
+from cortex.upstream.connection import NOT_READY
 from cortex.upstream.errors import UpstreamBroken
 from cortex.upstream.pool import PoolStats
 from tests.integration.upstream_servers import (
@@ -115,6 +116,30 @@ async def test_streamed_chunks_arrive_one_by_one():
         assert received == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n",
                             b"data: [DONE]\n\n"]
         assert pool.stats(origin).idle == 1  # complete: back in the pool
+
+
+async def test_chunk_now_takes_what_is_in_hand_and_never_waits():
+    """``chunk_now``: a body already received comes without an await, the end as ``None``;
+    a body still on its way is ``NOT_READY`` (``body_chunks`` then waits for it)."""
+    release = trio.Event()
+
+    async def held(conn: ServerConn) -> None:
+        await conn.read_request()
+        await conn.start_chunked()
+        await release.wait()
+        await conn.chunk(b"late")
+        await conn.end()
+
+    async with pool_serving(keep_alive_ok) as (pool, origin, _, nursery):
+        async with pool.request(origin, b"POST", CHAT, JSON, b"whole") as response:
+            assert response.chunk_now() == b"whole"  # came with the head
+            assert response.chunk_now() is None and response.complete
+    async with pool_serving(held) as (pool, origin, _, nursery):
+        async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
+            assert response.chunk_now() is NOT_READY
+            release.set()
+            assert [chunk async for chunk in response.body_chunks()] == [b"late"]
+            assert response.chunk_now() is None
 
 
 # -- the keep-alive race: one retry, only when safe --------------------------------------------
