@@ -226,17 +226,20 @@ class Gateway:
                                 partial(self.observe_cached_tokens, pool, route, whole))
         route.hold.prefill_done()  # (a whole answer's hold was released in one step above)
         return self.respond(leg, stack, extra, worker.name,
-                            partial(self.observer.cached_tokens, pool.model, route,
-                                    decision.predicted_cached_tokens))
+                            self.cached_tokens_report(pool, route))
+
+    def cached_tokens_report(self, pool: ModelPool, route: Route) -> Callable[[int], None]:
+        """Where the engine's ``cached_tokens`` for ``route``'s request goes: the observer,
+        against the route's prediction."""
+        return partial(self.observer.cached_tokens, pool.model, route,
+                       route.decision.predicted_cached_tokens)
 
     def observe_cached_tokens(self, pool: ModelPool, route: Route, body: bytes) -> None:
-        """The engine's cached-token report in a whole answer (JSON or SSE), against the
-        prediction of ``route``; nothing when the answer carries none."""
+        """The engine's cached-token report in a whole answer (JSON or SSE), if it has one."""
         sniffer = CachedTokensSniffer()
         sniffer.feed(body)
         if sniffer.cached_tokens is not None:
-            self.observer.cached_tokens(pool.model, route, route.decision.predicted_cached_tokens,
-                                        sniffer.cached_tokens)
+            self.cached_tokens_report(pool, route)(sniffer.cached_tokens)
 
     async def open_leg(
         self,
