@@ -18,6 +18,9 @@ Figures (microseconds, p50 over ``--iterations``):
   ``FastPieceEncoder.encode`` (word cache warm from the chat's history, or emptied before each
   call: ``fast_cold_words``) and by ``Tokenizer.encode``, interleaved.
 * ``block_keys_4k``: keys of the prompt's full 16-token blocks from ``array('I')`` ids.
+* ``split_16kb``: ``Segmenter.split`` of a one-message ~16 KB chat, prose and markup (``<``
+  everywhere), against the same segmenter scanning with ``finditer`` only, interleaved
+  (``ratio`` = p50 / the finditer-only p50).
 * ``loop_stall``: under trio, how late a 0.2 ms timer fires at worst (and p99) while another
   task tokenizes cold ~4k-token prompts back to back, inline (on the trio thread) or through
   ``cortex.profile.trio_tokenize`` (cold pieces in a worker thread), with the time per prompt;
@@ -50,6 +53,7 @@ from cortex.profile.chat_template import ChatTemplate  # noqa: E402
 from cortex.profile.fast_pieces import FastPieceEncoder  # noqa: E402
 from cortex.profile.request_keys import request_block_keys  # noqa: E402
 from cortex.profile.segment_cache import SegmentCachedTokenizer  # noqa: E402
+from cortex.profile import segments
 from cortex.profile.segments import Segmenter  # noqa: E402
 from tests import deepseek_profile as ds  # noqa: E402
 
@@ -124,6 +128,33 @@ def loop_stall(
     return {"max_stall_ms": round(gaps[-1] * 1e3, 2),
             "p99_stall_ms": round(gaps[len(gaps) * 99 // 100] * 1e3, 3),
             "per_prompt_ms": round(elapsed / len(texts) * 1e3, 2)}
+
+
+def split_figures(render, segmenter: Segmenter, iterations: int) -> dict[str, object]:
+    """``Segmenter.split`` of a one-message chat of ~16 KB, prose and markup (``<`` everywhere),
+    against the same segmenter scanning with ``finditer`` only, interleaved."""
+    saved = segments.FIND_FIRSTS
+    segments.FIND_FIRSTS = (1, 0)  # no pass qualifies: finditer throughout
+    try:
+        reference = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
+    finally:
+        segments.FIND_FIRSTS = saved
+    texts = {
+        "prose": render([{"role": "user", "content": sentence(random.Random(3), 2800)}]),
+        "markup": render([{"role": "user", "content": "<div class='row'><b>cell</b></div>\n" * 450}]),
+    }
+    out: dict[str, object] = {}
+    for name, text in texts.items():
+        mine: list[float] = []
+        theirs: list[float] = []
+        for _ in range(iterations):
+            for split, samples in ((segmenter.split, mine), (reference.split, theirs)):
+                t0 = time.perf_counter()
+                split(text)
+                samples.append(time.perf_counter() - t0)
+        out[name] = {"chars": len(text), "us_p50": p50(mine), "finditer_only_us_p50": p50(theirs),
+                     "ratio": round(statistics.median(mine) / statistics.median(theirs), 3)}
+    return out
 
 
 def main() -> None:
@@ -227,6 +258,7 @@ def main() -> None:
         request_block_keys(ids, BLOCK, MODEL)
         keys.append(time.perf_counter() - t0)
     gc.enable()
+    split_16kb = split_figures(render, segmenter, iterations)
     stall_texts = [render(chat(random.Random(100 + i), turns=4, words_per_message=420))
                    for i in range(3 if args.quick else 10)]
     stall = {
@@ -259,6 +291,7 @@ def main() -> None:
         ),
         "plain_encode_us_per_token": round(statistics.median(plain) * 1e6 / base_tokens, 3),
         "block_keys_4k_us_p50": p50(keys),
+        "split_16kb": split_16kb,
         "new_message": {
             "tokens_mean": round(message_tokens, 1),
             "fast_us_p50": p50(msg_fast),

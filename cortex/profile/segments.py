@@ -38,15 +38,18 @@ probes on DeepSeek's 1,283 added tokens). A vocabulary whose trie nests too deep
 gets the flat alternation, longest first (the same matches, slower on big vocabularies).
 Pass 2 scans the pass-1 gaps in place (``pos``/``endpos``), without slicing them out first.
 
-``re`` itself searches fast only for a literal prefix: a pass whose tokens begin with more than
-one character (DeepSeek's pass 2: ``<`` and ``｜``) gets a charset prefix, which ``re`` tests
-character by character (~9 ns each: 146 µs for a 16 KB prompt, measured). So a pass whose tokens
-begin with at most ``FIND_FIRSTS_MAX`` distinct characters finds candidate positions in ranges
-of ``FIND_MIN_CHARS`` or more with
+``re`` itself searches fast only for a literal prefix (one first character: DeepSeek's pass 1):
+a pass whose tokens begin with more than one character (DeepSeek's pass 2: ``<`` and ``｜``)
+gets a charset prefix, which ``re`` tests character by character (~9 ns each: 146 µs for a
+16 KB prompt, measured). So a pass whose tokens begin with ``FIND_FIRSTS`` (2 to 8) distinct
+characters finds candidate positions in ranges of ``FIND_MIN_CHARS`` or more with
 ``str.find`` (one per first character) and tries the pattern there with ``match``: a token can
 only start at one of its first characters, and the match at the leftmost candidate is the one
 ``finditer`` would yield there, so the matches are the same (property-tested against
-``finditer`` and a brute-force reference).
+``finditer`` and a brute-force reference). Each candidate costs a Python loop turn, so after
+``FIND_MAX_CANDIDATES`` of them (text full of ``<``, such as HTML) the rest of the range goes to
+``finditer``: a 16 KB HTML prompt would otherwise take ~15x longer than ``finditer`` alone
+(with the cut-over: 1.1x; prose 0.15x, a 20-turn chat 0.57x, measured).
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 Piece = tuple[str, int | None]
-FIND_FIRSTS_MAX = 8  # first characters scanned with ``str.find``; more: ``finditer``
+FIND_FIRSTS = (2, 8)  # passes whose tokens start with 2..8 characters scan with ``str.find``
 FIND_MIN_CHARS = 384  # shorter ranges: ``finditer`` (less set-up; measured crossover 300-400)
+FIND_MAX_CANDIDATES = 16  # then ``finditer`` for the rest of the range (HTML: '<' everywhere)
 _UNMODELLED_FLAGS = ("lstrip", "rstrip", "single_word")
 
 
@@ -108,11 +112,13 @@ class _Pass:
 
     __slots__ = ("_firsts", "_pattern", "ids")
 
-    def __init__(self, tokens: Mapping[str, int], find_firsts_max: int = FIND_FIRSTS_MAX) -> None:
+    def __init__(self, tokens: Mapping[str, int],
+                 find_firsts: tuple[int, int] | None = None) -> None:
         self.ids = {text: tid for text, tid in tokens.items() if text}
         self._pattern = _longest_first_pattern(self.ids)
         firsts = sorted({text[0] for text in self.ids})
-        self._firsts = tuple(firsts) if len(firsts) <= find_firsts_max else None
+        low, high = find_firsts or FIND_FIRSTS
+        self._firsts = tuple(firsts) if low <= len(firsts) <= high else None
 
     def spans(self, text: str, pos: int, end: int) -> list[tuple[int, int]]:
         """``(start, end)`` of each token match in ``text[pos:end]``: leftmost-longest,
@@ -123,12 +129,17 @@ class _Pass:
         out: list[tuple[int, int]] = []
         find, match_at = text.find, self._pattern.match
         nexts = [find(first, pos, end) for first in firsts]  # -1: none left
+        budget = FIND_MAX_CANDIDATES
         while True:
             candidate = end
             for at in nexts:
                 if 0 <= at < candidate:
                     candidate = at
             if candidate == end:
+                return out
+            budget -= 1
+            if budget < 0:  # dense first characters (markup): re's own scan is cheaper
+                out += [match.span() for match in self._pattern.finditer(text, pos, end)]
                 return out
             found = match_at(text, candidate, end)
             if found is None:

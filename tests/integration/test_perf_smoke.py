@@ -32,6 +32,7 @@ def _scheduler(result: dict) -> None:
 def _tokenize(result: dict) -> None:
     assert result["prompt_tokens"] > 3500
     assert result["cache"]["hits"] > 0
+    assert {"prose", "markup"} <= set(result["split_16kb"])
 
 
 def _http(result: dict) -> None:

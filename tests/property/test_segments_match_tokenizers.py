@@ -88,14 +88,17 @@ def test_a_pass_finds_the_same_matches_by_str_find_and_by_finditer(
     expected = [(at, at + len(token))
                 for at, token in _reference_leftmost_longest(tokens, text[pos:end])]
     expected = [(start + pos, stop + pos) for start, stop in expected]
-    by_find = _Pass(dict.fromkeys(tokens, 0))
-    by_finditer = _Pass(dict.fromkeys(tokens, 0), find_firsts_max=0)
+    by_find = _Pass(dict.fromkeys(tokens, 0), find_firsts=(1, 8))
+    by_finditer = _Pass(dict.fromkeys(tokens, 0), find_firsts=(1, 0))
     assert by_find._firsts is not None and by_finditer._firsts is None
     assert by_finditer.spans(text, pos, end) == expected
     assert by_find.spans(text, pos, end) == expected  # short: finditer as well
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(segments, "FIND_MIN_CHARS", 0)
         assert by_find.spans(text, pos, end) == expected
+        for budget in (0, 1, 2):  # dense candidates: finditer takes over part way
+            patch.setattr(segments, "FIND_MAX_CANDIDATES", budget)
+            assert by_find.spans(text, pos, end) == expected
 
 
 def test_a_trie_too_deep_for_re_falls_back_to_the_flat_alternation() -> None:
