@@ -47,9 +47,10 @@ characters finds candidate positions in ranges of ``FIND_MIN_CHARS`` or more wit
 only start at one of its first characters, and the match at the leftmost candidate is the one
 ``finditer`` would yield there, so the matches are the same (property-tested against
 ``finditer`` and a brute-force reference). Each candidate costs a Python loop turn, so after
-``FIND_MAX_CANDIDATES`` of them (text full of ``<``, such as HTML) the rest of the range goes to
-``finditer``: a 16 KB HTML prompt would otherwise take ~15x longer than ``finditer`` alone
-(with the cut-over: 1.1x; prose 0.15x, a 20-turn chat 0.57x, measured).
+``FIND_MAX_MISSES`` candidates that start no token (text full of ``<``, such as HTML) the rest
+of the range goes to ``finditer``: a 16 KB HTML prompt would otherwise take ~15x longer than
+``finditer`` alone (``perf/bench_tokenize.py``, ``split_16kb``). Matches do not count: a long
+chat's many turn markers stay on the fast scan.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from dataclasses import dataclass
 Piece = tuple[str, int | None]
 FIND_FIRSTS = (2, 8)  # passes whose tokens start with 2..8 characters scan with ``str.find``
 FIND_MIN_CHARS = 384  # shorter ranges: ``finditer`` (less set-up; measured crossover 300-400)
-FIND_MAX_CANDIDATES = 16  # then ``finditer`` for the rest of the range (HTML: '<' everywhere)
+FIND_MAX_MISSES = 16  # then ``finditer`` for the rest of the range (HTML: '<' everywhere)
 _UNMODELLED_FLAGS = ("lstrip", "rstrip", "single_word")
 
 
@@ -129,7 +130,7 @@ class _Pass:
         out: list[tuple[int, int]] = []
         find, match_at = text.find, self._pattern.match
         nexts = [find(first, pos, end) for first in firsts]  # -1: none left
-        budget = FIND_MAX_CANDIDATES
+        misses = FIND_MAX_MISSES
         while True:
             candidate = end
             for at in nexts:
@@ -137,12 +138,12 @@ class _Pass:
                     candidate = at
             if candidate == end:
                 return out
-            budget -= 1
-            if budget < 0:  # dense first characters (markup): re's own scan is cheaper
-                out += [match.span() for match in self._pattern.finditer(text, pos, end)]
-                return out
             found = match_at(text, candidate, end)
             if found is None:
+                misses -= 1
+                if misses < 0:  # first characters everywhere (markup): re's scan is cheaper
+                    out += [match.span() for match in self._pattern.finditer(text, pos, end)]
+                    return out
                 pos = candidate + 1
             else:
                 pos = found.end()

@@ -96,8 +96,8 @@ def test_a_pass_finds_the_same_matches_by_str_find_and_by_finditer(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(segments, "FIND_MIN_CHARS", 0)
         assert by_find.spans(text, pos, end) == expected
-        for budget in (0, 1, 2):  # dense candidates: finditer takes over part way
-            patch.setattr(segments, "FIND_MAX_CANDIDATES", budget)
+        for budget in (0, 1, 2):  # dense misses: finditer takes over part way
+            patch.setattr(segments, "FIND_MAX_MISSES", budget)
             assert by_find.spans(text, pos, end) == expected
 
 
