@@ -44,13 +44,19 @@ class _Event(Struct, tag_field="type", forbid_unknown_fields=True, gc=False):
     (so the generic path counts it), no GC tracking (short-lived, acyclic)."""
 
 
-class _VllmStored(_Event, tag="BlockStored"):
+class _StoredHead(_Event):
+    """The fields every engine's ``BlockStored`` begins with, in wire order (kv-events.md):
+    array-like forms read them by position, so each engine's struct starts with these."""
+
     block_hashes: list[_Hash]
     parent_block_hash: _Hash | None
     token_ids: msgspec.Raw  # unpacked by unpack_u32_array (ValueError -> generic path)
     block_size: _BlockSize
     lora_id: _NonNegative | None = None
     medium: str | None = None
+
+
+class _VllmStored(_StoredHead, tag="BlockStored"):
     lora_name: str | None = None
     extra_keys: list[list[Any] | None] | None = None
     group_idx: _NonNegative | None = None
@@ -74,13 +80,7 @@ class _Cleared(_Event, tag="AllBlocksCleared"):
     pass
 
 
-class _SglangStored(_Event, tag="BlockStored"):
-    block_hashes: list[_Hash]
-    parent_block_hash: _Hash | None
-    token_ids: msgspec.Raw  # unpacked by unpack_u32_array (ValueError -> generic path)
-    block_size: _BlockSize
-    lora_id: _NonNegative | None = None
-    medium: str | None = None
+class _SglangStored(_StoredHead, tag="BlockStored"):
     cache_salt: str | None = None
     session_id: Any = None
     lora_name: str | None = None
@@ -90,13 +90,7 @@ class _SglangSaltMetadata(Struct, forbid_unknown_fields=True, gc=False):
     cache_salt: str | None = None
 
 
-class _SglangStoredArray(_Event, array_like=True, tag="BlockStored"):
-    block_hashes: list[_Hash]
-    parent_block_hash: _Hash | None
-    token_ids: msgspec.Raw  # unpacked by unpack_u32_array (ValueError -> generic path)
-    block_size: _BlockSize
-    lora_id: _NonNegative | None = None
-    medium: str | None = None
+class _SglangStoredArray(_StoredHead, array_like=True, tag="BlockStored"):
     metadata: _SglangSaltMetadata | None = None
 
 
@@ -173,7 +167,7 @@ def decode_typed(payload: bytes, family: EngineFamily) -> EventBatch | None:
         return None
     events: list[Event] = []
     for ev in typed.events:
-        if isinstance(ev, (_VllmStored, _SglangStored, _SglangStoredArray)):
+        if isinstance(ev, _StoredHead):
             try:
                 tokens = unpack_u32_array(ev.token_ids)
             except ValueError:
