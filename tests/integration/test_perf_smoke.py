@@ -35,6 +35,14 @@ def _tokenize(result: dict) -> None:
     assert {"prose", "markup"} <= set(result["split_16kb"])
 
 
+def _request_steps(result: dict) -> None:
+    for size in ("small_us_p50", "large_us_p50"):
+        steps = result[size]
+        assert set(steps) == {"parse", "prompt", "lookup", "encode", "finish", "keys",
+                              "decide_fallback", "decide_ready"}
+        assert all(value > 0 for value in steps.values())
+
+
 def _http(result: dict) -> None:
     for server in ("lean", "hypercorn"):
         assert result[server]["concurrency_1"]["round_trip_us"]["p99"] > 0
@@ -64,6 +72,7 @@ CHECKS = {
     "bench_gateway.py": _gateway,
     "bench_ingest.py": _ingest,
     "bench_ledger.py": _ledger,
+    "bench_request_steps.py": _request_steps,
     "bench_scheduler.py": _scheduler,
     "bench_tokenize.py": _tokenize,
     "soak.py": _soak,

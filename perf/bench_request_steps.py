@@ -1,0 +1,133 @@
+"""The request path's pure steps, each timed alone in a loop (no sockets, no trio).
+
+The same bodies as ``perf/bench_gateway.py`` (``Bodies``: a fixed system prompt and a new user
+message each time; ``small`` ~100 prompt tokens, ``large`` ~4k), the DeepSeek profile it
+serves, and a ``ModelPool`` of two workers as it routes them: no KV events (the benchmark's
+mock workers: ``fallback`` decisions) or READY ledgers (``ready``: the compiled path).
+
+Figures, microseconds, p50 over ``--iterations`` new requests after a warm-up (word and segment
+caches warm, as in service):
+
+* ``parse``: the body's JSON (``parse_body``); ``prompt``: the chat template rendered
+  (``request_prompt``); ``lookup``: the rendered text split at added tokens and its cached
+  pieces taken; ``encode``: the new message's ids (fast pieces); ``finish``: the prompt's ids
+  assembled; ``keys``: the full blocks' keys.
+* ``decide_fallback`` / ``decide_ready``: ``ModelPool.decide`` and its in-flight hold entered,
+  prefill done, released.
+
+These are the costs in a warm loop; the running server pays 2-4x more for the same code
+(``perf/RESULTS.md``, issue 4, session 5).
+
+Usage: ``python perf/bench_request_steps.py [--quick] [--iterations N]`` (JSON on stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from bench_gateway import MODEL, Bodies  # noqa: E402
+from benchkit import machine_info  # noqa: E402
+
+from cortex.events.model import EngineFamily  # noqa: E402
+from cortex.gateway.endpoints import Endpoint, parse_body, request_prompt  # noqa: E402
+from cortex.gateway.pool import ModelPool, WorkerFigures  # noqa: E402
+from cortex.ledger.book import LedgerBook  # noqa: E402
+from cortex.ledger.state import TargetState  # noqa: E402
+from cortex.profile.model_profile import ProfileSpec, load_profile  # noqa: E402
+from cortex.profile.profile_set import ProfileSet  # noqa: E402
+from cortex.profile.request_keys import request_block_keys  # noqa: E402
+from cortex.workers.spec import WorkerSpec  # noqa: E402
+from tests import deepseek_profile as ds  # noqa: E402
+
+BLOCK = 16
+
+
+def pool_of(profiles: ProfileSet, events: bool) -> ModelPool:
+    book = LedgerBook()
+    pool = ModelPool(MODEL, book, profiles=profiles, rng=random.Random(1))
+    for index, name in enumerate(("w0", "w1")):
+        spec = WorkerSpec(name, f"http://127.0.0.1:{index + 1}", engine="sglang", model=MODEL,
+                          events=f"tcp://127.0.0.1:{5000 + index}" if events else None)
+        targets: tuple[int, ...] = ()
+        if events:
+            targets = (book.register(name, 0, EngineFamily.SGLANG, MODEL),)
+            book.set_state(targets[0], TargetState.READY)
+        pool.set_worker(spec, targets)
+        pool.set_figures(name, WorkerFigures(healthy=True))
+    return pool
+
+
+def steps(bodies: Bodies, profile, pools: dict[str, ModelPool], iterations: int,
+          warmup: int) -> dict[str, float]:
+    tokenizer = profile.new_cached_tokenizer()
+    samples: dict[str, list[int]] = {}
+    clock = time.perf_counter_ns
+    for index in range(warmup + iterations):
+        raw = bodies.next()
+        marks = [clock()]
+        body = parse_body(raw)
+        marks.append(clock())
+        prompt = request_prompt(Endpoint.CHAT, body, profile.chat_template, profile.bos_token,
+                                profile.eos_token)
+        marks.append(clock())
+        lookup = tokenizer.lookup(prompt.text, prompt.add_special_tokens)
+        marks.append(clock())
+        cold = tokenizer.encode_pieces(lookup.cold) if lookup.cold else []
+        marks.append(clock())
+        ids = tokenizer.finish(lookup, cold)
+        marks.append(clock())
+        request_block_keys(ids, BLOCK, MODEL)
+        marks.append(clock())
+        for pool in pools.values():
+            route = pool.decide(ids, prompt)
+            with route.hold:
+                route.hold.prefill_done()
+            marks.append(clock())
+        if index < warmup:
+            continue
+        names = ["parse", "prompt", "lookup", "encode", "finish", "keys",
+                 *(f"decide_{name}" for name in pools)]
+        for name, start, end in zip(names, marks, marks[1:]):
+            samples.setdefault(name, []).append(end - start)
+    return {name: round(statistics.median(values) / 1000, 2) for name, values in samples.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--iterations", type=int, default=5000)
+    args = parser.parse_args()
+    iterations = 200 if args.quick else args.iterations
+    workdir = tempfile.mkdtemp(prefix="bench-steps-")
+    template = os.path.join(workdir, "chat_template.jinja")
+    with open(template, "w") as f:
+        f.write(ds.TEMPLATE)
+    profile = load_profile(ProfileSpec(MODEL, ds.TOKENIZER_JSON, BLOCK, template))
+    profiles = ProfileSet({MODEL: profile}, {})
+    pools = {"fallback": pool_of(profiles, events=False), "ready": pool_of(profiles, events=True)}
+    result = {
+        "benchmark": "request_steps",
+        "iterations": iterations,
+        "small_us_p50": steps(Bodies(25, seed=1), profile, pools, iterations, 500),
+        "large_us_p50": steps(Bodies(3000, seed=2), profile, pools, iterations // 4, 100),
+        "machine": machine_info(),
+    }
+    json.dump(result, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
