@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Callable
 from typing import Any
 
 try:  # Python 3.11+
@@ -235,6 +236,49 @@ def _translate(pattern: str) -> str:
     return translated
 
 
+# DeepSeek-V3's splits that can match ASCII (its CJK split cannot), as tokenizer.json has them:
+# this pair has a native splitter, ``cortex._fast.ascii_words`` (same words, one C pass).
+DEEPSEEK_V3_SPLITS = (
+    r"\p{N}{1,3}",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
+    "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
+
+
+def deepseek_v3_flags() -> bytes:
+    """The flag table of ``ascii_words.DeepSeekV3Words``, from the second pattern's own classes
+    (in order: lead, letters, optional, letters and marks, punctuation and symbols, CR LF twice);
+    raises ``UnsupportedPattern`` if they are not shaped as the native splitter assumes."""
+    pattern = DEEPSEEK_V3_SPLITS[1]
+    classes = []
+    i = pattern.find("[")
+    while i >= 0:
+        codes, i = _parse_class(pattern, i)
+        classes.append(codes)
+        i = pattern.find("[", i)
+    lead, letters, optional, letters_marks, punct, newline, newline_again = classes
+    digits = CATEGORIES["N"]
+    if not (letters == letters_marks and newline == newline_again == {0x0A, 0x0D}
+            and newline <= ONIG_SPACE and 0x20 not in punct
+            and not digits & (lead | letters | punct | ONIG_SPACE)):
+        raise UnsupportedPattern("DeepSeek-V3 classes not shaped as the native splitter assumes")
+    table = bytearray(128)
+    for flag, codes in ((1, letters), (2, punct), (4, lead), (8, optional), (16, ONIG_SPACE),
+                        (32, newline), (64, digits)):
+        for code in codes:
+            table[code] |= flag
+    return bytes(table)
+
+
+def _native_words(translated: list[str]) -> Callable[[str], list[str] | None] | None:
+    """The native splitter's ``words`` when ``translated`` are DeepSeek-V3's splits, else None."""
+    if translated != [_translate(p) for p in DEEPSEEK_V3_SPLITS]:
+        return None
+    from cortex._fast.ascii_words import DeepSeekV3Words
+
+    return DeepSeekV3Words(deepseek_v3_flags()).words
+
+
 def _byte_level_table() -> dict[int, str]:
     """ASCII code point -> ByteLevel's character for that byte, asked of ``tokenizers`` itself."""
     from tokenizers import pre_tokenizers
@@ -300,7 +344,7 @@ class FastPieceEncoder:
     """Exact ids of ASCII pieces that ``segmenter`` produced, for ``tokenizer`` (see module
     docstring); ``encode`` returns ``None`` where it does not apply."""
 
-    __slots__ = ("_bytes", "_max_words", "_model", "_splits", "_words", "why_not_fast")
+    __slots__ = ("_bytes", "_max_words", "_model", "_native", "_splits", "_words", "why_not_fast")
 
     def __init__(
         self, tokenizer: Any, segmenter: Segmenter, *, word_cache_entries: int = WORD_CACHE_ENTRIES
@@ -308,7 +352,9 @@ class FastPieceEncoder:
         self.why_not_fast, patterns = _why_not(tokenizer, segmenter)
         # one capturing group around the whole pattern: ``split`` then keeps the matches; a
         # split that can match no ASCII text leaves every ASCII piece whole, so it is skipped
-        self._splits = [re.compile(f"({p})") for p in patterns if not _matches_no_ascii(p)]
+        ascii_patterns = [p for p in patterns if not _matches_no_ascii(p)]
+        self._splits = [re.compile(f"({p})") for p in ascii_patterns]
+        self._native = _native_words(ascii_patterns) if self.why_not_fast is None else None
         self._model = tokenizer.model
         self._bytes = _byte_level_table() if self.why_not_fast is None else {}
         self._words: dict[str, tuple[int, ...]] = {}
@@ -330,9 +376,8 @@ class FastPieceEncoder:
         the tokenizer is not modelled."""
         if self.why_not_fast is not None or not piece.isascii():
             return None
-        words = [piece]
-        for pattern in self._splits:
-            words = _isolate(pattern, words)
+        native = self._native
+        words = native(piece) if native is not None else self.regex_words(piece)
         cache = self._words
         try:  # the common case: every word seen before
             return [i for word in words for i in cache[word]]
@@ -349,6 +394,19 @@ class FastPieceEncoder:
                     cache[word] = word_ids
             ids.extend(word_ids)
         return ids
+
+
+    @property
+    def native(self) -> bool:
+        """Words come from the native splitter (``cortex._fast.ascii_words``), not ``re``."""
+        return self._native is not None
+
+    def regex_words(self, piece: str) -> list[str]:
+        """The words of an ASCII ``piece``, split with ``re`` (the native splitter's reference)."""
+        words = [piece]
+        for pattern in self._splits:
+            words = _isolate(pattern, words)
+        return words
 
 
 def _isolate(pattern: re.Pattern[str], texts: list[str]) -> list[str]:

@@ -59,3 +59,23 @@ def test_fast_path_equals_encode_on_ascii_pieces(text: str) -> None:
 def test_cached_tokenizer_with_fast_path_equals_one_full_encode(text: str) -> None:
     cache = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, fast=_FAST)
     assert cache.encode(text) == _plain(text)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(_fragment, max_size=32).map("".join))
+def test_native_words_equal_the_regex_splits(text: str) -> None:
+    # the native DeepSeek-V3 splitter (cortex._fast.ascii_words) against its reference, re
+    assert _FAST.native
+    assert _FAST._native(text) == _FAST.regex_words(text)
+
+
+def test_native_words_equal_the_regex_splits_on_every_short_string() -> None:
+    # every string of up to three characters over one representative of each class the
+    # splitter tells apart (and the ones it must not confuse)
+    alphabet = "aZ0!$_ \t\n\r\x0b\x1c\x00\x7f"
+    texts = [""] + list(alphabet)
+    for _ in range(2):
+        texts += [t + c for t in texts if len(t) == len(texts[-1]) for c in alphabet]
+    assert len(texts) == 1 + 14 + 14**2 + 14**3
+    for text in texts:
+        assert _FAST._native(text) == _FAST.regex_words(text), repr(text)
