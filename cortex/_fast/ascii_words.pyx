@@ -5,6 +5,8 @@ Contract: ``ascii_words.pyi``. The reference is ``FastPieceEncoder``'s regex pat
 translated ``Split`` patterns applied with ``re``); ``tests/property`` proves them equal.
 """
 
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_GET_LENGTH
 
 cdef extern from "Python.h":
@@ -24,7 +26,8 @@ cdef enum:
 
 
 cdef class DeepSeekV3Words:
-    """``words(piece)``: the pre-tokenizer's words of ``piece``, or ``None`` if it is not ASCII."""
+    """``words(piece)``: the pre-tokenizer's words of ``piece``, or ``None`` if it is not ASCII;
+    ``cached_ids(piece, cache)``: their ids taken from a word cache in the same pass."""
 
     cdef unsigned char flags[128]
 
@@ -38,10 +41,38 @@ cdef class DeepSeekV3Words:
     def words(self, str piece):
         if not PyUnicode_IS_ASCII(piece):
             return None
+        cdef list out = []
+        self._scan(piece, out, None)
+        return out
+
+    def cached_ids(self, str piece, dict cache):
+        """The ids of ``piece``'s words from ``cache`` (word -> tuple of ids), concatenated;
+        ``None`` if a word is not in ``cache`` or ``piece`` is not ASCII."""
+        if not PyUnicode_IS_ASCII(piece):
+            return None
+        cdef list out = []
+        if self._scan(piece, out, cache):
+            return None
+        return out
+
+    cdef int _emit(self, str piece, Py_ssize_t start, Py_ssize_t end, list out,
+                   dict cache) except -1:
+        """One word: appended to ``out``, or (with ``cache``) its ids are; 1 if not cached."""
+        cdef PyObject* ids
+        if cache is None:
+            out.append(piece[start:end])
+            return 0
+        ids = PyDict_GetItem(cache, piece[start:end])
+        if ids is NULL:
+            return 1
+        out.extend(<object>ids)
+        return 0
+
+    cdef int _scan(self, str piece, list out, dict cache) except -1:
+        """Every word of ``piece`` to ``_emit`` in order; 1 as soon as one is not cached."""
         cdef const unsigned char* text = <const unsigned char*>PyUnicode_DATA(piece)
         cdef Py_ssize_t n = PyUnicode_GET_LENGTH(piece)
         cdef Py_ssize_t i = 0, j, end
-        cdef list out = []
         # Split(\p{N}{1,3}, Isolated): digit runs in threes; each gap between them is split by
         # the second pattern as a text of its own (its lookahead sees the gap's end as the end).
         while i < n:
@@ -51,18 +82,22 @@ cdef class DeepSeekV3Words:
                     end += 1
                 while i < end:
                     j = i + 3 if i + 3 < end else end
-                    out.append(piece[i:j])  # a digit group: nothing in the second pattern
-                    i = j                   # matches inside it, so it stays one word
+                    # a digit group: nothing in the second pattern matches inside it, so it
+                    # stays one word
+                    if self._emit(piece, i, j, out, cache):
+                        return 1
+                    i = j
             else:
                 end = i
                 while end < n and not (self.flags[text[end]] & F_DIGIT):
                     end += 1
-                self._split_gap(piece, text, i, end, out)
+                if self._split_gap(piece, text, i, end, out, cache):
+                    return 1
                 i = end
-        return out
+        return 0
 
     cdef int _split_gap(self, str piece, const unsigned char* text, Py_ssize_t lo,
-                        Py_ssize_t hi, list out) except -1:
+                        Py_ssize_t hi, list out, dict cache) except -1:
         """Split(second pattern, Isolated) of ``piece[lo:hi]`` (no digits in it):
 
         ``[lead][A-Za-z]+ | [optional]?[\\p{L}\\p{M}]+ | ' '?[\\p{P}\\p{S}]+[\\r\\n]*
@@ -111,10 +146,11 @@ cdef class DeepSeekV3Words:
             if j < 0:
                 i += 1  # no alternative matches here: the character joins the gap
                 continue
-            if gap < i:
-                out.append(piece[gap:i])
-            out.append(piece[i:j])
+            if gap < i and self._emit(piece, gap, i, out, cache):
+                return 1
+            if self._emit(piece, i, j, out, cache):
+                return 1
             i = gap = j
         if gap < hi:
-            out.append(piece[gap:hi])
+            return self._emit(piece, gap, hi, out, cache)
         return 0

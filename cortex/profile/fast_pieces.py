@@ -44,7 +44,6 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from collections.abc import Callable
 from typing import Any
 
 try:  # Python 3.11+
@@ -52,6 +51,7 @@ try:  # Python 3.11+
 except ImportError:  # pragma: no cover - Python < 3.11
     import sre_parse as _sre_parse  # type: ignore[no-redef]
 
+from cortex._fast.ascii_words import DeepSeekV3Words
 from cortex.profile.segments import Segmenter
 
 ASCII = frozenset(range(128))
@@ -270,13 +270,11 @@ def deepseek_v3_flags() -> bytes:
     return bytes(table)
 
 
-def _native_words(translated: list[str]) -> Callable[[str], list[str] | None] | None:
-    """The native splitter's ``words`` when ``translated`` are DeepSeek-V3's splits, else None."""
+def _native_splitter(translated: list[str]) -> DeepSeekV3Words | None:
+    """The native splitter when ``translated`` are DeepSeek-V3's splits, else None."""
     if translated != [_translate(p) for p in DEEPSEEK_V3_SPLITS]:
         return None
-    from cortex._fast.ascii_words import DeepSeekV3Words
-
-    return DeepSeekV3Words(deepseek_v3_flags()).words
+    return DeepSeekV3Words(deepseek_v3_flags())
 
 
 def _byte_level_table() -> dict[int, str]:
@@ -354,7 +352,7 @@ class FastPieceEncoder:
         # split that can match no ASCII text leaves every ASCII piece whole, so it is skipped
         ascii_patterns = [p for p in patterns if not _matches_no_ascii(p)]
         self._splits = [re.compile(f"({p})") for p in ascii_patterns]
-        self._native = _native_words(ascii_patterns) if self.why_not_fast is None else None
+        self._native = _native_splitter(ascii_patterns) if self.why_not_fast is None else None
         self._model = tokenizer.model
         self._bytes = _byte_level_table() if self.why_not_fast is None else {}
         self._words: dict[str, tuple[int, ...]] = {}
@@ -376,13 +374,19 @@ class FastPieceEncoder:
         the tokenizer is not modelled."""
         if self.why_not_fast is not None or not piece.isascii():
             return None
-        native = self._native
-        words = native(piece) if native is not None else self.regex_words(piece)
         cache = self._words
-        try:  # the common case: every word seen before
-            return [i for word in words for i in cache[word]]
-        except KeyError:
-            pass
+        native = self._native
+        if native is not None:
+            found = native.cached_ids(piece, cache)  # the common case: every word seen before
+            if found is not None:
+                return found
+            words = native.words(piece)
+        else:
+            words = self.regex_words(piece)
+            try:  # the common case: every word seen before
+                return [i for word in words for i in cache[word]]
+            except KeyError:
+                pass
         ids: list[int] = []
         for word in words:
             word_ids = cache.get(word)

@@ -66,7 +66,7 @@ def test_cached_tokenizer_with_fast_path_equals_one_full_encode(text: str) -> No
 def test_native_words_equal_the_regex_splits(text: str) -> None:
     # the native DeepSeek-V3 splitter (cortex._fast.ascii_words) against its reference, re
     assert _FAST.native
-    assert _FAST._native(text) == _FAST.regex_words(text)
+    assert _FAST._native.words(text) == _FAST.regex_words(text)
 
 
 def test_native_words_equal_the_regex_splits_on_every_short_string() -> None:
@@ -78,4 +78,18 @@ def test_native_words_equal_the_regex_splits_on_every_short_string() -> None:
         texts += [t + c for t in texts if len(t) == len(texts[-1]) for c in alphabet]
     assert len(texts) == 1 + 14 + 14**2 + 14**3
     for text in texts:
-        assert _FAST._native(text) == _FAST.regex_words(text), repr(text)
+        assert _FAST._native.words(text) == _FAST.regex_words(text), repr(text)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(_fragment, max_size=24).map("".join), st.randoms(use_true_random=False))
+def test_native_cached_ids_are_the_words_ids_or_none_on_a_miss(text: str, rng) -> None:
+    words = _FAST.regex_words(text)
+    cache = {word: (index, len(word)) for index, word in enumerate(words)}
+    for word in words:
+        if rng.random() < 0.1:
+            cache.pop(word, None)
+    expected = None
+    if all(word in cache for word in words):
+        expected = [i for word in words for i in cache[word]]
+    assert _FAST._native.cached_ids(text, cache) == expected
