@@ -41,10 +41,8 @@ Pass 2 scans the pass-1 gaps in place (``pos``/``endpos``), without slicing them
 ``re`` itself searches fast only for a literal prefix (one first character: DeepSeek's pass 1):
 a pass whose tokens begin with more than one character (DeepSeek's pass 2: ``<`` and ``｜``)
 gets a charset prefix, which ``re`` tests character by character (~9 ns each: 146 µs for a
-16 KB prompt, measured). Even a literal prefix is found faster by ``str.find`` (DeepSeek's
-pass 1 over the gateway benchmark's 16 KB prompt: 6.4 µs ``finditer``, 12.9 against 15.1 µs
-for the whole split, measured). So a pass whose tokens begin with ``FIND_FIRSTS`` (1 to 8)
-distinct characters finds candidate positions in ranges of ``FIND_MIN_CHARS`` or more with
+16 KB prompt, measured). So a pass whose tokens begin with ``FIND_FIRSTS`` (2 to 8) distinct
+characters finds candidate positions in ranges of ``FIND_MIN_CHARS`` or more with
 ``str.find`` (one per first character) and tries the pattern there with ``match``: a token can
 only start at one of its first characters, and the match at the leftmost candidate is the one
 ``finditer`` would yield there, so the matches are the same (property-tested against
@@ -63,7 +61,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 Piece = tuple[str, int | None]
-FIND_FIRSTS = (1, 8)  # passes whose tokens start with 1..8 characters scan with ``str.find``
+FIND_FIRSTS = (2, 8)  # passes whose tokens start with 2..8 characters scan with ``str.find``
 FIND_MIN_CHARS = 384  # shorter ranges: ``finditer`` (less set-up; measured crossover 300-400)
 FIND_MAX_MISSES = 16  # then ``finditer`` for the rest of the range (HTML: '<' everywhere)
 _UNMODELLED_FLAGS = ("lstrip", "rstrip", "single_word")
