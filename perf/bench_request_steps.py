@@ -15,8 +15,9 @@ caches warm, as in service):
 * ``decide_fallback`` / ``decide_ready``: ``ModelPool.decide`` and its in-flight hold entered,
   prefill done, released.
 
-These are the costs in a warm loop; the running server pays 2-4x more for the same code
-(``perf/RESULTS.md``, issue 4, session 5).
+These are the costs in a warm loop; the running server pays 1-2x more for the larger steps and
+up to 3-4x for the smallest: cold caches after the HTTP legs (``perf/RESULTS.md``, issue 4,
+session 5).
 
 Usage: ``python perf/bench_request_steps.py [--quick] [--iterations N]`` (JSON on stdout).
 """
@@ -110,11 +111,12 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=5000)
     args = parser.parse_args()
     iterations = 200 if args.quick else args.iterations
-    workdir = tempfile.mkdtemp(prefix="bench-steps-")
-    template = os.path.join(workdir, "chat_template.jinja")
-    with open(template, "w") as f:
-        f.write(ds.TEMPLATE)
-    profile = load_profile(ProfileSpec(MODEL, ds.TOKENIZER_JSON, BLOCK, template))
+    # the profile reads its template when it loads: the directory can go right after
+    with tempfile.TemporaryDirectory(prefix="bench-steps-") as workdir:
+        template = os.path.join(workdir, "chat_template.jinja")
+        with open(template, "w") as f:
+            f.write(ds.TEMPLATE)
+        profile = load_profile(ProfileSpec(MODEL, ds.TOKENIZER_JSON, BLOCK, template))
     profiles = ProfileSet({MODEL: profile}, {})
     pools = {"fallback": pool_of(profiles, events=False), "ready": pool_of(profiles, events=True)}
     result = {
