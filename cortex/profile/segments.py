@@ -38,19 +38,21 @@ probes on DeepSeek's 1,283 added tokens). A vocabulary whose trie nests too deep
 gets the flat alternation, longest first (the same matches, slower on big vocabularies).
 Pass 2 scans the pass-1 gaps in place (``pos``/``endpos``), without slicing them out first.
 
-``re`` itself searches fast only for a literal prefix (one first character: DeepSeek's pass 1):
-a pass whose tokens begin with more than one character (DeepSeek's pass 2: ``<`` and ``｜``)
-gets a charset prefix, which ``re`` tests character by character (~9 ns each: 146 µs for a
-16 KB prompt, measured). So a pass whose tokens begin with ``FIND_FIRSTS`` (2 to 8) distinct
-characters finds candidate positions in ranges of ``FIND_MIN_CHARS`` or more with
-``str.find`` (one per first character) and tries the pattern there with ``match``: a token can
-only start at one of its first characters, and the match at the leftmost candidate is the one
-``finditer`` would yield there, so the matches are the same (property-tested against
-``finditer`` and a brute-force reference). Each candidate costs a Python loop turn, so after
-``FIND_MAX_MISSES`` candidates that start no token (text full of ``<``, such as HTML) the rest
-of the range goes to ``finditer``: a 16 KB HTML prompt would otherwise take ~15x longer than
-``finditer`` alone (``perf/bench_tokenize.py``, ``split_16kb``). Matches do not count: a long
-chat's many turn markers stay on the fast scan.
+``re`` itself searches fast only for a literal prefix (one first character: DeepSeek's pass 1),
+and even that slower than ``str.find``; a pass whose tokens begin with more than one character
+(DeepSeek's pass 2: ``<`` and ``｜``) gets a charset prefix, which ``re`` tests character by
+character (~9 ns each: 146 µs for a 16 KB prompt, measured). So a pass whose tokens begin with
+``FIND_FIRSTS`` (1 to 8) distinct characters is scanned by ``cortex._fast.token_spans``:
+candidate positions from ``PyUnicode_FindChar`` (one per first character), each tried with the
+pattern's ``match``. A token can only start at one of its first characters, and the match at
+the leftmost candidate is the one ``finditer`` would yield there, so the matches are the same
+(property-tested against ``finditer`` and a brute-force reference). After ``FIND_MAX_MISSES``
+candidates that start no token (text full of ``<``, such as HTML) the rest of the range goes
+to ``finditer``: a 16 KB HTML prompt would otherwise cost a ``match`` call per ``<``
+(``perf/bench_tokenize.py``, ``split_16kb``). Matches do not count: a long chat's many turn
+markers stay on the fast scan. (The scan was a Python loop over ``str.find`` before, used only
+for ranges of 384 characters or more; in C it wins on every length: DeepSeek's small gateway
+benchmark prompt, 396 characters, pass 2 in 3.5 -> 1.2 µs.)
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from cortex._fast.token_spans import token_spans
+
 Piece = tuple[str, int | None]
-FIND_FIRSTS = (2, 8)  # passes whose tokens start with 2..8 characters scan with ``str.find``
-FIND_MIN_CHARS = 384  # shorter ranges: ``finditer`` (less set-up; measured crossover 300-400)
+FIND_FIRSTS = (1, 8)  # passes whose tokens start with 1..8 characters: ``token_spans``
 FIND_MAX_MISSES = 16  # then ``finditer`` for the rest of the range (HTML: '<' everywhere)
 _UNMODELLED_FLAGS = ("lstrip", "rstrip", "single_word")
 
@@ -125,32 +128,9 @@ class _Pass:
         """``(start, end)`` of each token match in ``text[pos:end]``: leftmost-longest,
         non-overlapping (what ``finditer`` yields)."""
         firsts = self._firsts
-        if firsts is None or end - pos < FIND_MIN_CHARS:
+        if firsts is None:
             return [match.span() for match in self._pattern.finditer(text, pos, end)]
-        out: list[tuple[int, int]] = []
-        find, match_at = text.find, self._pattern.match
-        nexts = [find(first, pos, end) for first in firsts]  # -1: none left
-        misses = FIND_MAX_MISSES
-        while True:
-            candidate = end
-            for at in nexts:
-                if 0 <= at < candidate:
-                    candidate = at
-            if candidate == end:
-                return out
-            found = match_at(text, candidate, end)
-            if found is None:
-                misses -= 1
-                if misses < 0:  # first characters everywhere (markup): re's scan is cheaper
-                    out += [match.span() for match in self._pattern.finditer(text, pos, end)]
-                    return out
-                pos = candidate + 1
-            else:
-                pos = found.end()
-                out.append((candidate, pos))
-            for index, at in enumerate(nexts):
-                if 0 <= at < pos:
-                    nexts[index] = find(firsts[index], pos, end)
+        return token_spans(self._pattern, firsts, text, pos, end, FIND_MAX_MISSES)
 
     def split_into(
         self, text: str, pieces: list[Piece], then: _Pass | None, pos: int = 0, end: int = -1

@@ -81,7 +81,7 @@ def test_trie_pattern_and_flat_fallback_find_leftmost_longest(tokens: set[str], 
 def test_a_pass_finds_the_same_matches_by_str_find_and_by_finditer(
     tokens: set[str], text: str, data: st.DataObject
 ) -> None:
-    """``str.find`` on first characters + ``match`` (few first characters) and ``finditer``
+    """First-character candidates + ``match`` (``token_spans``, few first characters) and ``finditer``
     (many) yield the brute-force reference's matches, over the whole text or a window."""
     pos = data.draw(st.integers(0, len(text)))
     end = data.draw(st.integers(pos, len(text)))
@@ -92,10 +92,8 @@ def test_a_pass_finds_the_same_matches_by_str_find_and_by_finditer(
     by_finditer = _Pass(dict.fromkeys(tokens, 0), find_firsts=(1, 0))
     assert by_find._firsts is not None and by_finditer._firsts is None
     assert by_finditer.spans(text, pos, end) == expected
-    assert by_find.spans(text, pos, end) == expected  # short: finditer as well
+    assert by_find.spans(text, pos, end) == expected
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(segments, "FIND_MIN_CHARS", 0)
-        assert by_find.spans(text, pos, end) == expected
         for budget in (0, 1, 2):  # dense misses: finditer takes over part way
             patch.setattr(segments, "FIND_MAX_MISSES", budget)
             assert by_find.spans(text, pos, end) == expected
