@@ -404,7 +404,6 @@ class FastPieceEncoder:
             ids.extend(word_ids)
         return ids
 
-
     @property
     def native(self) -> bool:
         """Words come from the native splitter (``cortex._fast.ascii_words``), not ``re``."""
