@@ -110,11 +110,9 @@ cdef class DeepSeekV3Words:
             here = flags[text[i]]
             after = flags[text[i + 1]] if i + 1 < hi else 0
             j = -1
-            if (here & F_LEAD) and (after & F_LETTER):
-                j = i + 2
-                while j < hi and flags[text[j]] & F_LETTER:
-                    j += 1
-            elif (here & F_OPTIONAL) and (after & F_LETTER):
+            if (here & (F_LEAD | F_OPTIONAL)) and (after & F_LETTER):
+                # [lead][A-Za-z]+, or [optional][\p{L}\p{M}]+ (the two classes are disjoint:
+                # the lead is punctuation, the optional class excludes it)
                 j = i + 2
                 while j < hi and flags[text[j]] & F_LETTER:
                     j += 1

@@ -17,7 +17,8 @@ Invariants:
 * Cold pieces of one call are encoded one by one (default: measured faster on this 2-core
   machine), or together through ``encode_batch`` (Rust threads) with ``batch_cold``. One by
   one, a pure-ASCII piece goes through ``fast`` (``fast_pieces.FastPieceEncoder``, exact; ~3x
-  faster than ``encode`` on short English text, ~10x for DeepSeek-V3's native splitter) when one is given and it applies.
+  faster than ``encode`` on short English text, ~10x with DeepSeek-V3's native splitter) when
+  one is given and it applies.
 * ``encode_array`` = ``lookup`` (split, take hits) → ``encode_pieces`` (tokenizer only, no
   cache access) → ``finish`` (remember, assemble); an I/O shell may run the middle step in a
   worker thread (``trio_tokenize``).

@@ -27,8 +27,6 @@ from cortex.scheduling.matches import worker_matches
 from cortex.scheduling.view import RequestFacts, Role, WorkerView
 from cortex.scheduling.watermark import Watermarks
 
-_AFTER_LOAD_AWARE = 2  # events_chain: exact_kv, load_aware, then p2c, round_robin
-
 
 class FastScheduler:
     def __init__(
@@ -40,6 +38,8 @@ class FastScheduler:
     ) -> None:
         self.cost = cost or CostConfig()
         self.reference = Scheduler(events_chain(rng, self.cost, bounds), watermarks)
+        # where the reference chain goes on once exact_kv and load_aware are ruled out
+        self.after_load_aware = [p.name for p in self.reference.policies].index("p2c")
         self.compiled = self.cost.form == "ttft"
         self.tolerance_s = self.cost.affinity_tolerance_s
         self.recompute_weight = self.cost.recompute_weight
@@ -72,5 +72,5 @@ class FastScheduler:
                 return load_aware_verdict(found[1])
             if verdict == "chain":  # no trusted hit on an open worker, not every ledger READY:
                 # exact_kv and load_aware decline; p2c and round robin read no matches
-                return self.reference.decide(request, views, {}, role, _AFTER_LOAD_AWARE)
+                return self.reference.decide(request, views, {}, role, self.after_load_aware)
         return self.reference.decide(request, views, worker_matches(target_blocks, views), role)
