@@ -23,10 +23,11 @@ Rules:
 * The body is passed through as it arrives; ``CachedTokensSniffer`` only scans for the engine's
   ``cached_tokens`` report to measure the ledger's accuracy (predicted vs reported).
 * An answer already whole when its first bytes arrive (a small JSON response) skips the
-  streaming machinery: the exchange is closed (connection back to the pool, accounting
-  released) before the client's write, and the body goes out as bytes with the head; its
-  ``cached_tokens`` report is sniffed after the write (``HttpResponse.after_sent``), off the
-  client's wait.
+  streaming machinery: the body goes out as bytes with the head, and right after the write
+  (``HttpResponse.after_sent``, which runs also when the write failed) the exchange is closed
+  (connection back to the pool, accounting released) and its ``cached_tokens`` report
+  sniffed — off the client's wait. Nothing awaits between the answer's arrival and that
+  release but the client's write.
 """
 
 from __future__ import annotations
@@ -219,11 +220,12 @@ class Gateway:
                                  decision.predicted_cached_tokens, route.rank, attempt)
         whole = leg.whole_body()
         if whole is not None:
-            await stack.aclose()  # synchronous exits only: nothing here can be cancelled
-            # the engine's report is measured once the answer is on its way (not before)
+            # released and measured once the answer is on its way, off the client's wait
             return HttpResponse(leg.response.status,
                                 _client_headers(leg, with_length=False) + extra, whole,
-                                partial(self.observe_cached_tokens, pool, route, whole))
+                                _in_turn(partial(_close_at_once, stack),
+                                         partial(self.observe_cached_tokens, pool, route,
+                                                 whole)))
         route.hold.prefill_done()  # (a whole answer's hold was released in one step above)
         return self.respond(leg, stack, extra, worker.name,
                             self.cached_tokens_report(pool, route))
@@ -331,6 +333,19 @@ def _in_turn(first: Callable[[], None], then: Callable[[], None] | None) -> Call
         finally:
             then()
     return both
+
+
+def _close_at_once(stack: contextlib.AsyncExitStack) -> None:
+    """Closes a whole answer's ``stack`` from synchronous code (``after_sent``): its exits —
+    the in-flight hold and an exchange whose response is complete — never wait, so closing
+    ends at its first step, with no checkpoint."""
+    closing = stack.aclose()
+    try:
+        closing.send(None)
+    except StopIteration:
+        return
+    closing.close()
+    raise RuntimeError("an exit of a whole answer's exchange waited")
 
 
 def _client_headers(leg: Leg, *, with_length: bool) -> list[tuple[bytes, bytes]]:

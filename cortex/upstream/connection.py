@@ -97,7 +97,6 @@ class UpstreamConnection:
         """Send the head and the whole body (``headers`` already carry content-length)."""
         data = request_bytes(method, target, headers, body)  # BadRequest: nothing sent
         self.response_started = False
-        self._reader = ResponseReader(head_only=method == b"HEAD")
         await _checkpoint_if_cancelled()
         try:
             sent = self.socket.send(data)
@@ -105,6 +104,8 @@ class UpstreamConnection:
             sent = 0
         except OSError as exc:
             raise self._broken("send", exc) from None
+        # built while the worker reads the request (nothing reads the socket before this)
+        self._reader = ResponseReader(head_only=method == b"HEAD")
         if sent < len(data):  # the send buffer is full: wait for room for the rest
             await self._send_rest(memoryview(data)[sent:])
 

@@ -217,6 +217,29 @@ async def test_body_failing_before_its_held_head_becomes_an_error_answer():
     assert shared.counters.responses_by_status == {502: 1}
 
 
+async def test_after_sent_runs_when_the_client_is_gone_before_the_write():
+    """A whole answer's ``after_sent`` releases its upstream exchange (the gateway relies on
+    it): it runs also when the write fails because the client went away."""
+    seen: list[str] = []
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, [], b"{}", lambda: seen.append("released"))
+
+    to_client = trio.testing.MemorySendStream()
+    from_client = trio.testing.MemoryReceiveStream()
+
+    async def gone() -> None:
+        raise trio.BrokenResourceError("the client reset the connection")
+
+    to_client.send_all_hook = gone
+    from_client.put_data(build_request(b"GET", b"/whole"))
+    shared = ServerShared(handler, LIMITS, ServerCounters(), b"cortex")
+    with trio.fail_after(5):
+        await HttpConnection(trio.StapledStream(to_client, from_client), shared).run()
+    assert seen == ["released"]
+    assert shared.counters.client_gone == 1
+
+
 async def test_after_sent_runs_once_the_answer_is_written_and_a_failing_one_is_counted(caplog):
     """``after_sent`` runs after the write (the client already has its answer), once per
     response, whole or streamed; one that raises is logged and counted, and the connection

@@ -1,6 +1,7 @@
 """A small answer that arrives whole with its head is handed over as bytes: the upstream
-exchange is closed (connection idle in the pool, accounting released) before the client's
-write; a stream that is still arriving stays a stream (real sim engines, real sockets)."""
+exchange is closed (connection idle in the pool, accounting released) by its ``after_sent``,
+right after the client's write and off the client's wait; a stream that is still arriving
+stays a stream (real sim engines, real sockets)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def chat(question: str, **extra: object) -> HttpRequest:
                        [(b"content-type", b"application/json")], json.dumps(body).encode())
 
 
-async def test_a_whole_answer_is_bytes_and_its_exchange_already_closed():
+async def test_a_whole_answer_is_bytes_and_its_exchange_closed_once_written():
     async with gateway_cluster(("vllm-0.33",), config_changes=QUIET) as cluster:
         running = cluster.running
         engine = cluster.engines[0]
@@ -38,8 +39,13 @@ async def test_a_whole_answer_is_bytes_and_its_exchange_already_closed():
         names = [name for name, _ in response.headers]
         assert b"content-length" not in names and b"transfer-encoding" not in names
         assert dict(response.headers)[b"x-cortex-assigned-worker"] == engine.name.encode()
-        # before anything is written to a client: the worker's connection is idle again and
-        # the request no longer counts as pending work
+        # held until the answer is written (the server then runs after_sent, also when the
+        # write failed); nothing of it waits for I/O any more
+        assert running.gateway.upstream.stats(engine.url).busy == 1
+        assert running.pools[MODEL].pending.in_flight(engine.name) == 1
+        assert response.after_sent is not None
+        response.after_sent()
+        # the worker's connection is idle again and the request no longer pending work
         stats = running.gateway.upstream.stats(engine.url)
         assert stats.busy == 0 and stats.idle >= 1
         assert running.pools[MODEL].pending.in_flight(engine.name) == 0
