@@ -33,9 +33,12 @@ Running the handler and answering:
   ``notify_closing`` (no cancel scope) and parks again. (Before: a reader task owned the
   receiving side all the time — two task switches and a hand-off per request.) The cycles
   share one cancel scope (``_serve``), not one per request; a wait for a head or body byte
-  has its own (``move_on_at``) only when it has to wait. A stream that is not a socket
-  (memory streams in component tests) is read with ``receive_some`` instead, the watcher's
-  wait then ended by its own cancel scope.
+  has its own (``move_on_at``) only when it has to wait. The idle deadline is kept by the
+  server's ``WaitDeadlines`` task (a dict store per wait; it cancels the cycles' scope when
+  the deadline passes), not by setting the scope's deadline (~7 µs a request in trio); a
+  connection served without that task running falls back to the scope's deadline. A stream
+  that is not a socket (memory streams in component tests) is read with ``receive_some``
+  instead, the watcher's wait then ended by its own cancel scope.
 * ``CortexError`` → ``error_response``; any other exception is a bug: logged on
   ``cortex.front``, counted, answered 500 and the connection closed.
 * Writing the response: ``cortex.front.response_writer``.
@@ -133,8 +136,9 @@ class HttpConnection:
 
     async def _serve(self) -> None:
         """Runs request/response cycles until the connection ends. They run under one cancel
-        scope, not one per request: its deadline is set only while the connection waits idle
-        for a request, and the reader cancels it when the client leaves during a response.
+        scope, not one per request: the idle deadline cancels it (through the server's
+        ``WaitDeadlines``, or its own deadline set only while the connection waits idle for a
+        request), and the watcher cancels it when the client leaves during a response.
         Either ends the connection (after a 408 for a first head that never came), unless a
         request arrived just as the idle deadline passed: a new scope then serves it."""
         while True:
@@ -155,6 +159,10 @@ class HttpConnection:
 
     def wake_idle(self) -> None:
         """The server drains: an idle connection wakes up and closes (see _feed_idle)."""
+        self._scope.cancel()
+
+    def expire(self) -> None:
+        """Called by the server's ``WaitDeadlines``: the idle deadline passed (see _serve)."""
         self._scope.cancel()
 
     def _abort_parked_watcher(self, _raise_cancel: object) -> trio.lowlevel.Abort:
@@ -302,12 +310,20 @@ class HttpConnection:
         data = self._transport.read_now()
         if data is None:
             scope = self._scope
-            scope.deadline = deadline
+            deadlines = shared.idle_deadlines
+            watched = deadlines.running
+            if watched:
+                deadlines.watch(self, deadline)
+            else:
+                scope.deadline = deadline
             shared.idle_connections.add(self)
             try:
                 data = await self._wait()
             finally:
-                scope.deadline = math.inf
+                if watched:
+                    deadlines.unwatch(self)
+                else:
+                    scope.deadline = math.inf
                 shared.idle_connections.discard(self)
             if scope.cancel_called:
                 self._take(data)

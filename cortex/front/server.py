@@ -14,6 +14,8 @@ Rules:
   arriving or in flight are answered with ``connection: close``. After
   ``limits.drain_timeout_s`` whatever still runs is cancelled. ``serve`` returns when every
   connection is closed.
+* Idle keep-alive deadlines are kept by one ``WaitDeadlines`` task per server (rules in
+  ``cortex.wait_deadlines``), started before the first connection and stopped after the last.
 * Counters are plain ints (``ServerCounters``), read by the metrics layer.
 """
 
@@ -28,6 +30,7 @@ import trio
 from cortex.front.connection import HttpConnection
 from cortex.front.limits import ServerLimits
 from cortex.front.messages import Handler
+from cortex.wait_deadlines import WaitDeadlines
 
 __all__ = ["HttpServer", "ServerCounters", "ServerShared"]
 
@@ -66,6 +69,8 @@ class ServerShared:
     draining: bool = False
     in_flight: int = 0
     idle_connections: set[HttpConnection] = field(default_factory=set)  # woken by drain()
+    # idle keep-alive deadlines; running while HttpServer.serve runs (else: cancel scopes)
+    idle_deadlines: WaitDeadlines = field(default_factory=WaitDeadlines)
 
 
 class HttpServer:
@@ -94,13 +99,16 @@ class HttpServer:
                     ) -> None:
         listener = await _open_listener(host, port)
         try:
-            async with trio.open_nursery() as connections:
-                task_status.started((host, listener.socket.getsockname()[1]))
-                with self._accept_scope:
-                    await self._accept_loop(listener, connections)
-                await listener.aclose()
-                assert self._drain_deadline is not None
-                connections.cancel_scope.deadline = self._drain_deadline
+            async with trio.open_nursery() as services:
+                await services.start(self._shared.idle_deadlines.run)
+                async with trio.open_nursery() as connections:
+                    task_status.started((host, listener.socket.getsockname()[1]))
+                    with self._accept_scope:
+                        await self._accept_loop(listener, connections)
+                    await listener.aclose()
+                    assert self._drain_deadline is not None
+                    connections.cancel_scope.deadline = self._drain_deadline
+                services.cancel_scope.cancel()  # every connection is closed
         finally:
             await trio.aclose_forcefully(listener)
 

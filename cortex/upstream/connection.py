@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import trio
 
-from cortex.upstream.deadlines import WaitDeadlines
+from cortex.wait_deadlines import WaitDeadlines
 from cortex.upstream.errors import Phase, UpstreamBroken, UpstreamConnectError, UpstreamTimeout
 from cortex.upstream.request_head import Headers, request_bytes
 from cortex.upstream.response_parser import ResponseReader

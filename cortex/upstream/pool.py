@@ -43,7 +43,7 @@ from types import TracebackType
 import trio
 
 from cortex.upstream.connection import UpstreamConnection, open_connection
-from cortex.upstream.deadlines import WaitDeadlines
+from cortex.wait_deadlines import WaitDeadlines
 from cortex.upstream.errors import UpstreamBroken, UpstreamTimeout
 from cortex.upstream.limits import PoolLimits
 from cortex.upstream.request_head import Headers, Origin, parse_origin, upstream_headers

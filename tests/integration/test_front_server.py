@@ -270,6 +270,17 @@ async def test_idle_keep_alive_connection_is_closed_quietly():
             assert served.counters.header_timeouts == 0
 
 
+async def test_a_client_that_never_sends_gets_408_at_the_first_head_deadline():
+    # (idle deadlines are kept by the server's WaitDeadlines task: it must end this wait)
+    with trio.fail_after(TIMEOUT):
+        async with serving(header_timeout_s=0.3) as served:
+            client = await served.connect()
+            response = await client.read_response()
+            assert response.status == 408
+            assert await client.read_until_eof() == b""
+            assert served.counters.header_timeouts == 1 and served.counters.requests == 0
+
+
 async def test_max_connections_makes_the_accept_loop_wait():
     with trio.fail_after(TIMEOUT):
         async with serving(max_connections=1) as served:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from cortex.upstream.deadlines import WaitDeadlines
+from cortex.wait_deadlines import WaitDeadlines
 
 
 class FakeWait:
