@@ -33,9 +33,11 @@ sizes, throughput at 64 connections ≥ 0.5×, added TTFB ≤ 1 ms (p50), each "
 ``--baseline DIR`` adds ``cortex-baseline``: Cortex run from another checkout (its extensions
 built), measured in the same interleaved rounds — a before/after comparison under one machine
 load; ``targets`` then also gives ``vs_baseline`` (Cortex's added p50 / the baseline's).
+``--baseline-python`` runs the baseline with another interpreter (the same checkout twice then
+compares interpreters).
 
 Usage: ``python perf/bench_gateway.py [--quick] [--systems cortex,sglang-router,nginx]
-[--baseline DIR]``
+[--baseline DIR [--baseline-python PYTHON]]``
 (JSON on stdout). A peer that is not installed is skipped with the reason in ``skipped``;
 Cortex failing to start is an error (exit 1).
 """
@@ -388,6 +390,9 @@ def main() -> int:
     parser.add_argument("--drive-large", action="store_true", help="~4k-token bodies")
     parser.add_argument("--baseline", type=Path,
                         help="also measure Cortex run from this checkout (cortex-baseline)")
+    parser.add_argument("--baseline-python", default=sys.executable,
+                        help="the interpreter that runs cortex-baseline (its venv's python, "
+                             "with the checkout's extensions built by it; default: this one)")
     args = parser.parse_args()
     wanted = [name for name in args.systems.split(",") if name]
     params = PARAMS["quick" if args.quick else "full"]
@@ -415,7 +420,8 @@ def main() -> int:
                     running = peers.start_cortex(urls, MODEL, ds.TOKENIZER_JSON, template)
                 elif name == "cortex-baseline":
                     running = peers.start_cortex(urls, MODEL, ds.TOKENIZER_JSON, template,
-                                                 name, args.baseline.resolve())
+                                                 name, args.baseline.resolve(),
+                                                 args.baseline_python)
                 elif name == "sglang-router":
                     running = peers.start_sglang_router(urls, MODEL)
                 else:
@@ -431,6 +437,9 @@ def main() -> int:
         result: dict[str, object] = {"machine": machine_info(), "quick": args.quick,
                                      "parameters": {**params, "workers": 2, "model": MODEL},
                                      "systems": list(systems), "skipped": skipped}
+        if args.baseline is not None:
+            result["baseline"] = {"checkout": str(args.baseline.resolve()),
+                                  "python": args.baseline_python}
         if args.drive and error is None:
             result["drive"] = trio.run(drive, systems[wanted[0]][0], args.drive,
                                        args.drive_connections, args.drive_large)

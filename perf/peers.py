@@ -190,12 +190,14 @@ def start_mock(model: str, name: str = "mock") -> Running:
 
 
 def start_cortex(worker_urls: list[str], model: str, tokenizer: str,
-                 template: str, name: str = "cortex", repo: Path = REPO) -> Running:
+                 template: str, name: str = "cortex", repo: Path = REPO,
+                 python: str = sys.executable) -> Running:
     """``python -m cortex serve`` run from ``repo`` (its working directory comes first on
-    ``sys.path``, so another checkout — with its extensions built — runs its own code)."""
+    ``sys.path``, so another checkout — with its extensions built — runs its own code) by the
+    interpreter ``python`` (another one compares interpreters on the same code)."""
     tmpdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
     port, control = free_port(), free_port()
-    argv = [sys.executable, "-m", "cortex", "serve", "--server-host", HOST,
+    argv = [python, "-m", "cortex", "serve", "--server-host", HOST,
             "--server-port", str(port), "--control-port", str(control),
             "--log-level", "warning",
             "--model", f"{model},tokenizer={tokenizer},block_size=16,chat_template={template}"]
