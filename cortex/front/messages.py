@@ -12,7 +12,10 @@ Contract (shared by the data plane, the simulated engines and the tests):
 * ``HttpResponse.body`` is either ``bytes`` (sent with ``content-length``) or an async iterator
   of ``bytes`` chunks, streamed as they come (chunked transfer encoding unless the handler set
   ``content-length``). Each chunk is written and flushed before the next is awaited: no
-  buffering, no per-token parsing.
+  buffering, no per-token parsing. A streamed body may offer a chunk it already holds:
+  ``chunk_ready()`` (optional, synchronous, no I/O) returns it, or ``None`` if there is none
+  in hand; the server sends a chunked (or close-delimited) head together with that chunk in
+  one write, so a stream whose first event is ready reaches the client in one segment.
 * ``HttpResponse.after_sent`` (optional, synchronous) runs once the response has been handed
   to the kernel, or its writing failed: bookkeeping the client need not wait for (a measurement
   of the answer, say). It must not raise; if it does, the server logs it and counts a handler

@@ -4,7 +4,8 @@
   ``content-length``. An iterator body is written chunk by chunk (chunked, or close-delimited
   for HTTP/1.0, unless the handler set ``content-length``); each chunk is written before the
   next is awaited. A chunked head goes out at once (an SSE client sees it before the first
-  event); a ``content-length`` head waits for the first chunk and shares its write. If the
+  event), with the body's first chunk when the body already holds it (``chunk_ready``); a
+  ``content-length`` head waits for the first chunk and shares its write. If the
   iterator raises after the head went out, the connection is closed without the terminating
   chunk; before (a held head), the client gets the error's JSON answer instead. A handler's
   ``content-length`` must match the bytes it yields: a mismatch is a handler bug (500 if the
@@ -118,12 +119,20 @@ class ResponseWriter:
                 return await self._handler_bug(request, "unsendable response head",
                                                head_sent=False)
             held = length is not None and not no_body
+            sent = 0
             if not held:
+                try:
+                    ready = None if no_body else _chunk_ready(body)
+                except Exception:
+                    return await self._handler_bug(request, "response body failed",
+                                                   head_sent=False)
                 self._shared.counters.count_status(status)
+                if ready:
+                    sent = len(ready)
+                    head += _chunk_frame(ready) if chunked else ready
                 await self._send(head)
             if no_body:
                 return not close
-            sent = 0
             chunks = body.__aiter__()
             while True:
                 try:
@@ -143,7 +152,7 @@ class ResponseWriter:
                     continue
                 sent += len(chunk)
                 if chunked:
-                    data = b"%x\r\n%b\r\n" % (len(chunk), chunk)
+                    data = _chunk_frame(chunk)
                 elif length is not None and sent > length:
                     return await self._handler_bug(request, "body exceeds content-length",
                                                    head_sent=not held)
@@ -188,3 +197,13 @@ class ResponseWriter:
         if not head_sent:
             return await self.send_error_and_close(InternalServerError())
         return False
+
+
+def _chunk_frame(chunk: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(chunk), chunk)
+
+
+def _chunk_ready(body: AsyncIterator[bytes]) -> bytes | None:
+    """The chunk ``body`` already holds (``chunk_ready``, ``cortex.front.messages``), if any."""
+    ready = getattr(body, "chunk_ready", None)
+    return None if ready is None else ready()

@@ -43,8 +43,9 @@ class RetryableStatus(Exception):
 
 
 class LegBody:
-    """A leg's body as the client's streamed response body: the first chunk, then the rest as
-    it arrives (``transform``-ed if given), sniffed for ``cached_tokens``.
+    """A leg's body as the client's streamed response body: the first chunk (offered with the
+    head, ``chunk_ready``), then the rest as it arrives (``transform``-ed if given), sniffed
+    for ``cached_tokens``.
 
     Not an async generator on purpose: ``aclose()`` on a generator that never started runs
     none of its ``finally``, and the server may close a body before asking for any chunk (the
@@ -71,6 +72,14 @@ class LegBody:
     def __aiter__(self) -> LegBody:
         return self
 
+    def chunk_ready(self) -> bytes | None:
+        """The first chunk, in hand since the leg opened, without waiting (the server sends
+        it with the head); ``None`` once taken or for an empty body (``__anext__`` says)."""
+        if self._started or self._closed or self._leg.first is None:
+            return None
+        self._started = True
+        return self._deliver(self._leg.first)
+
     async def __anext__(self) -> bytes:
         if self._closed:
             raise StopAsyncIteration
@@ -93,6 +102,9 @@ class LegBody:
         if chunk is None:
             await self._close(complete=True)
             raise StopAsyncIteration
+        return self._deliver(chunk)
+
+    def _deliver(self, chunk: bytes) -> bytes:
         self._sniffer.feed(chunk)
         return chunk if self._transform is None else self._transform(chunk)
 

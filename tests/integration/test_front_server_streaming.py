@@ -87,6 +87,50 @@ async def test_streamed_body_is_flushed_chunk_by_chunk():
             assert response.body == b"data: one\n\ndata: two\n\n"
 
 
+class ReadyFirstBody:
+    """A streamed body holding its first chunk (``chunk_ready``); asked through ``__anext__``
+    instead, it would give that chunk only after ``gate`` opens."""
+
+    def __init__(self, gate: trio.Event) -> None:
+        self.gate = gate
+        self.chunks = [b"data: one\n\n", b"data: two\n\n"]
+        self.ready_taken = False
+
+    def chunk_ready(self) -> bytes | None:
+        if self.ready_taken:
+            return None
+        self.ready_taken = True
+        return self.chunks.pop(0)
+
+    def __aiter__(self) -> ReadyFirstBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        await self.gate.wait()
+        if not self.chunks:
+            raise StopAsyncIteration
+        return self.chunks.pop(0)
+
+
+async def test_a_chunk_the_body_holds_goes_out_with_the_head_without_awaiting_the_body():
+    gate = trio.Event()
+    body = ReadyFirstBody(gate)
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, [(b"content-type", b"text/event-stream")], body)
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            await client.send(build_request(b"GET", b"/stream"))
+            status, headers, _ = await client.read_head()
+            assert status == 200 and (b"transfer-encoding", b"chunked") in headers
+            assert await client.read_chunk() == b"data: one\n\n"  # while the gate is shut
+            gate.set()
+            assert await client.read_chunk() == b"data: two\n\n"
+            assert await client.read_chunk() == b""
+
+
 async def test_streamed_body_with_content_length_is_not_chunked():
     async def chunks() -> AsyncIterator[bytes]:
         yield b"abc"
