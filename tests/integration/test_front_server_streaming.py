@@ -54,6 +54,15 @@ async def answers_500_then_closes(handler) -> None:
             assert served.counters.handler_errors == 1
 
 
+async def chunked_stream(served) -> RawClient:
+    """A client that sent ``GET /stream`` and read a 200 chunked head."""
+    client = await served.connect()
+    await client.send(build_request(b"GET", b"/stream"))
+    status, headers, _ = await client.read_head()
+    assert status == 200 and (b"transfer-encoding", b"chunked") in headers
+    return client
+
+
 async def test_streamed_body_is_flushed_chunk_by_chunk():
     script = Script()
 
@@ -71,10 +80,7 @@ async def test_streamed_body_is_flushed_chunk_by_chunk():
 
     with trio.fail_after(TIMEOUT):
         async with serving(handler) as served:
-            client = await served.connect()
-            await client.send(build_request(b"GET", b"/stream"))
-            status, headers, _ = await client.read_head()
-            assert status == 200 and (b"transfer-encoding", b"chunked") in headers
+            client = await chunked_stream(served)
             # chunk one arrives while the handler still holds chunk two
             assert await client.read_chunk() == b"data: one\n\n"
             assert not script.release.is_set()
@@ -121,10 +127,7 @@ async def test_a_chunk_the_body_holds_goes_out_with_the_head_without_awaiting_th
 
     with trio.fail_after(TIMEOUT):
         async with serving(handler) as served:
-            client = await served.connect()
-            await client.send(build_request(b"GET", b"/stream"))
-            status, headers, _ = await client.read_head()
-            assert status == 200 and (b"transfer-encoding", b"chunked") in headers
+            client = await chunked_stream(served)
             assert await client.read_chunk() == b"data: one\n\n"  # while the gate is shut
             gate.set()
             assert await client.read_chunk() == b"data: two\n\n"
