@@ -1,5 +1,10 @@
 """The gateway against its peers: direct, Cortex, sglang-router (cache_aware), nginx round robin.
 
+``cortex-passthrough`` is Cortex serving the model as ``passthrough`` (no template, tokenizer,
+ledger or KV decision: its two HTTP legs, the body's parse and a round-robin pick). Measured
+in the same rounds, it splits Cortex's added latency into the floor of its HTTP stack and what
+the KV-aware request path (template, tokens, block keys, match, decision) adds on top.
+
 Two fast mock workers (``perf/mock_worker.py``, one process each) answer at once; every system
 runs as its own process(es) (``perf/peers.py``) in front of both, and this process is the load
 generator (trio + h11 keep-alive connections). Every figure comes from one run: the systems are
@@ -28,7 +33,9 @@ Figures per system (``direct`` = straight to one mock worker, the baseline):
   (the lean server's cost of one request, for scale).
 
 ``targets`` compares Cortex with sglang-router (issue 4): added latency at c=1 ≤ 1.5× for both
-sizes, throughput at 64 connections ≥ 0.5×, added TTFB ≤ 1 ms (p50), each "met"/"not met".
+sizes, throughput at 64 connections ≥ 0.5×, added TTFB ≤ 1 ms (p50), each "met"/"not met";
+``http_floor`` (informational) gives cortex-passthrough's added p10/p50 over sglang-router's
+and the share of Cortex's added p50 that the passthrough floor accounts for.
 
 ``--baseline DIR`` adds ``cortex-baseline``: Cortex run from another checkout (its extensions
 built), measured in the same interleaved rounds — a before/after comparison under one machine
@@ -68,7 +75,7 @@ from benchkit import machine_info, percentiles_us  # noqa: E402
 from tests import deepseek_profile as ds  # noqa: E402
 
 MODEL = "mock-model"
-ROUTERS = ("cortex", "sglang-router", "nginx")
+ROUTERS = ("cortex", "cortex-passthrough", "sglang-router", "nginx")
 PARAMS = {
     "full": {"rounds": 40, "small": 800, "large": 400, "sse": 800, "warmup": 50,
              "tput_rounds": 3, "tput_slice_s": 4.0, "connections": 64},
@@ -362,6 +369,22 @@ def targets(results: dict[str, object]) -> dict[str, object]:
     ratio = round(cortex["throughput_c64"]["req_per_s"]
                   / peer["throughput_c64"]["req_per_s"], 2)
     out["throughput_c64_ge_0.5x"] = {"ratio": ratio, "met": "met" if ratio >= 0.5 else "not met"}
+    if "cortex-passthrough" in results:
+        out["http_floor"] = http_floor(cortex, results["cortex-passthrough"], peer)
+    return out
+
+
+def http_floor(cortex: dict, floor: dict, peer: dict) -> dict[str, object]:
+    """Informational: cortex-passthrough's added latency over sglang-router's (p10, p50), and
+    the share of Cortex's added p50 the passthrough floor accounts for."""
+    out: dict[str, object] = {}
+    for phase in ("latency_small", "latency_large"):
+        mine, theirs = floor[phase]["added_us"], peer[phase]["added_us"]
+        full = cortex[phase]["added_us"]["p50"]
+        out[phase] = {
+            "vs_sglang_router": {q: round(mine[q] / theirs[q], 2) if theirs[q] > 0 else None
+                                 for q in ("p10", "p50")},
+            "share_of_cortex_p50": round(mine["p50"] / full, 2) if full > 0 else None}
     return out
 
 
@@ -418,6 +441,9 @@ def main() -> int:
             try:
                 if name == "cortex":
                     running = peers.start_cortex(urls, MODEL, ds.TOKENIZER_JSON, template)
+                elif name == "cortex-passthrough":
+                    running = peers.start_cortex(urls, MODEL, ds.TOKENIZER_JSON, template,
+                                                 name, passthrough=True)
                 elif name == "cortex-baseline":
                     running = peers.start_cortex(urls, MODEL, ds.TOKENIZER_JSON, template,
                                                  name, args.baseline.resolve(),
@@ -427,7 +453,7 @@ def main() -> int:
                 else:
                     running = peers.start_nginx(urls, MODEL)
             except peers.StartError as failure:
-                if name in ("cortex", "cortex-baseline"):
+                if name.startswith("cortex"):
                     error = str(failure)
                     break
                 skipped[name] = f"did not start: {failure}"

@@ -3,7 +3,9 @@
 * ``start_mock(model)``: one ``perf/mock_worker.py`` (it prints its port once it listens).
 * ``start_cortex(port_urls, model, tokenizer, template)``: ``python -m cortex serve`` in front
   of the workers; ready when its control plane's ``GET /health/ready`` answers 200 and one chat
-  completion goes through.
+  completion goes through. ``passthrough=True`` serves the model as ``passthrough`` (no
+  template, tokenizer, ledger or KV decision: Cortex's HTTP legs, the body's parse and a
+  round-robin pick — the floor under the KV-aware request path).
 * ``start_sglang_router(urls)``: ``python -m sglang_router.launch_router --policy
   cache_aware``; ready when one chat completion goes through (it registers workers in the
   background after it listens: it probes ``/health``, ``/server_info``, ``/model_info`` and
@@ -191,16 +193,17 @@ def start_mock(model: str, name: str = "mock") -> Running:
 
 def start_cortex(worker_urls: list[str], model: str, tokenizer: str,
                  template: str, name: str = "cortex", repo: Path = REPO,
-                 python: str = sys.executable) -> Running:
+                 python: str = sys.executable, passthrough: bool = False) -> Running:
     """``python -m cortex serve`` run from ``repo`` (its working directory comes first on
     ``sys.path``, so another checkout — with its extensions built — runs its own code) by the
     interpreter ``python`` (another one compares interpreters on the same code)."""
     tmpdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
     port, control = free_port(), free_port()
+    served = (f"{model},passthrough=true" if passthrough
+              else f"{model},tokenizer={tokenizer},block_size=16,chat_template={template}")
     argv = [python, "-m", "cortex", "serve", "--server-host", HOST,
             "--server-port", str(port), "--control-port", str(control),
-            "--log-level", "warning",
-            "--model", f"{model},tokenizer={tokenizer},block_size=16,chat_template={template}"]
+            "--log-level", "warning", "--model", served]
     for index, url in enumerate(worker_urls):
         argv += ["--worker", f"{url},name=w{index},engine=sglang,model={model}"]
     env = {key: value for key, value in os.environ.items() if not key.startswith("CORTEX_")}
