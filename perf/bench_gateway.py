@@ -7,7 +7,10 @@ the KV-aware request path (template, tokens, block keys, match, decision) adds o
 
 Two fast mock workers (``perf/mock_worker.py``, one process each) answer at once; every system
 runs as its own process(es) (``perf/peers.py``) in front of both, and this process is the load
-generator (trio + h11 keep-alive connections). Every figure comes from one run: the systems are
+generator (trio + h11 keep-alive connections). Each mock binds an SGLang KV-event publisher
+that never publishes (an engine with an empty cache): Cortex subscribes, its ledgers turn READY
+and it routes on its KV path, as in service (``match_modes`` in each phase says which
+decisions it made); ``--no-kv-events`` leaves the endpoints out (Cortex's fallback chain). Every figure comes from one run: the systems are
 measured in the same run, in interleaved rounds (the order rotates each round) so that a noisy
 moment of the shared VM falls on all of them alike.
 
@@ -207,6 +210,12 @@ class Tally:
         self.requests = 0
         self.cpu = 0.0
         self.wall = 0.0
+        self.modes: dict[str, int] = {}  # Cortex's x-cortex-match-mode, per answer
+
+    def count_mode(self, headers: dict[str, str]) -> None:
+        mode = headers.get("x-cortex-match-mode")
+        if mode is not None:
+            self.modes[mode] = self.modes.get(mode, 0) + 1
 
     def report(self, kind: str) -> dict[str, object]:
         out: dict[str, object] = {"requests": self.requests}
@@ -219,6 +228,8 @@ class Tally:
             out["req_per_s"] = round(self.requests / self.wall)
         if self.cpu:
             out["cpu_us_per_request"] = round(self.cpu / self.requests * 1e6, 1)
+        if self.modes:
+            out["match_modes"] = dict(sorted(self.modes.items()))
         return out
 
 
@@ -238,6 +249,7 @@ async def sequential_phase(systems: dict[str, tuple[int, list[int]]], bodies: Bo
                 first, total = await client.post(body)
                 tally.first.append(first)
                 tally.total.append(total)
+                tally.count_mode(client.last_headers)
             kind = client.last_headers.get("content-type", "")
             if stream != kind.startswith("text/event-stream"):
                 raise RuntimeError(f"{name} answered {kind!r} to stream={stream}")
@@ -411,6 +423,9 @@ def main() -> int:
                              "(py-spy record --subprocesses) for SECONDS")
     parser.add_argument("--drive-connections", type=int, default=1)
     parser.add_argument("--drive-large", action="store_true", help="~4k-token bodies")
+    parser.add_argument("--no-kv-events", action="store_true",
+                        help="mocks without KV-event endpoints: Cortex routes on its fallback "
+                             "chain (how runs before session 9 measured it)")
     parser.add_argument("--baseline", type=Path,
                         help="also measure Cortex run from this checkout (cortex-baseline)")
     parser.add_argument("--baseline-python", default=sys.executable,
@@ -427,7 +442,8 @@ def main() -> int:
     with open(template, "w") as f:
         f.write(ds.TEMPLATE)
     try:
-        mocks = [peers.start_mock(MODEL, f"mock{i}") for i in range(2)]
+        mocks = [peers.start_mock(MODEL, f"mock{i}", kv_events=not args.no_kv_events)
+                 for i in range(2)]
         for index, mock in enumerate(mocks):
             started[f"mock{index}"] = mock
         urls = [mock.url for mock in mocks]
@@ -440,12 +456,12 @@ def main() -> int:
                 continue
             try:
                 if name == "cortex":
-                    running = peers.start_cortex(urls, MODEL, ds.TOKENIZER_JSON, template)
+                    running = peers.start_cortex(mocks, MODEL, ds.TOKENIZER_JSON, template)
                 elif name == "cortex-passthrough":
-                    running = peers.start_cortex(urls, MODEL, ds.TOKENIZER_JSON, template,
+                    running = peers.start_cortex(mocks, MODEL, ds.TOKENIZER_JSON, template,
                                                  name, passthrough=True)
                 elif name == "cortex-baseline":
-                    running = peers.start_cortex(urls, MODEL, ds.TOKENIZER_JSON, template,
+                    running = peers.start_cortex(mocks, MODEL, ds.TOKENIZER_JSON, template,
                                                  name, args.baseline.resolve(),
                                                  args.baseline_python)
                 elif name == "sglang-router":
@@ -461,7 +477,8 @@ def main() -> int:
             started[name] = running
             systems[name] = (running.port, running.pids())
         result: dict[str, object] = {"machine": machine_info(), "quick": args.quick,
-                                     "parameters": {**params, "workers": 2, "model": MODEL},
+                                     "parameters": {**params, "workers": 2, "model": MODEL,
+                                                    "kv_events": not args.no_kv_events},
                                      "systems": list(systems), "skipped": skipped}
         if args.baseline is not None:
             result["baseline"] = {"checkout": str(args.baseline.resolve()),

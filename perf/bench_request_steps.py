@@ -3,7 +3,8 @@
 The same bodies as ``perf/bench_gateway.py`` (``Bodies``: a fixed system prompt and a new user
 message each time; ``small`` ~100 prompt tokens, ``large`` ~4k), the DeepSeek profile it
 serves, and a ``ModelPool`` of two workers as it routes them: no KV events (the benchmark's
-mock workers: ``fallback`` decisions) or READY ledgers (``ready``: the compiled path).
+mock workers with ``--no-kv-events``: ``fallback`` decisions) or READY ledgers (``ready``: the
+compiled path, what the benchmark's mocks give by default).
 
 Figures, microseconds, p50 over ``--iterations`` new requests after a warm-up (word and segment
 caches warm, as in service):

@@ -14,8 +14,14 @@ its bound port on stdout once it listens, and serves until killed:
   monitor). Loads are always zero.
 * Anything else: 404 (and, with ``--log-paths``, every request line goes to stderr, which is
   how the probes of a peer router are found).
+* ``--kv-events``: a KV-event publisher as an SGLang engine binds it (an XPUB and a replay
+  ROUTER, ``cortex.sim.publisher``) that never publishes: an engine whose cache is still
+  empty. A subscriber's replay from 0 gets only the end marker, so Cortex's ledgers of this
+  worker are READY (and empty) and it routes on its KV path (``load_aware`` without hits), as
+  it does in service, instead of the fallback chain it uses without events. The endpoints
+  follow the port on the first stdout line: ``PORT EVENTS REPLAY``.
 
-Usage: ``python perf/mock_worker.py [--port 0] [--model NAME] [--log-paths]``.
+Usage: ``python perf/mock_worker.py [--port 0] [--model NAME] [--log-paths] [--kv-events]``.
 """
 
 from __future__ import annotations
@@ -25,11 +31,14 @@ import sys
 from pathlib import Path
 
 import trio
+import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cortex.front.messages import HttpRequest, HttpResponse, json_response  # noqa: E402
 from cortex.front.server import HttpServer  # noqa: E402
+from cortex.sim.publisher import EventPublisher, bind_rank_sockets  # noqa: E402
+from cortex.sim.wire import profile_named  # noqa: E402
 
 HOST = "127.0.0.1"
 STREAM_EVENTS = 4  # content events per SSE stream
@@ -116,11 +125,19 @@ def make_handler(model: str, log_paths: bool = False):  # noqa: ANN201 (a cortex
     return handler
 
 
-async def serve(port: int, model: str, log_paths: bool) -> None:
+async def serve(port: int, model: str, log_paths: bool, kv_events: bool = False) -> None:
     server = HttpServer(make_handler(model, log_paths), server_header=b"mock")
     async with trio.open_nursery() as nursery:
+        endpoints = ""
+        if kv_events:
+            sockets, base, replay_base = bind_rank_sockets(zmq.Context.instance(), 1, host=HOST)
+            publisher = EventPublisher(
+                sockets[0].pub, sockets[0].router, topic=b"",
+                replay_generation=profile_named("sglang-0.5.23").replay_generation)
+            await nursery.start(publisher.run)
+            endpoints = f" tcp://{HOST}:{base} tcp://{HOST}:{replay_base}"
         _, bound = await nursery.start(server.serve, HOST, port)
-        print(bound, flush=True)
+        print(f"{bound}{endpoints}", flush=True)
 
 
 def main() -> None:
@@ -128,9 +145,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--model", default="mock-model")
     parser.add_argument("--log-paths", action="store_true", help="request lines to stderr")
+    parser.add_argument("--kv-events", action="store_true",
+                        help="bind an (empty) SGLang KV-event publisher with replay")
     args = parser.parse_args()
     try:
-        trio.run(serve, args.port, args.model, args.log_paths)
+        trio.run(serve, args.port, args.model, args.log_paths, args.kv_events)
     except KeyboardInterrupt:
         pass
 

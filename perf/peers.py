@@ -1,8 +1,9 @@
 """Starting and stopping the systems the gateway benchmark measures, each its own process(es).
 
-* ``start_mock(model)``: one ``perf/mock_worker.py`` (it prints its port once it listens).
-* ``start_cortex(port_urls, model, tokenizer, template)``: ``python -m cortex serve`` in front
-  of the workers; ready when its control plane's ``GET /health/ready`` answers 200 and one chat
+* ``start_mock(model)``: one ``perf/mock_worker.py`` (it prints its port once it listens;
+  ``kv_events=True``: and its empty KV-event publisher's endpoints).
+* ``start_cortex(mocks, model, tokenizer, template)``: ``python -m cortex serve`` in front
+  of the workers (subscribed to their KV events when they publish); ready when its control plane's ``GET /health/ready`` answers 200 and one chat
   completion goes through. ``passthrough=True`` serves the model as ``passthrough`` (no
   template, tokenizer, ledger or KV decision: Cortex's HTTP legs, the body's parse and a
   round-robin pick — the floor under the KV-aware request path).
@@ -178,25 +179,33 @@ def _wait(running: Running, ready, what: str) -> None:  # noqa: ANN001
         delay = min(delay * 2, 0.5)
 
 
-def start_mock(model: str, name: str = "mock") -> Running:
+def start_mock(model: str, name: str = "mock", kv_events: bool = False) -> Running:
+    """``perf/mock_worker.py``; with ``kv_events`` its (empty) KV-event endpoints are in
+    ``extra["events"]`` and ``extra["replay"]``."""
     tmpdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
-    process, log_path = _spawn(name, [sys.executable, str(PERF / "mock_worker.py"),
-                                      "--model", model], tmpdir, stdout=subprocess.PIPE)
+    argv = [sys.executable, str(PERF / "mock_worker.py"), "--model", model]
+    if kv_events:
+        argv.append("--kv-events")
+    process, log_path = _spawn(name, argv, tmpdir, stdout=subprocess.PIPE)
     assert process.stdout is not None
-    line = process.stdout.readline()  # the mock prints its port once it listens
-    running = Running(name, int(line) if line.strip() else 0, process, tmpdir, log_path)
+    line = process.stdout.readline().decode().split()  # its port, once it listens
+    port = int(line[0]) if line else 0
+    extra: dict[str, object] = {"events": line[1], "replay": line[2]} if len(line) == 3 else {}
+    running = Running(name, port, process, tmpdir, log_path, extra)
     if not running.port:
         running.stop()
         raise StartError(f"{name} printed no port:\n{running.log_tail()}")
     return running
 
 
-def start_cortex(worker_urls: list[str], model: str, tokenizer: str,
+def start_cortex(workers: list[Running], model: str, tokenizer: str,
                  template: str, name: str = "cortex", repo: Path = REPO,
                  python: str = sys.executable, passthrough: bool = False) -> Running:
-    """``python -m cortex serve`` run from ``repo`` (its working directory comes first on
-    ``sys.path``, so another checkout — with its extensions built — runs its own code) by the
-    interpreter ``python`` (another one compares interpreters on the same code)."""
+    """``python -m cortex serve`` in front of ``workers`` (mocks; their KV-event endpoints, if
+    they have them, unless ``passthrough``) run from ``repo`` (its working directory comes
+    first on ``sys.path``, so another checkout — with its extensions built — runs its own
+    code) by the interpreter ``python`` (another one compares interpreters on the same
+    code)."""
     tmpdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
     port, control = free_port(), free_port()
     served = (f"{model},passthrough=true" if passthrough
@@ -204,8 +213,11 @@ def start_cortex(worker_urls: list[str], model: str, tokenizer: str,
     argv = [python, "-m", "cortex", "serve", "--server-host", HOST,
             "--server-port", str(port), "--control-port", str(control),
             "--log-level", "warning", "--model", served]
-    for index, url in enumerate(worker_urls):
-        argv += ["--worker", f"{url},name=w{index},engine=sglang,model={model}"]
+    for index, worker in enumerate(workers):
+        spec = f"{worker.url},name=w{index},engine=sglang,model={model}"
+        if "events" in worker.extra and not passthrough:
+            spec += f",events={worker.extra['events']},replay={worker.extra['replay']}"
+        argv += ["--worker", spec]
     env = {key: value for key, value in os.environ.items() if not key.startswith("CORTEX_")}
     process, log_path = _spawn(name, argv, tmpdir, env=env, cwd=repo)
     running = Running(name, port, process, tmpdir, log_path, {"control_port": control})

@@ -55,6 +55,9 @@ def _gateway(result: dict) -> None:
         for phase in ("latency_small", "latency_large", "ttfb"):
             assert cortex[phase]["requests"] > 0 and "p50" in cortex[phase]["added_us"]
         assert cortex["throughput_c64"]["req_per_s"] > 0
+    # the mocks' (empty) KV events make Cortex route on its KV path, as in service
+    assert set(result["cortex"]["latency_small"]["match_modes"]) <= {"exact_kv_events",
+                                                                      "load_aware"}
     if result["skipped"]:  # peers are a perf extra and a Debian package: absent in CI
         pytest.skip("Cortex measured; peers not: " + "; ".join(
             f"{name}: {why.splitlines()[0]}" for name, why in result["skipped"].items()))
