@@ -10,9 +10,10 @@ runs as its own process(es) (``perf/peers.py``) in front of both, and this proce
 generator (trio + h11 keep-alive connections). Each mock binds an SGLang KV-event publisher
 that never publishes (an engine with an empty cache): Cortex subscribes, its ledgers turn READY
 and it routes on its KV path, as in service (``match_modes`` in each phase says which
-decisions it made); ``--no-kv-events`` leaves the endpoints out (Cortex's fallback chain). Every figure comes from one run: the systems are
-measured in the same run, in interleaved rounds (the order rotates each round) so that a noisy
-moment of the shared VM falls on all of them alike.
+decisions it made); ``--no-kv-events`` leaves the endpoints out (Cortex's fallback chain).
+Every figure comes from one run: the systems are measured in the same run, in interleaved
+rounds (the order rotates each round) so that a noisy moment of the shared VM falls on all of
+them alike.
 
 Workload: chat bodies for the DeepSeek chat template Cortex renders; every request has a new
 user message (a sentence from a fixed pool plus a unique request number) after a fixed system

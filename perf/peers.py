@@ -3,8 +3,9 @@
 * ``start_mock(model)``: one ``perf/mock_worker.py`` (it prints its port once it listens;
   ``kv_events=True``: and its empty KV-event publisher's endpoints).
 * ``start_cortex(mocks, model, tokenizer, template)``: ``python -m cortex serve`` in front
-  of the workers (subscribed to their KV events when they publish); ready when its control plane's ``GET /health/ready`` answers 200 and one chat
-  completion goes through. ``passthrough=True`` serves the model as ``passthrough`` (no
+  of the workers (subscribed to their KV events when they have endpoints); ready when its
+  control plane's ``GET /health/ready`` answers 200 and one chat completion goes through.
+  ``passthrough=True`` serves the model as ``passthrough`` (no
   template, tokenizer, ledger or KV decision: Cortex's HTTP legs, the body's parse and a
   round-robin pick — the floor under the KV-aware request path).
 * ``start_sglang_router(urls)``: ``python -m sglang_router.launch_router --policy
