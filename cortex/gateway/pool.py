@@ -124,6 +124,7 @@ class ModelPool:
                           else self.profile.new_cached_tokenizer(segment_cache_bytes))
         self.pending = PendingWork()
         self.workers: dict[str, WorkerSpec] = {}
+        self._families: tuple[EngineFamily, ...] = ()  # of the workers (``_membership_changed``)
         self.targets: dict[str, tuple[int, ...]] = {}
         self._figures: dict[str, WorkerFigures] = {}
         self._capacity_listeners: list[Callable[[str], None]] = []
@@ -160,6 +161,7 @@ class ModelPool:
     def set_worker(self, spec: WorkerSpec, targets: tuple[int, ...] = ()) -> None:
         self.workers[spec.name] = spec
         self.targets[spec.name] = targets
+        self._membership_changed()
         self.refresh(spec.name)
 
     def bootstrap_port(self, spec: WorkerSpec) -> int | None:
@@ -186,6 +188,7 @@ class ModelPool:
         self.reports.pop(name, None)
         self.profiles.forget_worker(self.model, name)
         self.workers.pop(name, None)
+        self._membership_changed()
         self.targets.pop(name, None)
         self._figures.pop(name, None)
         self.pending.untrack(name)
@@ -280,13 +283,18 @@ class ModelPool:
         return self._route(decision, target_blocks, token_ids, token_count, timings)
 
     def _match(self, keys: Any, block_size: int) -> dict[int, int]:
-        families = {spec.engine for spec in self.workers.values()}
+        families = self._families
         if len(families) == 1:
-            return self.book.match(_FAMILIES[families.pop()], self.model, block_size, keys)
+            return self.book.match(families[0], self.model, block_size, keys)
         found: dict[int, int] = {}
-        for engine in sorted(families):
-            found.update(self.book.match(_FAMILIES[engine], self.model, block_size, keys))
+        for family in families:
+            found.update(self.book.match(family, self.model, block_size, keys))
         return found
+
+    def _membership_changed(self) -> None:
+        """The engine families whose ledgers ``_match`` asks, in engine-name order."""
+        self._families = tuple(_FAMILIES[engine] for engine in
+                               sorted({spec.engine for spec in self.workers.values()}))
 
     def _route(
         self,

@@ -112,7 +112,7 @@ class PdOrchestrator:
 
     @staticmethod
     def enabled(pool: ModelPool) -> bool:
-        roles = {view.role for view in pool.views() if view.healthy}
+        roles = pool.pending.healthy_roles()
         return Role.PREFILL in roles and Role.DECODE in roles
 
     async def serve(

@@ -16,8 +16,12 @@ Rules:
 * ``on_release(callback)``: ``callback(worker)`` runs after pending work left a worker
   (a request ended, or its prefill finished) — capacity may have opened (admission waits on it).
 * Tracked workers (``track(base)``: health, ledger state and engine figures changed) have their
-  current view kept up to date incrementally: a count change rebuilds only that worker's view,
-  so ``views()`` costs nothing per decision. Order is the order of first ``track``.
+  current view kept up to date incrementally: a count change marks only that worker's view
+  stale, and ``views()`` rebuilds the stale ones when it is next asked (one rebuild per request
+  for the three count changes of a hold, not three); while nothing changed it returns the same
+  tuple object. Order is the order of first ``track``.
+* ``healthy_roles()``: the roles of the tracked workers that are healthy, kept with ``track``
+  and ``untrack`` (counts do not change them).
 
 Single owner (the trio thread), no locks.
 """
@@ -29,7 +33,7 @@ from types import TracebackType
 
 import msgspec
 
-from cortex.scheduling.view import WorkerView
+from cortex.scheduling.view import Role, WorkerView
 
 
 class PendingWork:
@@ -39,6 +43,8 @@ class PendingWork:
         self._bases: dict[str, WorkerView] = {}
         self._current: dict[str, WorkerView] = {}
         self._views: tuple[WorkerView, ...] | None = ()
+        self._stale: set[str] = set()  # tracked workers whose counts changed since their view
+        self._roles: frozenset[Role] = frozenset()
         self._release_listeners: list[Callable[[str], None]] = []
 
     def on_release(self, callback: Callable[[str], None]) -> None:
@@ -47,18 +53,31 @@ class PendingWork:
     def track(self, base: WorkerView) -> None:
         """Start or update tracking a worker; its own counts in ``base`` are ignored."""
         self._bases[base.worker] = base
+        self._stale.discard(base.worker)
         self._refresh(base.worker)
+        self._roles = self._healthy_roles()
 
     def untrack(self, worker: str) -> None:
         self._bases.pop(worker, None)
+        self._stale.discard(worker)
         if self._current.pop(worker, None) is not None:
             self._views = None
+        self._roles = self._healthy_roles()
 
     def views(self) -> tuple[WorkerView, ...]:
         """Current views of every tracked worker, pending counts included."""
         if self._views is None:
+            stale = self._stale
+            while stale:
+                self._refresh(stale.pop())
             self._views = tuple(self._current.values())
         return self._views
+
+    def healthy_roles(self) -> frozenset[Role]:
+        return self._roles
+
+    def _healthy_roles(self) -> frozenset[Role]:
+        return frozenset(base.role for base in self._bases.values() if base.healthy)
 
     def _refresh(self, worker: str) -> None:
         base = self._bases.get(worker)
@@ -69,6 +88,11 @@ class PendingWork:
             self._in_flight.get(worker, 0), self._queued_tokens.get(worker, 0),
             base.engine_queue, base.kv_usage, base.prefill_tokens_per_s)
         self._views = None
+
+    def _counts_changed(self, worker: str) -> None:
+        if worker in self._bases:
+            self._stale.add(worker)
+            self._views = None
 
     def in_flight(self, worker: str) -> int:
         return self._in_flight.get(worker, 0)
@@ -94,7 +118,7 @@ class PendingWork:
     def _add(self, worker: str, requests: int, tokens: int) -> None:
         self._in_flight[worker] = self._in_flight.get(worker, 0) + requests
         self._queued_tokens[worker] = self._queued_tokens.get(worker, 0) + tokens
-        self._refresh(worker)
+        self._counts_changed(worker)
 
     def _remove(self, worker: str, requests: int, tokens: int) -> None:
         left = self._in_flight.get(worker, 0) - requests
@@ -107,7 +131,7 @@ class PendingWork:
             self._queued_tokens[worker] = left
         else:
             self._queued_tokens.pop(worker, None)
-        self._refresh(worker)
+        self._counts_changed(worker)
         for listener in self._release_listeners:
             listener(worker)
 
