@@ -6,15 +6,20 @@ the DeepSeek-V3 pre-tokenizer, without ``re``.
 patterns (``\\p{N}{1,3}``, then ``[lead][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|
  ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+`` within each piece of the first), both
 Isolated, empty pieces dropped; ``None`` for a piece that is not ASCII.
-``cached_ids(piece, cache)`` is those words' ids from ``cache`` (word -> tuple of ids),
-concatenated, or ``None`` at the first word ``cache`` lacks (or for a piece that is not ASCII).
+``cached_ids(piece, table)`` is those words' ids from ``table`` (``word_ids.WordIds``),
+concatenated into a new ``array('I')``, or ``None`` at the first word ``table`` lacks (or for a
+piece that is not ASCII).
 
 ``table``: 128 bytes, one per ASCII code point, OR of the flags letter 1, punctuation or symbol
 2, the first alternative's lead class 4, the second alternative's optional class 8, onig
 space 16, CR or LF 32, digit 64 (``fast_pieces.deepseek_v3_flags`` builds it).
 """
 
+from array import array
+
+from cortex._fast.word_ids import WordIds
+
 class DeepSeekV3Words:
     def __init__(self, table: bytes) -> None: ...
     def words(self, piece: str) -> list[str] | None: ...
-    def cached_ids(self, piece: str, cache: dict[str, tuple[int, ...]]) -> list[int] | None: ...
+    def cached_ids(self, piece: str, table: WordIds) -> array[int] | None: ...

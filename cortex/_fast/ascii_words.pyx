@@ -5,9 +5,15 @@ Contract: ``ascii_words.pyi``. The reference is ``FastPieceEncoder``'s regex pat
 translated ``Split`` patterns applied with ``re``); ``tests/property`` proves them equal.
 """
 
-from cpython.dict cimport PyDict_GetItem
-from cpython.object cimport PyObject
+from cpython cimport array
 from cpython.unicode cimport PyUnicode_GET_LENGTH
+from libc.stdint cimport uint32_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy
+
+from cortex._fast.word_ids cimport WordIds
+
+import array as py_array
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object)
@@ -25,11 +31,25 @@ cdef enum:
     F_DIGIT = 64      # \p{N}
 
 
+cdef array.array _IDS_TEMPLATE = py_array.array("I")
+
+
 cdef class DeepSeekV3Words:
     """``words(piece)``: the pre-tokenizer's words of ``piece``, or ``None`` if it is not ASCII;
-    ``cached_ids(piece, cache)``: their ids taken from a word cache in the same pass."""
+    ``cached_ids(piece, table)``: their ids taken from a ``WordIds`` table in the same pass."""
 
     cdef unsigned char flags[128]
+    cdef uint32_t* ids      # the ids gathered by one ``cached_ids`` call (grows, kept)
+    cdef Py_ssize_t ids_used, ids_cap
+
+    def __cinit__(self):
+        self.ids_cap = 256
+        self.ids = <uint32_t*>malloc(self.ids_cap * sizeof(uint32_t))
+        if self.ids is NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.ids)
 
     def __init__(self, bytes table):
         if len(table) != 128:
@@ -45,30 +65,46 @@ cdef class DeepSeekV3Words:
         self._scan(piece, out, None)
         return out
 
-    def cached_ids(self, str piece, dict cache):
-        """The ids of ``piece``'s words from ``cache`` (word -> tuple of ids), concatenated;
-        ``None`` if a word is not in ``cache`` or ``piece`` is not ASCII."""
+    def cached_ids(self, str piece, WordIds table not None):
+        """The ids of ``piece``'s words from ``table``, concatenated, as ``array('I')``;
+        ``None`` if a word is not in ``table`` or ``piece`` is not ASCII."""
         if not PyUnicode_IS_ASCII(piece):
             return None
-        cdef list out = []
-        if self._scan(piece, out, cache):
+        self.ids_used = 0
+        if self._scan(piece, None, table):
             return None
+        cdef array.array out = array.clone(_IDS_TEMPLATE, self.ids_used, False)
+        if self.ids_used:
+            memcpy(out.data.as_uints, self.ids, self.ids_used * sizeof(uint32_t))
         return out
 
     cdef int _emit(self, str piece, Py_ssize_t start, Py_ssize_t end, list out,
-                   dict cache) except -1:
-        """One word: appended to ``out``, or (with ``cache``) its ids are; 1 if not cached."""
-        cdef PyObject* ids
-        if cache is None:
+                   WordIds table) except -1:
+        """One word: appended to ``out``, or (with ``table``) its ids are; 1 if not cached."""
+        cdef Py_ssize_t count = 0
+        cdef const uint32_t* found
+        cdef Py_ssize_t cap
+        cdef void* grown
+        if table is None:
             out.append(piece[start:end])
             return 0
-        ids = PyDict_GetItem(cache, piece[start:end])
-        if ids is NULL:
+        found = table.find(<const char*>PyUnicode_DATA(piece) + start, end - start, &count)
+        if found is NULL:
             return 1
-        out.extend(<object>ids)
+        if self.ids_used + count > self.ids_cap:
+            cap = self.ids_cap
+            while self.ids_used + count > cap:
+                cap *= 2
+            grown = realloc(self.ids, cap * sizeof(uint32_t))
+            if grown is NULL:
+                raise MemoryError()
+            self.ids = <uint32_t*>grown
+            self.ids_cap = cap
+        memcpy(self.ids + self.ids_used, found, count * sizeof(uint32_t))
+        self.ids_used += count
         return 0
 
-    cdef int _scan(self, str piece, list out, dict cache) except -1:
+    cdef int _scan(self, str piece, list out, WordIds cache) except -1:
         """Every word of ``piece`` to ``_emit`` in order; 1 as soon as one is not cached."""
         cdef const unsigned char* text = <const unsigned char*>PyUnicode_DATA(piece)
         cdef Py_ssize_t n = PyUnicode_GET_LENGTH(piece)
@@ -97,7 +133,7 @@ cdef class DeepSeekV3Words:
         return 0
 
     cdef int _split_gap(self, str piece, const unsigned char* text, Py_ssize_t lo,
-                        Py_ssize_t hi, list out, dict cache) except -1:
+                        Py_ssize_t hi, list out, WordIds cache) except -1:
         """Split(second pattern, Isolated) of ``piece[lo:hi]`` (no digits in it):
 
         ``[lead][A-Za-z]+ | [optional]?[\\p{L}\\p{M}]+ | ' '?[\\p{P}\\p{S}]+[\\r\\n]*

@@ -39,9 +39,12 @@ the pattern's own classes, which also takes the words' cached ids in the same pa
 path is its reference (property-tested equal). The two ``re.split`` passes were two thirds of a
 new message's encode: ``perf/bench_tokenize.py`` ``new_message`` 0.29x -> 0.09x of ``encode``.
 
-The word cache is a dict of at most ``word_cache_entries`` words (cleared when full) of at most
-``MAX_CACHED_WORD_CHARS`` chars (a few MB at most); values are deterministic per word, so
-concurrent use from a worker thread can at worst recompute, never return wrong ids.
+The word cache is a ``cortex._fast.word_ids.WordIds`` table of at most ``word_cache_entries``
+words (cleared when full) of at most ``MAX_CACHED_WORD_CHARS`` chars (~8 MB at most): the
+native splitter reads a piece's cached words' ids straight from it, with no ``str`` per word
+(a ``dict`` cost ~90 ns a word, most of a new message's encode). Values are deterministic per
+word, and every table call holds the GIL, so concurrent use from a worker thread can at worst
+recompute, never return wrong ids.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Sequence
 from typing import Any
 
 try:  # Python 3.11+
@@ -57,6 +61,7 @@ except ImportError:  # pragma: no cover - Python < 3.11
     import sre_parse as _sre_parse  # type: ignore[no-redef]
 
 from cortex._fast.ascii_words import DeepSeekV3Words
+from cortex._fast.word_ids import WordIds
 from cortex.profile.segments import Segmenter
 
 ASCII = frozenset(range(128))
@@ -347,7 +352,7 @@ class FastPieceEncoder:
     """Exact ids of ASCII pieces that ``segmenter`` produced, for ``tokenizer`` (see module
     docstring); ``encode`` returns ``None`` where it does not apply."""
 
-    __slots__ = ("_bytes", "_max_words", "_model", "_native", "_splits", "_words", "why_not_fast")
+    __slots__ = ("_bytes", "_model", "_native", "_splits", "_words", "why_not_fast")
 
     def __init__(
         self, tokenizer: Any, segmenter: Segmenter, *, word_cache_entries: int = WORD_CACHE_ENTRIES
@@ -360,8 +365,7 @@ class FastPieceEncoder:
         self._native = _native_splitter(ascii_patterns) if self.why_not_fast is None else None
         self._model = tokenizer.model
         self._bytes = _byte_level_table() if self.why_not_fast is None else {}
-        self._words: dict[str, tuple[int, ...]] = {}
-        self._max_words = word_cache_entries
+        self._words = WordIds(word_cache_entries, MAX_CACHED_WORD_CHARS)
 
     @property
     def enabled(self) -> bool:
@@ -374,33 +378,27 @@ class FastPieceEncoder:
     def clear_words(self) -> None:
         self._words.clear()
 
-    def encode(self, piece: str) -> list[int] | None:
-        """Token ids of ``piece`` (ordinary text from the segmenter), or ``None``: not ASCII or
-        the tokenizer is not modelled."""
+    def encode(self, piece: str) -> Sequence[int] | None:
+        """Token ids of ``piece`` (ordinary text from the segmenter; ``array('I')`` when every
+        word was cached, else a list), or ``None``: not ASCII or the tokenizer is not
+        modelled."""
         if self.why_not_fast is not None or not piece.isascii():
             return None
-        cache = self._words
+        table = self._words
         native = self._native
         if native is not None:
-            found = native.cached_ids(piece, cache)  # the common case: every word seen before
+            found = native.cached_ids(piece, table)  # the common case: every word seen before
             if found is not None:
                 return found
             words = native.words(piece)
         else:
             words = self.regex_words(piece)
-            try:  # the common case: every word seen before
-                return [i for word in words for i in cache[word]]
-            except KeyError:
-                pass
         ids: list[int] = []
         for word in words:
-            word_ids = cache.get(word)
+            word_ids = table.get(word)
             if word_ids is None:
                 word_ids = tuple(t.id for t in self._model.tokenize(word.translate(self._bytes)))
-                if len(word) <= MAX_CACHED_WORD_CHARS:
-                    if len(cache) >= self._max_words:
-                        cache.clear()
-                    cache[word] = word_ids
+                table.put(word, word_ids)  # kept unless too long (``MAX_CACHED_WORD_CHARS``)
             ids.extend(word_ids)
         return ids
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -144,7 +145,7 @@ class SegmentCachedTokenizer:
         bos = self._bos_id if add_special_tokens else None
         return Lookup(pieces, found, list(cold), bos)
 
-    def encode_pieces(self, pieces: list[str], batch: bool | None = None) -> list[list[int]]:
+    def encode_pieces(self, pieces: list[str], batch: bool | None = None) -> list[Sequence[int]]:
         """Token ids of each piece (no cache access: safe to run in a worker thread).
 
         ``batch`` (default: the ``batch_cold`` setting) uses ``encode_batch``, which releases
@@ -164,13 +165,14 @@ class SegmentCachedTokenizer:
             out.append(encode(piece, add_special_tokens=False).ids if ids is None else ids)
         return out
 
-    def finish(self, lookup: Lookup, cold_ids: list[list[int]]) -> array[int]:
+    def finish(self, lookup: Lookup, cold_ids: Sequence[Sequence[int]]) -> array[int]:
         """Remember the cold pieces' ids (counted as misses) and assemble the prompt's ids."""
         if len(cold_ids) != len(lookup.cold):
             raise ValueError("one id list per cold piece is needed")
         encoded: dict[str, array[int]] = {}
         for piece, ids_list in zip(lookup.cold, cold_ids):
-            ids = array("I", ids_list)
+            # the fast encoder's cached words come as a fresh array('I'): kept as it is
+            ids = ids_list if type(ids_list) is array else array("I", ids_list)
             encoded[piece] = ids
             self.misses += 1
             self.miss_tokens += len(ids)

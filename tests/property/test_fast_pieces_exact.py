@@ -11,6 +11,7 @@ import string
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cortex._fast.word_ids import WordIds
 from cortex.profile.fast_pieces import FastPieceEncoder
 from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter, added_tokens_from_json
@@ -51,7 +52,7 @@ def test_fast_path_equals_encode_on_ascii_pieces(text: str) -> None:
     assert _FAST.enabled, _FAST.why_not_fast
     for piece, token_id in _SEGMENTER.split(text):
         if token_id is None:
-            assert _FAST.encode(piece) == _plain(piece)
+            assert list(_FAST.encode(piece)) == _plain(piece)
 
 
 @settings(max_examples=300, deadline=None)
@@ -89,7 +90,11 @@ def test_native_cached_ids_are_the_words_ids_or_none_on_a_miss(text: str, rng) -
     for word in words:
         if rng.random() < 0.1:
             cache.pop(word, None)
+    table = WordIds(4096, 1024)
+    for word, ids in cache.items():
+        assert table.put(word, ids)
     expected = None
     if all(word in cache for word in words):
         expected = [i for word in words for i in cache[word]]
-    assert _FAST._native.cached_ids(text, cache) == expected
+    found = _FAST._native.cached_ids(text, table)
+    assert (None if found is None else list(found)) == expected

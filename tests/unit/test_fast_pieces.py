@@ -93,8 +93,8 @@ def test_deepseek_skips_its_cjk_split_for_ascii_pieces():
 def test_deepseek_is_modelled_and_its_ascii_pieces_are_exact():
     assert DS_FAST.enabled, DS_FAST.why_not_fast
     text = "Route 66: the KV-cache router's p99 is  12.5 ms\r\n\tok?!  \x00\x1c\x7f"
-    assert DS_FAST.encode(text) == plain(DS_TOK, text)
-    assert DS_FAST.encode(text) == plain(DS_TOK, text)  # now from the word cache
+    assert list(DS_FAST.encode(text)) == plain(DS_TOK, text)
+    assert list(DS_FAST.encode(text)) == plain(DS_TOK, text)  # now from the word cache
 
 
 def test_non_ascii_piece_goes_to_the_slow_path():
@@ -107,9 +107,9 @@ def test_non_ascii_piece_goes_to_the_slow_path():
 def test_word_cache_is_bounded():
     fast = FastPieceEncoder(DS_TOK, DS_SEG, word_cache_entries=4)
     text = "one two three four five six seven"
-    assert fast.encode(text) == plain(DS_TOK, text)
+    assert list(fast.encode(text)) == plain(DS_TOK, text)
     assert 0 < fast.cached_words <= 4
-    assert fast.encode(text) == plain(DS_TOK, text)
+    assert list(fast.encode(text)) == plain(DS_TOK, text)
 
 
 def test_a_segmenter_that_does_not_split_turns_it_off():
@@ -159,7 +159,7 @@ def test_a_small_byte_level_bpe_is_modelled_exactly():
     fast = FastPieceEncoder(tok, small_segmenter(tok))
     assert fast.enabled, fast.why_not_fast
     for text in ["abab 123456 ab\n\n  cab", "a\tb  ", "x" * 100]:
-        assert fast.encode(text) == plain(tok, text)
+        assert list(fast.encode(text)) == plain(tok, text)
 
 
 @pytest.mark.parametrize(

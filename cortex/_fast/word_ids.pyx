@@ -1,0 +1,167 @@
+# cython: language_level=3
+"""The fast encoder's word cache: ASCII word -> token ids, in one open-addressing C table.
+
+Contract: ``word_ids.pyi``. Why a table of its own rather than a ``dict``: reading a new
+message's ~60 cached words through a dict costs a ``str`` slice, its hash and a tuple per word
+(~90 ns each, most of the message's encode); here the splitter hashes the word's bytes where
+they lie in the piece and copies the ids out (``ascii_words.DeepSeekV3Words.cached_ids``).
+
+Layout: ``slots`` (linear probing, at least twice ``max_entries`` of them, so a probe ends at
+an empty slot) point into two arenas that only grow until ``clear``: ``chars`` (the words'
+bytes) and ``ids`` (their ids as ``uint32``). Full (``max_entries`` words) means cleared, as the
+dict it replaces was.
+"""
+
+from cpython.unicode cimport PyUnicode_GET_LENGTH
+from libc.stdint cimport uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, realloc
+from libc.string cimport memcmp, memcpy, memset
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object)
+    void* PyUnicode_DATA(object)
+
+cdef extern from "xxhash.h" nogil:
+    ctypedef uint64_t XXH64_hash_t
+    XXH64_hash_t XXH3_64bits(const void* data, size_t length)
+
+cdef enum:
+    MAX_WORD_CHARS_LIMIT = 65535  # word_len and ids_len are uint16
+    ARENA_START = 4096
+
+
+cdef inline uint64_t _word_hash(const char* word, Py_ssize_t length) noexcept nogil:
+    return XXH3_64bits(word, <size_t>length) | 1  # never 0: 0 marks an empty slot
+
+
+cdef class WordIds:
+    def __cinit__(self, Py_ssize_t max_entries, Py_ssize_t max_word_chars):
+        if max_entries < 1:
+            raise ValueError("max_entries must be >= 1")
+        if not 1 <= max_word_chars <= MAX_WORD_CHARS_LIMIT:
+            raise ValueError(f"max_word_chars must be in 1..{MAX_WORD_CHARS_LIMIT}")
+        if max_entries * max_word_chars >= (<Py_ssize_t>1 << 31):
+            raise ValueError("max_entries * max_word_chars must stay below 2**31")
+        cdef Py_ssize_t size = 16
+        while size < 2 * max_entries:
+            size *= 2
+        self.slots = <WordSlot*>calloc(size, sizeof(WordSlot))
+        self.chars = <char*>calloc(ARENA_START, 1)
+        self.ids = <uint32_t*>calloc(ARENA_START, sizeof(uint32_t))
+        if self.slots is NULL or self.chars is NULL or self.ids is NULL:
+            raise MemoryError()
+        self.mask = size - 1
+        self.max_entries = max_entries
+        self.max_word_chars = max_word_chars
+        self.chars_cap = ARENA_START
+        self.ids_cap = ARENA_START
+
+    def __dealloc__(self):
+        free(self.slots)
+        free(self.chars)
+        free(self.ids)
+
+    def __len__(self):
+        return self.count
+
+    @property
+    def memory_bytes(self):
+        """Bytes the table holds allocated (slots and both arenas)."""
+        return ((self.mask + 1) * sizeof(WordSlot) + self.chars_cap
+                + self.ids_cap * sizeof(uint32_t))
+
+    def clear(self):
+        memset(self.slots, 0, (self.mask + 1) * sizeof(WordSlot))
+        self.count = 0
+        self.chars_used = 0
+        self.ids_used = 0
+
+    cdef const uint32_t* find(self, const char* word, Py_ssize_t length,
+                              Py_ssize_t* ids_len) noexcept:
+        """The ids of the ``length`` bytes at ``word`` (``ids_len`` set), or NULL."""
+        cdef uint64_t h = _word_hash(word, length)
+        cdef Py_ssize_t at = <Py_ssize_t>(h & <uint64_t>self.mask)
+        cdef WordSlot* slot
+        while True:
+            slot = &self.slots[at]
+            if slot.hash == 0:
+                return NULL
+            if (slot.hash == h and slot.word_len == length
+                    and memcmp(self.chars + slot.word_at, word, <size_t>length) == 0):
+                ids_len[0] = slot.ids_len
+                return self.ids + slot.ids_at
+            at = (at + 1) & self.mask
+
+    def get(self, str word):
+        """The word's ids as a tuple, or ``None`` (not cached, or not ASCII)."""
+        if not PyUnicode_IS_ASCII(word):
+            return None
+        cdef Py_ssize_t count = 0, i
+        cdef const uint32_t* found = self.find(<const char*>PyUnicode_DATA(word),
+                                               PyUnicode_GET_LENGTH(word), &count)
+        if found is NULL:
+            return None
+        return tuple([found[i] for i in range(count)])
+
+    def put(self, str word, ids):
+        """Cache ``ids`` for ``word``; False (nothing kept) for a word that is not ASCII, is
+        empty or longer than ``max_word_chars``, or has more ids than ``max_word_chars``."""
+        if not PyUnicode_IS_ASCII(word):
+            return False
+        cdef Py_ssize_t length = PyUnicode_GET_LENGTH(word)
+        cdef Py_ssize_t n = len(ids)
+        if length == 0 or length > self.max_word_chars or n > self.max_word_chars:
+            return False
+        cdef const char* data = <const char*>PyUnicode_DATA(word)
+        cdef Py_ssize_t count = 0, i
+        if self.find(data, length, &count) is not NULL:
+            return True  # values are deterministic per word: the one kept is the same
+        cdef uint32_t* staged = <uint32_t*>calloc(n if n else 1, sizeof(uint32_t))
+        if staged is NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                staged[i] = <uint32_t>ids[i]  # OverflowError for a negative or huge id
+            if self.count >= self.max_entries:
+                self.clear()
+            self._reserve(<size_t>length, <size_t>n)
+            memcpy(self.chars + self.chars_used, data, <size_t>length)
+            memcpy(self.ids + self.ids_used, staged, <size_t>n * sizeof(uint32_t))
+        finally:
+            free(staged)
+        cdef uint64_t h = _word_hash(data, length)
+        cdef Py_ssize_t at = <Py_ssize_t>(h & <uint64_t>self.mask)
+        while self.slots[at].hash != 0:
+            at = (at + 1) & self.mask
+        self.slots[at].hash = h
+        self.slots[at].word_at = <uint32_t>self.chars_used
+        self.slots[at].ids_at = <uint32_t>self.ids_used
+        self.slots[at].word_len = <uint16_t>length
+        self.slots[at].ids_len = <uint16_t>n
+        self.chars_used += length
+        self.ids_used += n
+        self.count += 1
+        return True
+
+    cdef int _reserve(self, size_t chars, size_t ids) except -1:
+        cdef size_t cap
+        cdef void* grown
+        if self.chars_used + chars > self.chars_cap:
+            cap = self.chars_cap
+            while self.chars_used + chars > cap:
+                cap *= 2
+            grown = realloc(self.chars, cap)
+            if grown is NULL:
+                raise MemoryError()
+            self.chars = <char*>grown
+            self.chars_cap = cap
+        if self.ids_used + ids > self.ids_cap:
+            cap = self.ids_cap
+            while self.ids_used + ids > cap:
+                cap *= 2
+            grown = realloc(self.ids, cap * sizeof(uint32_t))
+            if grown is NULL:
+                raise MemoryError()
+            self.ids = <uint32_t*>grown
+            self.ids_cap = cap
+        return 0
