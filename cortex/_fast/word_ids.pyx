@@ -6,10 +6,12 @@ message's ~60 cached words through a dict costs a ``str`` slice, its hash and a 
 (~90 ns each, most of the message's encode); here the splitter hashes the word's bytes where
 they lie in the piece and copies the ids out (``ascii_words.DeepSeekV3Words.cached_ids``).
 
-Layout: ``slots`` (linear probing, at least twice ``max_entries`` of them, so a probe ends at
-an empty slot) point into two arenas that only grow until ``clear``: ``chars`` (the words'
-bytes) and ``ids`` (their ids as ``uint32``). Full (``max_entries`` words) means cleared, as the
-dict it replaces was.
+Layout: 16-byte ``slots`` (linear probing; at least twice as many as words, so a probe ends at
+an empty slot; they double as words arrive, so a table of a few thousand words stays within
+the CPU's cache instead of spreading its probes over the slots of ``max_entries``) point into
+two arenas that only grow until ``clear``: ``chars`` (the words' bytes) and ``ids`` (their ids
+as ``uint32``). A slot is found by the low bits of the word's XXH3 and checked by its high half
+and the bytes. Full (``max_entries`` words) means cleared, as the dict it replaces was.
 """
 
 from cpython.unicode cimport PyUnicode_GET_LENGTH
@@ -28,10 +30,15 @@ cdef extern from "xxhash.h" nogil:
 cdef enum:
     MAX_WORD_CHARS_LIMIT = 65535  # word_len and ids_len are uint16
     ARENA_START = 4096
+    SLOTS_START = 1024
 
 
 cdef inline uint64_t _word_hash(const char* word, Py_ssize_t length) noexcept nogil:
-    return XXH3_64bits(word, <size_t>length) | 1  # never 0: 0 marks an empty slot
+    return XXH3_64bits(word, <size_t>length)
+
+
+cdef inline uint32_t _check(uint64_t h) noexcept nogil:
+    return <uint32_t>(h >> 32) | 1  # never 0: 0 marks an empty slot
 
 
 cdef class WordIds:
@@ -42,9 +49,7 @@ cdef class WordIds:
             raise ValueError(f"max_word_chars must be in 1..{MAX_WORD_CHARS_LIMIT}")
         if max_entries * max_word_chars >= (<Py_ssize_t>1 << 31):
             raise ValueError("max_entries * max_word_chars must stay below 2**31")
-        cdef Py_ssize_t size = 16
-        while size < 2 * max_entries:
-            size *= 2
+        cdef Py_ssize_t size = SLOTS_START
         self.slots = <WordSlot*>calloc(size, sizeof(WordSlot))
         self.chars = <char*>calloc(ARENA_START, 1)
         self.ids = <uint32_t*>calloc(ARENA_START, sizeof(uint32_t))
@@ -80,13 +85,14 @@ cdef class WordIds:
                               Py_ssize_t* ids_len) noexcept:
         """The ids of the ``length`` bytes at ``word`` (``ids_len`` set), or NULL."""
         cdef uint64_t h = _word_hash(word, length)
+        cdef uint32_t check = _check(h)
         cdef Py_ssize_t at = <Py_ssize_t>(h & <uint64_t>self.mask)
         cdef WordSlot* slot
         while True:
             slot = &self.slots[at]
-            if slot.hash == 0:
+            if slot.check == 0:
                 return NULL
-            if (slot.hash == h and slot.word_len == length
+            if (slot.check == check and slot.word_len == length
                     and memcmp(self.chars + slot.word_at, word, <size_t>length) == 0):
                 ids_len[0] = slot.ids_len
                 return self.ids + slot.ids_at
@@ -124,6 +130,8 @@ cdef class WordIds:
                 staged[i] = <uint32_t>ids[i]  # OverflowError for a negative or huge id
             if self.count >= self.max_entries:
                 self.clear()
+            if 2 * (self.count + 1) > self.mask + 1:
+                self._grow()
             self._reserve(<size_t>length, <size_t>n)
             memcpy(self.chars + self.chars_used, data, <size_t>length)
             memcpy(self.ids + self.ids_used, staged, <size_t>n * sizeof(uint32_t))
@@ -131,9 +139,9 @@ cdef class WordIds:
             free(staged)
         cdef uint64_t h = _word_hash(data, length)
         cdef Py_ssize_t at = <Py_ssize_t>(h & <uint64_t>self.mask)
-        while self.slots[at].hash != 0:
+        while self.slots[at].check != 0:
             at = (at + 1) & self.mask
-        self.slots[at].hash = h
+        self.slots[at].check = _check(h)
         self.slots[at].word_at = <uint32_t>self.chars_used
         self.slots[at].ids_at = <uint32_t>self.ids_used
         self.slots[at].word_len = <uint16_t>length
@@ -142,6 +150,27 @@ cdef class WordIds:
         self.ids_used += n
         self.count += 1
         return True
+
+    cdef int _grow(self) except -1:
+        """Twice the slots, every word re-placed (its hash recomputed from its bytes)."""
+        cdef Py_ssize_t size = 2 * (self.mask + 1), i, at
+        cdef WordSlot* old = self.slots
+        cdef WordSlot* slots = <WordSlot*>calloc(size, sizeof(WordSlot))
+        cdef uint64_t h
+        if slots is NULL:
+            raise MemoryError()
+        for i in range(self.mask + 1):
+            if old[i].check == 0:
+                continue
+            h = _word_hash(self.chars + old[i].word_at, old[i].word_len)
+            at = <Py_ssize_t>(h & <uint64_t>(size - 1))
+            while slots[at].check != 0:
+                at = (at + 1) & (size - 1)
+            slots[at] = old[i]
+        self.slots = slots
+        self.mask = size - 1
+        free(old)
+        return 0
 
     cdef int _reserve(self, size_t chars, size_t ids) except -1:
         cdef size_t cap
