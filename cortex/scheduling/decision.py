@@ -7,7 +7,8 @@ count; ``reason`` is a short human sentence for logs and tests.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+import msgspec
 
 
 class Mode(enum.Enum):
@@ -18,8 +19,10 @@ class Mode(enum.Enum):
     CONSISTENT_HASH = "consistent_hash"
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True):
+    """A frozen ``msgspec.Struct``, not a frozen dataclass: one is built per request, ~10x
+    cheaper (the same as ``WorkerView`` and ``RequestPrompt``)."""
+
     worker: str
     mode: Mode
     reason: str

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 from array import array
-from dataclasses import dataclass
 
 import msgspec
 
@@ -59,8 +58,9 @@ class WorkerView(msgspec.Struct, frozen=True):
         return self.engine_queue is not None or self.kv_usage is not None
 
 
-@dataclass(frozen=True, slots=True)
-class RequestFacts:
+class RequestFacts(msgspec.Struct, frozen=True):
+    """A frozen ``msgspec.Struct`` like ``WorkerView``: one per decision."""
+
     keys: array  # array('Q') of the prompt's full blocks, as ``block_keys`` returns
     token_count: int
     block_size: int
