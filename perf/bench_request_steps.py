@@ -18,9 +18,12 @@ caches warm, as in service):
 
 These are the costs in a warm loop; the running server pays 1-2x more for the larger steps and
 up to 3-4x for the smallest: cold caches after the HTTP legs (``perf/RESULTS.md``, issue 4,
-session 5).
+session 5). ``--evict-mb N`` writes N MB between requests (outside the timed steps), so each
+request starts with the CPU caches full of other data, as in service: with 4 MB the steps sum
+to about what marks inside the running server measured at c=1 (session 10).
 
-Usage: ``python perf/bench_request_steps.py [--quick] [--iterations N]`` (JSON on stdout).
+Usage: ``python perf/bench_request_steps.py [--quick] [--iterations N] [--evict-mb N]``
+(JSON on stdout).
 """
 
 from __future__ import annotations
@@ -72,12 +75,14 @@ def pool_of(profiles: ProfileSet, events: bool) -> ModelPool:
 
 
 def steps(bodies: Bodies, profile, pools: dict[str, ModelPool], iterations: int,
-          warmup: int) -> dict[str, float]:
+          warmup: int, evict: bytearray) -> dict[str, float]:
     tokenizer = profile.new_cached_tokenizer()
     samples: dict[str, list[int]] = {}
     clock = time.perf_counter_ns
     for index in range(warmup + iterations):
         raw = bodies.next()
+        if evict:
+            evict[::64] = evict[64::64] + evict[:64:64]  # a write to every cache line
         marks = [clock()]
         body = parse_body(raw)
         marks.append(clock())
@@ -110,8 +115,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--iterations", type=int, default=5000)
+    parser.add_argument("--evict-mb", type=int, default=0,
+                        help="MB written between requests to flush the CPU caches (0: none)")
     args = parser.parse_args()
     iterations = 200 if args.quick else args.iterations
+    evict = bytearray(args.evict_mb << 20)
     # the profile reads its template when it loads: the directory can go right after
     with tempfile.TemporaryDirectory(prefix="bench-steps-") as workdir:
         template = os.path.join(workdir, "chat_template.jinja")
@@ -123,8 +131,9 @@ def main() -> int:
     result = {
         "benchmark": "request_steps",
         "iterations": iterations,
-        "small_us_p50": steps(Bodies(25, seed=1), profile, pools, iterations, 500),
-        "large_us_p50": steps(Bodies(3000, seed=2), profile, pools, iterations // 4, 100),
+        "evict_mb": args.evict_mb,
+        "small_us_p50": steps(Bodies(25, seed=1), profile, pools, iterations, 500, evict),
+        "large_us_p50": steps(Bodies(3000, seed=2), profile, pools, iterations // 4, 100, evict),
         "machine": machine_info(),
     }
     json.dump(result, sys.stdout, indent=2)
