@@ -55,6 +55,9 @@ DOCS: dict[str, str] = {
     "server.limits.body_timeout_s": "seconds to read a whole body once the head is in",
     "server.limits.keepalive_idle_s": "seconds an idle keep-alive connection is kept open",
     "server.limits.drain_timeout_s": "seconds in-flight requests get on graceful shutdown",
+    "server.limits.client_watch_after_s": "seconds into a response from which a client that "
+                                          "leaves is noticed and its work cancelled (0: at "
+                                          "once)",
     "control.host": "address of the control plane (non-loopback needs allow_remote "
                     "when an admin token is set)",
     "control.port": "TCP port of the control plane (0: any free port)",

@@ -23,14 +23,20 @@ Running the handler and answering:
 
 * The main task reads the socket itself when it needs bytes: one non-blocking ``recv`` first,
   and ``trio.lowlevel.wait_readable`` only if nothing is there (a request that is already in
-  costs one ``recv``, no trip through trio's scheduler and no other task). While a handler
-  runs or a body streams, a watcher task (one per connection, parked otherwise) reads instead,
-  at most one read (64 KiB) ahead of what the main task last asked for, then TCP back-pressure
-  holds the client. So pipelined requests wait, parsed, for the next cycle, and end of stream
-  or a reset — the client is gone — cancels the handler or the body streaming (trio
-  ``Cancelled``). A client that half-closes counts as gone. The body iterator's ``aclose()``
-  always runs. When the response is done the watcher is woken out of its wait with
-  ``notify_closing`` (no cancel scope) and parks again. (Before: a reader task owned the
+  costs one ``recv``, no trip through trio's scheduler and no other task). Once a response
+  has run ``limits.client_watch_after_s`` (the server's ``WaitDeadlines`` task keeps that
+  deadline: a dict store per request; without that task, at once), and while its handler
+  runs or its body streams, a watcher task (one per connection, parked otherwise) reads
+  instead, at most one read (64 KiB) ahead of what the main task last asked for, then TCP
+  back-pressure holds the client. So pipelined requests wait, parsed, for the next cycle, and
+  end of stream or a reset — the client is gone — cancels the handler or the body streaming
+  (trio ``Cancelled``). A client that half-closes counts as gone. The body iterator's
+  ``aclose()`` always runs. When the response is done the watcher is woken out of its wait
+  with ``notify_closing`` (no cancel scope) and parks again. A short answer is sent before the
+  watcher would start, and costs no task switch for it (waking the watcher at every
+  response's start was ~10% of the server's CPU per request at 64 connections); a client that
+  leaves a long one is noticed that much later, which only delays cancelling the engine's
+  work by as much. (Before: a reader task owned the
   receiving side all the time — two task switches and a hand-off per request.) The cycles
   share one cancel scope (``_serve``), not one per request; a wait for a head or body byte
   has its own (``move_on_at``) only when it has to wait. The idle deadline is kept by the
@@ -93,6 +99,19 @@ class _Rescope(Exception):
     """Internal: the idle deadline passed just as a request arrived; serve it in a new scope."""
 
 
+class _WatchLater:
+    """A connection's response deadline in the server's ``WaitDeadlines``: when it passes, the
+    watcher starts reading (``client_watch_after_s``)."""
+
+    __slots__ = ("_connection",)
+
+    def __init__(self, connection: HttpConnection) -> None:
+        self._connection = connection
+
+    def expire(self) -> None:
+        self._connection.start_watching()
+
+
 class HttpConnection:
     """Serves one accepted stream until it closes; ``run`` never raises for client behaviour.
 
@@ -118,6 +137,7 @@ class HttpConnection:
         self._parked_watcher: trio.lowlevel.Task | None = None  # waits to be rescheduled
         self._watcher_waiting = False  # the watcher is inside transport.wait()
         self._interrupted = False  # the main task ended the watcher's wait (not a close)
+        self._watch_later = _WatchLater(self)  # its key in the server's WaitDeadlines
 
     async def run(self) -> None:
         try:
@@ -164,6 +184,13 @@ class HttpConnection:
     def expire(self) -> None:
         """Called by the server's ``WaitDeadlines``: the idle deadline passed (see _serve)."""
         self._scope.cancel()
+
+    def start_watching(self) -> None:
+        """The watcher reads from now until the response is done (if it is still going on)."""
+        watcher = self._parked_watcher
+        if watcher is not None and self._responding:
+            self._parked_watcher = None
+            trio.lowlevel.reschedule(watcher)
 
     def _abort_parked_watcher(self, _raise_cancel: object) -> trio.lowlevel.Abort:
         self._parked_watcher = None
@@ -306,7 +333,13 @@ class HttpConnection:
         scope is cancelled (``_serve`` ends the connection)."""
         shared = self._shared
         if shared.draining:
-            return False
+            # a request the client sent behind the last one (still in the socket when no
+            # watcher read it during that response) is answered; nothing more is waited for
+            data = self._transport.read_now()
+            if not data:
+                return False
+            self._take(data)
+            return True
         data = self._transport.read_now()
         if data is None:
             scope = self._scope
@@ -341,14 +374,17 @@ class HttpConnection:
         shared.counters.requests += 1
         shared.in_flight += 1
         answered = False
+        deadlines = shared.idle_deadlines
+        watch_after_s = shared.limits.client_watch_after_s
+        watch_later = deadlines.running and watch_after_s > 0
         if self._eof:
             self._scope.cancel()  # the client left before its request was handled
         else:
             self._responding = True
-            watcher = self._parked_watcher
-            if watcher is not None:
-                self._parked_watcher = None
-                trio.lowlevel.reschedule(watcher)
+            if watch_later:
+                deadlines.watch(self._watch_later, trio.current_time() + watch_after_s)
+            else:
+                self.start_watching()
         try:
             keep_alive = await self._handle(request, keep_alive)
             answered = True
@@ -356,6 +392,8 @@ class HttpConnection:
             self._peer_closed = True  # the client went away while we wrote to it
         finally:
             self._responding = False
+            if watch_later:
+                deadlines.unwatch(self._watch_later)
             if self._watcher_waiting and not self._interrupted:
                 self._interrupted = True
                 self._transport.interrupt()  # the main task reads again
@@ -364,8 +402,9 @@ class HttpConnection:
                 shared.counters.client_gone += 1
         if not answered:
             return False
-        # While draining, a request already buffered behind this one is still answered (with
-        # connection: close); an idle wait for a new one ends at once (_feed_idle).
+        # While draining, a request already sent behind this one (parsed, or still in the
+        # socket) is still answered (with connection: close); an idle wait for a new one ends
+        # at once (_feed_idle).
         return keep_alive
 
     async def _handle(self, request: HttpRequest, keep_alive: bool) -> bool:

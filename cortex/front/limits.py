@@ -22,11 +22,17 @@ class ServerLimits:
     body_timeout_s: float = 60.0  # for the whole body once the head is in
     keepalive_idle_s: float = 75.0  # idle keep-alive connection is closed after this
     drain_timeout_s: float = 30.0  # graceful shutdown: in-flight requests get this long
+    # A client that leaves while its request is handled or its answer streams is noticed (its
+    # work cancelled) from this long into the response; 0: from its start (two more task
+    # switches per request, which a short answer never needs: it is sent before this).
+    client_watch_after_s: float = 0.1
 
     def __post_init__(self) -> None:
         problems = [f"server limit {name} must be > 0" for name in (
             "max_connections", "max_header_bytes", "max_header_count", "max_body_bytes",
             "header_timeout_s", "body_timeout_s", "keepalive_idle_s", "drain_timeout_s")
             if not getattr(self, name) > 0]
+        if not self.client_watch_after_s >= 0:
+            problems.append("server limit client_watch_after_s must be >= 0")
         if problems:
             raise ConfigError(problems)

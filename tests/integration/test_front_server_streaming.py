@@ -188,6 +188,31 @@ async def test_client_leaving_while_the_handler_runs_cancels_it():
             assert served.server.in_flight == 0 and served.counters.connections_open == 0
 
 
+@pytest.mark.parametrize("watch_after_s", [0.0, 0.3])
+async def test_a_client_leaving_is_noticed_from_client_watch_after_s_into_the_response(
+        watch_after_s: float):
+    # Until then nothing reads the client's socket (a short answer costs no watcher); from
+    # then the watcher reads, sees the end of stream and cancels the handler.
+    script = Script()
+    started_at: list[float] = []
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        started_at.append(trio.current_time())
+        await script.run_until_cancelled()
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler, client_watch_after_s=watch_after_s) as served:
+            client = await served.connect()
+            await client.send(build_request(b"POST", b"/v1/chat/completions", b"{}"))
+            await script.handler_started.wait()
+            await client.aclose()
+            await script.handler_finally.wait()
+            assert script.handler_cancelled
+            assert trio.current_time() - started_at[0] >= watch_after_s
+            await trio.testing.wait_all_tasks_blocked()
+            assert served.counters.client_gone == 1 and served.server.in_flight == 0
+
+
 async def test_client_leaving_a_later_request_on_a_kept_connection_still_cancels_it():
     # Between responses the main task reads the socket itself and the watcher's wait is
     # ended; it must watch again for each later response.

@@ -115,6 +115,11 @@ def main_print(argv, capsys):
 def test_serve_with_a_bad_configuration_exits_2(capsys):
     assert main(["serve", "--dry-run", "--server-limits-max-body-bytes", "0"]) == 2
     assert "server.limits: server limit max_body_bytes must be > 0" in capsys.readouterr().err
+    assert main(["serve", "--dry-run", "--server-limits-client-watch-after-s", "-1",
+                 "--server-limits-keepalive-idle-s", "0"]) == 2
+    err = capsys.readouterr().err  # every problem reported at once
+    assert "server limit client_watch_after_s must be >= 0" in err
+    assert "server limit keepalive_idle_s must be > 0" in err
 
 
 def test_serve_hands_the_config_to_the_app(monkeypatch):
