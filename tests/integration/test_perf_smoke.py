@@ -63,6 +63,12 @@ def _gateway(result: dict) -> None:
             f"{name}: {why.splitlines()[0]}" for name, why in result["skipped"].items()))
 
 
+def _cpu_ab(result: dict) -> None:
+    for name in ("cortex", "cortex-baseline"):
+        assert len(result["cpu_us_per_request"][name]) == 1
+        assert result["median"][name] > 0
+
+
 def _soak(result: dict) -> None:
     requests = result["requests"]
     assert requests["sent"] > 0 and requests["hung"] == 0 and requests["no_answer"] == 0
@@ -72,6 +78,7 @@ def _soak(result: dict) -> None:
 
 
 CHECKS = {
+    "bench_cpu_ab.py": _cpu_ab,
     "bench_http.py": _http,
     "bench_gateway.py": _gateway,
     "bench_ingest.py": _ingest,
