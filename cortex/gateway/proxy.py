@@ -36,6 +36,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from functools import partial
+from time import perf_counter
 from typing import Any
 
 import msgspec
@@ -62,7 +63,8 @@ from cortex.gateway.settings import AdmissionSettings
 from cortex.logs import request_started
 from cortex.pd.orchestrate import PdOrchestrator
 from cortex.pd.plan import PdSettings
-from cortex.profile.trio_tokenize import encode_array
+from cortex.profile.segment_cache import Lookup
+from cortex.profile.trio_tokenize import encode_now, encode_offloaded
 from cortex.upstream.connection import NOT_READY
 from cortex.upstream.pool import UpstreamPool
 from cortex.upstream.sse import CachedTokensSniffer
@@ -134,10 +136,12 @@ class Gateway:
                 if prompt.token_ids is not None:
                     token_ids = prompt.token_ids
                 else:
-                    tokenize_start = trio.current_time()
-                    token_ids = await encode_array(pool.tokenizer, prompt.text or "",
-                                                   prompt.add_special_tokens)
-                    self.observer.tokenized(pool.model, trio.current_time() - tokenize_start)
+                    tokenize_start = perf_counter()
+                    token_ids = encode_now(pool.tokenizer, prompt.text or "",
+                                           prompt.add_special_tokens)
+                    if type(token_ids) is Lookup:  # a long new text: off the trio thread
+                        token_ids = await encode_offloaded(pool.tokenizer, token_ids)
+                    self.observer.tokenized(pool.model, perf_counter() - tokenize_start)
         headers = forwarded_headers(request.headers)
         try:
             if self.pd.enabled(pool):
