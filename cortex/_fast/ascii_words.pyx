@@ -7,11 +7,11 @@ translated ``Split`` patterns applied with ``re``); ``tests/property`` proves th
 
 from cpython cimport array
 from cpython.unicode cimport PyUnicode_GET_LENGTH
-from libc.stdint cimport uint32_t
+from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
-from cortex._fast.word_ids cimport WordIds
+from cortex._fast.word_ids cimport WordIds, word_hash
 
 import array as py_array
 
@@ -34,21 +34,50 @@ cdef enum:
 cdef array.array _IDS_TEMPLATE = py_array.array("I")
 
 
+cdef struct WordSpan:
+    Py_ssize_t start
+    Py_ssize_t length
+    uint64_t hash
+
+
+cdef int _grow_buffer(void** buffer, Py_ssize_t* cap, Py_ssize_t needed,
+                      size_t item) except -1:
+    """Make ``*buffer`` hold at least ``needed`` items of ``item`` bytes (doubling)."""
+    cdef Py_ssize_t size = cap[0]
+    cdef void* grown
+    if needed <= size:
+        return 0
+    while size < needed:
+        size *= 2
+    grown = realloc(buffer[0], <size_t>size * item)
+    if grown is NULL:
+        raise MemoryError()
+    buffer[0] = grown
+    cap[0] = size
+    return 0
+
+
 cdef class DeepSeekV3Words:
     """``words(piece)``: the pre-tokenizer's words of ``piece``, or ``None`` if it is not ASCII;
     ``cached_ids(piece, table)``: their ids taken from a ``WordIds`` table in the same pass."""
 
     cdef unsigned char flags[128]
-    cdef uint32_t* ids      # the ids gathered by one ``cached_ids`` call (grows, kept)
+    # one ``cached_ids`` call's words and ids (buffers that grow and are kept)
+    cdef WordSpan* spans
+    cdef Py_ssize_t spans_used, spans_cap
+    cdef uint32_t* ids
     cdef Py_ssize_t ids_used, ids_cap
 
     def __cinit__(self):
+        self.spans_cap = 128
+        self.spans = <WordSpan*>malloc(self.spans_cap * sizeof(WordSpan))
         self.ids_cap = 256
         self.ids = <uint32_t*>malloc(self.ids_cap * sizeof(uint32_t))
-        if self.ids is NULL:
+        if self.spans is NULL or self.ids is NULL:
             raise MemoryError()
 
     def __dealloc__(self):
+        free(self.spans)
         free(self.ids)
 
     def __init__(self, bytes table):
@@ -67,12 +96,32 @@ cdef class DeepSeekV3Words:
 
     def cached_ids(self, str piece, WordIds table not None):
         """The ids of ``piece``'s words from ``table``, concatenated, as ``array('I')``;
-        ``None`` if a word is not in ``table`` or ``piece`` is not ASCII."""
+        ``None`` if a word is not in ``table`` or ``piece`` is not ASCII.
+
+        Three passes: the words' spans; their hashes, each word's slot prefetched; the reads.
+        The table's cache misses (one per word, ``word_ids``) then overlap."""
         if not PyUnicode_IS_ASCII(piece):
             return None
+        self.spans_used = 0
+        self._scan(piece, None, table)
+        cdef const char* data = <const char*>PyUnicode_DATA(piece)
+        cdef WordSpan* span
+        cdef Py_ssize_t k, count = 0
+        cdef const uint32_t* found
+        for k in range(self.spans_used):
+            span = &self.spans[k]
+            span.hash = word_hash(data + span.start, span.length)
+            table.prefetch(span.hash)
         self.ids_used = 0
-        if self._scan(piece, None, table):
-            return None
+        for k in range(self.spans_used):
+            span = &self.spans[k]
+            found = table.find_hashed(data + span.start, span.length, span.hash, &count)
+            if found is NULL:
+                return None
+            _grow_buffer(<void**>&self.ids, &self.ids_cap, self.ids_used + count,
+                         sizeof(uint32_t))
+            memcpy(self.ids + self.ids_used, found, count * sizeof(uint32_t))
+            self.ids_used += count
         cdef array.array out = array.clone(_IDS_TEMPLATE, self.ids_used, False)
         if self.ids_used:
             memcpy(out.data.as_uints, self.ids, self.ids_used * sizeof(uint32_t))
@@ -80,32 +129,19 @@ cdef class DeepSeekV3Words:
 
     cdef int _emit(self, str piece, Py_ssize_t start, Py_ssize_t end, list out,
                    WordIds table) except -1:
-        """One word: appended to ``out``, or (with ``table``) its ids are; 1 if not cached."""
-        cdef Py_ssize_t count = 0
-        cdef const uint32_t* found
-        cdef Py_ssize_t cap
-        cdef void* grown
+        """One word: appended to ``out``, or (with ``table``) its span is to ``spans``."""
         if table is None:
             out.append(piece[start:end])
             return 0
-        found = table.find(<const char*>PyUnicode_DATA(piece) + start, end - start, &count)
-        if found is NULL:
-            return 1
-        if self.ids_used + count > self.ids_cap:
-            cap = self.ids_cap
-            while self.ids_used + count > cap:
-                cap *= 2
-            grown = realloc(self.ids, cap * sizeof(uint32_t))
-            if grown is NULL:
-                raise MemoryError()
-            self.ids = <uint32_t*>grown
-            self.ids_cap = cap
-        memcpy(self.ids + self.ids_used, found, count * sizeof(uint32_t))
-        self.ids_used += count
+        _grow_buffer(<void**>&self.spans, &self.spans_cap, self.spans_used + 1,
+                     sizeof(WordSpan))
+        self.spans[self.spans_used].start = start
+        self.spans[self.spans_used].length = end - start
+        self.spans_used += 1
         return 0
 
     cdef int _scan(self, str piece, list out, WordIds cache) except -1:
-        """Every word of ``piece`` to ``_emit`` in order; 1 as soon as one is not cached."""
+        """Every word of ``piece`` to ``_emit`` in order."""
         cdef const unsigned char* text = <const unsigned char*>PyUnicode_DATA(piece)
         cdef Py_ssize_t n = PyUnicode_GET_LENGTH(piece)
         cdef Py_ssize_t i = 0, j, end
@@ -120,15 +156,13 @@ cdef class DeepSeekV3Words:
                     j = i + 3 if i + 3 < end else end
                     # a digit group: nothing in the second pattern matches inside it, so it
                     # stays one word
-                    if self._emit(piece, i, j, out, cache):
-                        return 1
+                    self._emit(piece, i, j, out, cache)
                     i = j
             else:
                 end = i
                 while end < n and not (self.flags[text[end]] & F_DIGIT):
                     end += 1
-                if self._split_gap(piece, text, i, end, out, cache):
-                    return 1
+                self._split_gap(piece, text, i, end, out, cache)
                 i = end
         return 0
 
@@ -180,11 +214,10 @@ cdef class DeepSeekV3Words:
             if j < 0:
                 i += 1  # no alternative matches here: the character joins the gap
                 continue
-            if gap < i and self._emit(piece, gap, i, out, cache):
-                return 1
-            if self._emit(piece, i, j, out, cache):
-                return 1
+            if gap < i:
+                self._emit(piece, gap, i, out, cache)
+            self._emit(piece, i, j, out, cache)
             i = gap = j
         if gap < hi:
-            return self._emit(piece, gap, hi, out, cache)
+            self._emit(piece, gap, hi, out, cache)
         return 0

@@ -6,12 +6,16 @@ message's ~60 cached words through a dict costs a ``str`` slice, its hash and a 
 (~90 ns each, most of the message's encode); here the splitter hashes the word's bytes where
 they lie in the piece and copies the ids out (``ascii_words.DeepSeekV3Words.cached_ids``).
 
-Layout: 16-byte ``slots`` (linear probing; at least twice as many as words, so a probe ends at
-an empty slot; they double as words arrive, so a table of a few thousand words stays within
-the CPU's cache instead of spreading its probes over the slots of ``max_entries``) point into
+Layout, for the running server, where the table is out of the CPU's caches by the time a
+request comes (other processes ran while it waited): each word costs one cache miss, and the
+misses of a message's words overlap. 32-byte ``slots``, 64-byte aligned (linear probing; at
+least twice as many as words, so a probe ends at an empty slot; they double as words arrive,
+so a table of a few thousand words stays small). A word of at most ``NEAR_CHARS`` bytes with
+at most ``NEAR_IDS`` ids — most words of prose — is held in its slot; a longer one points into
 two arenas that only grow until ``clear``: ``chars`` (the words' bytes) and ``ids`` (their ids
 as ``uint32``). A slot is found by the low bits of the word's XXH3 and checked by its high half
-and the bytes. Full (``max_entries`` words) means cleared, as the dict it replaces was.
+and the bytes. ``ascii_words`` hashes all the words of a piece and ``prefetch``es their slots
+before it reads any. Full (``max_entries`` words) means cleared, as the dict it replaces was.
 """
 
 from cpython.unicode cimport PyUnicode_GET_LENGTH
@@ -23,22 +27,31 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object)
     void* PyUnicode_DATA(object)
 
-cdef extern from "xxhash.h" nogil:
-    ctypedef uint64_t XXH64_hash_t
-    XXH64_hash_t XXH3_64bits(const void* data, size_t length)
+cdef extern from "<stdlib.h>" nogil:
+    void* aligned_alloc(size_t alignment, size_t size)
 
 cdef enum:
     MAX_WORD_CHARS_LIMIT = 65535  # word_len and ids_len are uint16
     ARENA_START = 4096
     SLOTS_START = 1024
-
-
-cdef inline uint64_t _word_hash(const char* word, Py_ssize_t length) noexcept nogil:
-    return XXH3_64bits(word, <size_t>length)
+    SLOT_ALIGN = 64
 
 
 cdef inline uint32_t _check(uint64_t h) noexcept nogil:
     return <uint32_t>(h >> 32) | 1  # never 0: 0 marks an empty slot
+
+
+cdef inline bint _near(Py_ssize_t word_len, Py_ssize_t ids_len) noexcept nogil:
+    return word_len <= NEAR_CHARS and ids_len <= NEAR_IDS
+
+
+cdef WordSlot* _new_slots(Py_ssize_t count) except NULL:
+    cdef size_t size = <size_t>count * sizeof(WordSlot)
+    cdef WordSlot* slots = <WordSlot*>aligned_alloc(SLOT_ALIGN, size)
+    if slots is NULL:
+        raise MemoryError()
+    memset(slots, 0, size)
+    return slots
 
 
 cdef class WordIds:
@@ -49,13 +62,12 @@ cdef class WordIds:
             raise ValueError(f"max_word_chars must be in 1..{MAX_WORD_CHARS_LIMIT}")
         if max_entries * max_word_chars >= (<Py_ssize_t>1 << 31):
             raise ValueError("max_entries * max_word_chars must stay below 2**31")
-        cdef Py_ssize_t size = SLOTS_START
-        self.slots = <WordSlot*>calloc(size, sizeof(WordSlot))
+        self.slots = _new_slots(SLOTS_START)
         self.chars = <char*>calloc(ARENA_START, 1)
         self.ids = <uint32_t*>calloc(ARENA_START, sizeof(uint32_t))
-        if self.slots is NULL or self.chars is NULL or self.ids is NULL:
+        if self.chars is NULL or self.ids is NULL:
             raise MemoryError()
-        self.mask = size - 1
+        self.mask = SLOTS_START - 1
         self.max_entries = max_entries
         self.max_word_chars = max_word_chars
         self.chars_cap = ARENA_START
@@ -81,10 +93,10 @@ cdef class WordIds:
         self.chars_used = 0
         self.ids_used = 0
 
-    cdef const uint32_t* find(self, const char* word, Py_ssize_t length,
-                              Py_ssize_t* ids_len) noexcept:
-        """The ids of the ``length`` bytes at ``word`` (``ids_len`` set), or NULL."""
-        cdef uint64_t h = _word_hash(word, length)
+    cdef const uint32_t* find_hashed(self, const char* word, Py_ssize_t length, uint64_t h,
+                                     Py_ssize_t* ids_len) noexcept:
+        """The ids of the ``length`` bytes at ``word`` whose ``word_hash`` is ``h``
+        (``ids_len`` set), or NULL."""
         cdef uint32_t check = _check(h)
         cdef Py_ssize_t at = <Py_ssize_t>(h & <uint64_t>self.mask)
         cdef WordSlot* slot
@@ -92,19 +104,25 @@ cdef class WordIds:
             slot = &self.slots[at]
             if slot.check == 0:
                 return NULL
-            if (slot.check == check and slot.word_len == length
-                    and memcmp(self.chars + slot.word_at, word, <size_t>length) == 0):
-                ids_len[0] = slot.ids_len
-                return self.ids + slot.ids_at
+            if slot.check == check and slot.word_len == length:
+                if _near(length, slot.ids_len):
+                    if memcmp(slot.body.near.chars, word, <size_t>length) == 0:
+                        ids_len[0] = slot.ids_len
+                        return slot.body.near.ids
+                elif memcmp(self.chars + slot.body.far.word_at, word, <size_t>length) == 0:
+                    ids_len[0] = slot.ids_len
+                    return self.ids + slot.body.far.ids_at
             at = (at + 1) & self.mask
 
     def get(self, str word):
         """The word's ids as a tuple, or ``None`` (not cached, or not ASCII)."""
         if not PyUnicode_IS_ASCII(word):
             return None
+        cdef const char* data = <const char*>PyUnicode_DATA(word)
+        cdef Py_ssize_t length = PyUnicode_GET_LENGTH(word)
         cdef Py_ssize_t count = 0, i
-        cdef const uint32_t* found = self.find(<const char*>PyUnicode_DATA(word),
-                                               PyUnicode_GET_LENGTH(word), &count)
+        cdef const uint32_t* found = self.find_hashed(data, length, word_hash(data, length),
+                                                      &count)
         if found is NULL:
             return None
         return tuple([found[i] for i in range(count)])
@@ -119,8 +137,10 @@ cdef class WordIds:
         if length == 0 or length > self.max_word_chars or n > self.max_word_chars:
             return False
         cdef const char* data = <const char*>PyUnicode_DATA(word)
-        cdef Py_ssize_t count = 0, i
-        if self.find(data, length, &count) is not NULL:
+        cdef Py_ssize_t count = 0, i, at
+        cdef uint64_t h = word_hash(data, length)
+        cdef WordSlot* slot
+        if self.find_hashed(data, length, h, &count) is not NULL:
             return True  # values are deterministic per word: the one kept is the same
         cdef uint32_t* staged = <uint32_t*>calloc(n if n else 1, sizeof(uint32_t))
         if staged is NULL:
@@ -132,37 +152,42 @@ cdef class WordIds:
                 self.clear()
             if 2 * (self.count + 1) > self.mask + 1:
                 self._grow()
-            self._reserve(<size_t>length, <size_t>n)
-            memcpy(self.chars + self.chars_used, data, <size_t>length)
-            memcpy(self.ids + self.ids_used, staged, <size_t>n * sizeof(uint32_t))
+            at = <Py_ssize_t>(h & <uint64_t>self.mask)
+            while self.slots[at].check != 0:
+                at = (at + 1) & self.mask
+            slot = &self.slots[at]
+            if _near(length, n):
+                memcpy(slot.body.near.chars, data, <size_t>length)
+                memcpy(slot.body.near.ids, staged, <size_t>n * sizeof(uint32_t))
+            else:
+                self._reserve(<size_t>length, <size_t>n)
+                memcpy(self.chars + self.chars_used, data, <size_t>length)
+                memcpy(self.ids + self.ids_used, staged, <size_t>n * sizeof(uint32_t))
+                slot.body.far.word_at = <uint32_t>self.chars_used
+                slot.body.far.ids_at = <uint32_t>self.ids_used
+                self.chars_used += length
+                self.ids_used += n
+            slot.word_len = <uint16_t>length
+            slot.ids_len = <uint16_t>n
+            slot.check = _check(h)  # last: a slot is taken only once it is whole
+            self.count += 1
         finally:
             free(staged)
-        cdef uint64_t h = _word_hash(data, length)
-        cdef Py_ssize_t at = <Py_ssize_t>(h & <uint64_t>self.mask)
-        while self.slots[at].check != 0:
-            at = (at + 1) & self.mask
-        self.slots[at].check = _check(h)
-        self.slots[at].word_at = <uint32_t>self.chars_used
-        self.slots[at].ids_at = <uint32_t>self.ids_used
-        self.slots[at].word_len = <uint16_t>length
-        self.slots[at].ids_len = <uint16_t>n
-        self.chars_used += length
-        self.ids_used += n
-        self.count += 1
         return True
 
     cdef int _grow(self) except -1:
         """Twice the slots, every word re-placed (its hash recomputed from its bytes)."""
         cdef Py_ssize_t size = 2 * (self.mask + 1), i, at
         cdef WordSlot* old = self.slots
-        cdef WordSlot* slots = <WordSlot*>calloc(size, sizeof(WordSlot))
+        cdef WordSlot* slots = _new_slots(size)
         cdef uint64_t h
-        if slots is NULL:
-            raise MemoryError()
         for i in range(self.mask + 1):
             if old[i].check == 0:
                 continue
-            h = _word_hash(self.chars + old[i].word_at, old[i].word_len)
+            if _near(old[i].word_len, old[i].ids_len):
+                h = word_hash(old[i].body.near.chars, old[i].word_len)
+            else:
+                h = word_hash(self.chars + old[i].body.far.word_at, old[i].word_len)
             at = <Py_ssize_t>(h & <uint64_t>(size - 1))
             while slots[at].check != 0:
                 at = (at + 1) & (size - 1)

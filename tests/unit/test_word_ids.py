@@ -49,14 +49,16 @@ def test_full_means_cleared_then_kept():
     assert len(table) == 1 and table.get("d") == (9,) and table.get("a") is None
 
 
-def test_many_words_with_collisions_and_arena_growth():
+def test_many_words_near_and_far_through_growth():
+    # words of 2..48 bytes with 1..5 ids: held in their slot (<= 12 bytes, <= 3 ids) or in the
+    # arenas, through every doubling of the slots and of both arenas
     table = WordIds(50_000, 64)
     words = [f"w{i}" * (1 + i % 7) for i in range(40_000)]
     for index, word in enumerate(words):
-        assert table.put(word, list(range(index % 5, index % 5 + 1 + index % 3)))
+        assert table.put(word, list(range(index % 5, index % 5 + 1 + index % 5)))
     assert len(table) == 40_000
     for index, word in enumerate(words):
-        assert table.get(word) == tuple(range(index % 5, index % 5 + 1 + index % 3))
+        assert table.get(word) == tuple(range(index % 5, index % 5 + 1 + index % 5))
     assert table.memory_bytes > 0
     table.clear()
     assert len(table) == 0 and table.get(words[0]) is None
