@@ -63,7 +63,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from cortex._fast.token_spans import token_spans
+from cortex._fast.token_spans import split_pieces, token_spans
 
 Piece = tuple[str, int | None]
 FIND_FIRSTS = (1, 8)  # passes whose tokens start with 1..8 characters: ``token_spans``
@@ -194,7 +194,7 @@ def _prepends_to_first_split_only(pre_tokenizer: object) -> bool:
 class Segmenter:
     """Splits text into pieces exactly where ``tokenizers`` splits it at added tokens."""
 
-    __slots__ = ("_first", "_second", "why_not_splitting")
+    __slots__ = ("_first", "_passes", "_second", "why_not_splitting")
 
     def __init__(
         self,
@@ -206,6 +206,7 @@ class Segmenter:
         passes = [p for p in passes if p.ids]
         self._first = passes[0] if passes else None
         self._second = passes[1] if len(passes) > 1 else None
+        self._passes = tuple((p._pattern, p._firsts, p.ids) for p in passes)
         self.why_not_splitting = why_not_splitting
 
     @property
@@ -245,11 +246,6 @@ class Segmenter:
         )
 
     def split(self, text: str) -> list[Piece]:
-        """Pieces of ``text`` in order; their texts concatenate back to ``text``."""
-        pieces: list[Piece] = []
-        if self._first is None:
-            if text:
-                pieces.append((text, None))
-        else:
-            self._first.split_into(text, pieces, self._second)
-        return pieces
+        """Pieces of ``text`` in order; their texts concatenate back to ``text``. (One compiled
+        call, ``split_pieces``; ``_Pass.split_into`` is the same cut in Python, its reference.)"""
+        return split_pieces(text, self._passes, FIND_MAX_MISSES)

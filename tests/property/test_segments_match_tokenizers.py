@@ -49,6 +49,21 @@ def test_segmented_encode_equals_plain_encode(text: str) -> None:
     assert "".join(p for p, _ in _SEG.split(text)) == text
 
 
+@settings(max_examples=500, deadline=None)
+@given(_text)
+def test_the_compiled_split_equals_the_python_passes(text: str) -> None:
+    # Segmenter.split is one compiled call (token_spans.split_pieces); _Pass.split_into is the
+    # same cut written in Python
+    reference: list[tuple[str, int | None]] = []
+    _SEG._first.split_into(text, reference, _SEG._second)
+    assert _SEG.split(text) == reference
+    one_pass = Segmenter({t: i for i, t in enumerate(RAW)})
+    reference = []
+    one_pass._first.split_into(text, reference, None)
+    assert one_pass.split(text) == reference
+    assert Segmenter.never("off").split(text) == ([(text, None)] if text else [])
+
+
 def _reference_leftmost_longest(tokens: set[str], text: str) -> list[tuple[int, str]]:
     """Brute force: at each position from the left, the longest token starting there."""
     found, pos = [], 0
