@@ -58,3 +58,33 @@ def test_globals_render_as_in_a_fresh_sandbox_render():
     assert t.render(msgs[:1]) == 'user!101{"a": 1}xya+bL'
     with pytest.raises(TemplateError, match="nope"):
         ChatTemplate("{{ raise_exception('nope') }}").render(msgs)
+
+
+def test_render_equals_jinjas_own_render():
+    # ChatTemplate.render builds the context and joins the root render function itself; it
+    # must equal Template.render in the same sandbox, macros, blocks and kwargs included
+    import json
+
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    source = (
+        "{% macro turn(m) %}<{{ m.role }}>{{ m.content | trim }}{% endmacro %}"
+        "{% block head %}{{ bos_token }}{% if tools %}{{ tools | tojson }}{% endif %}"
+        "{% endblock %}{% for m in messages %}{{ turn(m) }}{% if not loop.last %}|"
+        "{% endif %}{% endfor %}{{ flavour | default('plain') }}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}{{ eos_token }}"
+    )
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(
+        value, ensure_ascii=False, indent=indent)
+    reference = env.from_string(source)
+    template = ChatTemplate(source)
+    msgs = [{"role": "system", "content": " be brief "}, {"role": "user", "content": "hé"}]
+    for extra in (None, {}, {"flavour": "spicy"}, {"bos_token": "ignored", "x": 1}):
+        for generation in (True, False):
+            for tools in (None, [{"name": "f"}]):
+                expected = reference.render(
+                    {**(extra or {}), "messages": msgs, "add_generation_prompt": generation,
+                     "bos_token": "<s>", "eos_token": "</s>", "tools": tools})
+                assert template.render(msgs, add_generation_prompt=generation, bos_token="<s>",
+                                       eos_token="</s>", tools=tools, extra=extra) == expected
