@@ -55,7 +55,11 @@ class Admission:
         except NoWorkerAvailable as error:
             if not error.saturated:
                 raise
-            saturated = error
+            return await self.wait_for_capacity(decide, error)
+
+    async def wait_for_capacity(self, decide: Callable[[], T], saturated: NoWorkerAvailable) -> T:
+        """``admit`` after its first ``decide()`` found the pool ``saturated`` (the request
+        path decides at once itself, without a coroutine, and comes here only then)."""
         settings = self.settings
         if self.waiting >= settings.max_waiting:
             self.counters.rejected_queue_full += 1

@@ -170,8 +170,13 @@ class Gateway:
         record_decision: Callable[[], None] | None = None  # recorded after the answer, or on exit
         try:
             for attempt in range(1, self.retries + 2):
-                route = await admission.admit(
-                    partial(pool.decide, token_ids, prompt, exclude=tuple(failed)))
+                try:  # admission waits only when the pool is saturated
+                    route = pool.decide(token_ids, prompt, tuple(failed))
+                except NoWorkerAvailable as error:
+                    if not error.saturated:
+                        raise
+                    route = await admission.wait_for_capacity(
+                        partial(pool.decide, token_ids, prompt, tuple(failed)), error)
                 if attempt == 1:
                     record_decision = partial(self.observer.decided, pool.model, route,
                                               trio.current_time() - started)

@@ -112,7 +112,7 @@ class PdOrchestrator:
 
     @staticmethod
     def enabled(pool: ModelPool) -> bool:
-        roles = pool.pending.healthy_roles()
+        roles = pool.pending.healthy_roles
         return Role.PREFILL in roles and Role.DECODE in roles
 
     async def serve(

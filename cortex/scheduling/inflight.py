@@ -20,8 +20,8 @@ Rules:
   stale, and ``views()`` rebuilds the stale ones when it is next asked (one rebuild per request
   for the three count changes of a hold, not three); while nothing changed it returns the same
   tuple object. Order is the order of first ``track``.
-* ``healthy_roles()``: the roles of the tracked workers that are healthy, kept with ``track``
-  and ``untrack`` (counts do not change them).
+* ``healthy_roles``: the roles of the tracked workers that are healthy (a frozenset attribute,
+  read per request), kept with ``track`` and ``untrack`` (counts do not change them).
 
 Single owner (the trio thread), no locks.
 """
@@ -44,7 +44,7 @@ class PendingWork:
         self._current: dict[str, WorkerView] = {}
         self._views: tuple[WorkerView, ...] | None = ()
         self._stale: set[str] = set()  # tracked workers whose counts changed since their view
-        self._roles: frozenset[Role] = frozenset()
+        self.healthy_roles: frozenset[Role] = frozenset()
         self._release_listeners: list[Callable[[str], None]] = []
 
     def on_release(self, callback: Callable[[str], None]) -> None:
@@ -55,14 +55,14 @@ class PendingWork:
         self._bases[base.worker] = base
         self._stale.discard(base.worker)
         self._refresh(base.worker)
-        self._roles = self._healthy_roles()
+        self.healthy_roles = self._healthy_roles()
 
     def untrack(self, worker: str) -> None:
         self._bases.pop(worker, None)
         self._stale.discard(worker)
         if self._current.pop(worker, None) is not None:
             self._views = None
-        self._roles = self._healthy_roles()
+        self.healthy_roles = self._healthy_roles()
 
     def views(self) -> tuple[WorkerView, ...]:
         """Current views of every tracked worker, pending counts included."""
@@ -72,9 +72,6 @@ class PendingWork:
                 self._refresh(stale.pop())
             self._views = tuple(self._current.values())
         return self._views
-
-    def healthy_roles(self) -> frozenset[Role]:
-        return self._roles
 
     def _healthy_roles(self) -> frozenset[Role]:
         return frozenset(base.role for base in self._bases.values() if base.healthy)
