@@ -28,20 +28,20 @@ Running the handler and answering:
   deadline: a dict store per request; without that task, at once), and while its handler
   runs or its body streams, a watcher task (one per connection, parked otherwise) reads
   instead, at most one read (64 KiB) ahead of what the main task last asked for, then TCP
-  back-pressure holds the client. So pipelined requests wait, parsed, for the next cycle, and
-  end of stream or a reset — the client is gone — cancels the handler or the body streaming
-  (trio ``Cancelled``). A client that half-closes counts as gone. The body iterator's
-  ``aclose()`` always runs. When the response is done the watcher is woken out of its wait
-  with ``notify_closing`` (no cancel scope) and parks again. A short answer is sent before the
-  watcher would start, and costs no task switch for it (waking the watcher at every
-  response's start was ~10% of the server's CPU per request at 64 connections); a client that
-  leaves a long one is noticed that much later, which only delays cancelling the engine's
-  work by as much. (Before: a reader task owned the
-  receiving side all the time — two task switches and a hand-off per request.) The cycles
-  share one cancel scope (``_serve``), not one per request; a wait for a head or body byte
-  has its own (``move_on_at``) only when it has to wait. The idle deadline is kept by the
-  server's ``WaitDeadlines`` task (a dict store per wait; it cancels the cycles' scope when
-  the deadline passes), not by setting the scope's deadline (~7 µs a request in trio); a
+  back-pressure holds the client. So pipelined requests wait (parsed, or still in the socket)
+  for the next cycle, and end of stream or a reset — the client is gone — cancels the handler
+  or the body streaming (trio ``Cancelled``). A client that half-closes counts as gone. The
+  body iterator's ``aclose()`` always runs. When the response is done the watcher is woken
+  out of its wait with ``notify_closing`` (no cancel scope) and parks again. A short answer is
+  sent before the watcher would start and costs no task switch for it (waking the watcher at
+  every response's start cost 8–20% of the server's CPU per request at 64 connections); a
+  client that leaves a long one is noticed that much later, which delays cancelling the
+  engine's work by as much. (Before: a reader task owned the receiving side all the time —
+  two task switches and a hand-off per request.) The cycles share one cancel scope
+  (``_serve``), not one per request; a wait for a head or body byte has its own
+  (``move_on_at``) only when it has to wait. The idle deadline is kept by the server's
+  ``WaitDeadlines`` task (a dict store per wait; it cancels the cycles' scope when the
+  deadline passes), not by setting the scope's deadline (~7 µs a request in trio); a
   connection served without that task running falls back to the scope's deadline. A stream
   that is not a socket (memory streams in component tests) is read with ``receive_some``
   instead, the watcher's wait then ended by its own cancel scope.
@@ -343,7 +343,7 @@ class HttpConnection:
         data = self._transport.read_now()
         if data is None:
             scope = self._scope
-            deadlines = shared.idle_deadlines
+            deadlines = shared.deadlines
             watched = deadlines.running
             if watched:
                 deadlines.watch(self, deadline)
@@ -374,7 +374,7 @@ class HttpConnection:
         shared.counters.requests += 1
         shared.in_flight += 1
         answered = False
-        deadlines = shared.idle_deadlines
+        deadlines = shared.deadlines
         watch_after_s = shared.limits.client_watch_after_s
         watch_later = deadlines.running and watch_after_s > 0
         if self._eof:

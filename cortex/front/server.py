@@ -14,8 +14,10 @@ Rules:
   arriving or in flight are answered with ``connection: close``. After
   ``limits.drain_timeout_s`` whatever still runs is cancelled. ``serve`` returns when every
   connection is closed.
-* Idle keep-alive deadlines are kept by one ``WaitDeadlines`` task per server (rules in
-  ``cortex.wait_deadlines``), started before the first connection and stopped after the last.
+* Idle keep-alive deadlines, and the moments responses start watching their clients
+  (``limits.client_watch_after_s``), are kept by one ``WaitDeadlines`` task per server (rules
+  in ``cortex.wait_deadlines``), started before the first connection and stopped after the
+  last.
 * Counters are plain ints (``ServerCounters``), read by the metrics layer.
 """
 
@@ -70,7 +72,7 @@ class ServerShared:
     in_flight: int = 0
     idle_connections: set[HttpConnection] = field(default_factory=set)  # woken by drain()
     # idle keep-alive deadlines; running while HttpServer.serve runs (else: cancel scopes)
-    idle_deadlines: WaitDeadlines = field(default_factory=WaitDeadlines)
+    deadlines: WaitDeadlines = field(default_factory=WaitDeadlines)
 
 
 class HttpServer:
@@ -100,7 +102,7 @@ class HttpServer:
         listener = await _open_listener(host, port)
         try:
             async with trio.open_nursery() as services:
-                await services.start(self._shared.idle_deadlines.run)
+                await services.start(self._shared.deadlines.run)
                 async with trio.open_nursery() as connections:
                     task_status.started((host, listener.socket.getsockname()[1]))
                     with self._accept_scope:

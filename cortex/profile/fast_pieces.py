@@ -40,7 +40,8 @@ path is its reference (property-tested equal). The two ``re.split`` passes were 
 new message's encode: ``perf/bench_tokenize.py`` ``new_message`` 0.29x -> 0.09x of ``encode``.
 
 The word cache is a ``cortex._fast.word_ids.WordIds`` table of at most ``word_cache_entries``
-words (cleared when full) of at most ``MAX_CACHED_WORD_CHARS`` chars (~8 MB at most): the
+words (cleared when full) of at most ``MAX_CACHED_WORD_CHARS`` chars (at most 4 MB of slots,
+4 of word bytes and 16 of ids; prose fills a few hundred KB): the
 native splitter reads a piece's cached words' ids straight from it, with no ``str`` per word
 (a ``dict`` cost ~90 ns a word, most of a new message's encode). Values are deterministic per
 word, and every table call holds the GIL, so concurrent use from a worker thread can at worst
