@@ -14,6 +14,13 @@ Rules:
   none for an unknown status). It refuses (``UnsendableResponse``) what h11 refused and what
   could split a response: a status outside 200–999, a header name that is not a token, a value
   with CR, LF or NUL.
+* ``response_head`` is what the writer calls: the same head in one compiled pass
+  (``cortex._fast.http_head``, property-tested equal to ``encode_head(response_headers(...))``
+  and to the streamed body's ``content-length`` rules below), ~2 µs instead of ~7 warm and
+  ~23 in the running server. For a streamed body (``length`` None) it also reads the
+  handler's ``content-length`` (digits only, else ``UnsendableResponse``; the body then goes
+  out unframed) and, without one, adds ``transfer-encoding: chunked`` when ``chunked_ok``
+  (an HTTP/1.1 client).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import time
 from email.utils import formatdate
 from http import HTTPStatus
 
+from cortex._fast.http_head import build_head
 from cortex.front.messages import Headers
 
 DROPPED = frozenset({
@@ -97,3 +105,22 @@ def encode_head(status: int, headers: Headers) -> bytes:
     if head.count(b"\n") != lines or head.count(b"\r") != lines or b"\0" in head:
         raise UnsendableResponse("a header value contains CR, LF or NUL")
     return head
+
+
+def response_head(status: int, handler_headers: Headers, server: bytes, close: bool,
+                  length: int | None, chunked_ok: bool = False
+                  ) -> tuple[bytes, int | None, bool]:
+    """``(head, length, chunked)`` of a response (see the rules above): ``length`` is the
+    given one for a ``bytes`` body, else the handler's ``content-length`` (or None)."""
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        if not 200 <= status <= 999:
+            raise UnsendableResponse(f"status {status} is not a final HTTP status")
+        line = b"HTTP/1.1 %d \r\n" % status
+    try:
+        head, found, chunked = build_head(
+            line, handler_headers, DateHeader.now(), server, close,
+            -1 if length is None else length, status in NO_BODY_STATUS, chunked_ok)
+    except ValueError as error:
+        raise UnsendableResponse(str(error)) from None
+    return head, found, chunked

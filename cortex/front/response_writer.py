@@ -28,12 +28,7 @@ from typing import TYPE_CHECKING
 from cortex.errors import CortexError
 from cortex.front.errors_http import InternalServerError, error_response
 from cortex.front.messages import HttpRequest, HttpResponse
-from cortex.front.response_head import (
-    NO_BODY_STATUS,
-    UnsendableResponse,
-    encode_head,
-    response_headers,
-)
+from cortex.front.response_head import NO_BODY_STATUS, UnsendableResponse, response_head
 from cortex.front.transport import SocketTransport, StreamTransport
 
 if TYPE_CHECKING:
@@ -42,7 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("cortex.front")
 
 _LAST_CHUNK = b"0\r\n\r\n"
-_CHUNKED = (b"transfer-encoding", b"chunked")
 
 
 class ResponseWriter:
@@ -79,8 +73,8 @@ class ResponseWriter:
         """Head and body in one write."""
         status = response.status
         try:
-            head = encode_head(status, response_headers(
-                status, response.headers, self._shared.server_header, close, len(body)))
+            head = response_head(status, response.headers, self._shared.server_header, close,
+                                 len(body))[0]
         except UnsendableResponse:
             return await self._handler_bug(request, "unsendable response", head_sent=False)
         self._shared.counters.count_status(status)
@@ -98,23 +92,13 @@ class ResponseWriter:
         held = False
         try:
             status = response.status
-            headers = response_headers(status, response.headers, self._shared.server_header,
-                                       close, None)
             no_body = request.method == b"HEAD" or status in NO_BODY_STATUS
-            length = None
-            chunked = False
             try:
-                if status not in NO_BODY_STATUS:
-                    for name, value in headers:
-                        if name == b"content-length":
-                            if not value.isdigit():
-                                raise UnsendableResponse(f"content-length {value!r}")
-                            length = int(value)
-                    if length is None and request.http_version == b"1.1":
-                        headers.append(_CHUNKED)
-                        chunked = True
-                    # (else HTTP/1.0: close-delimited; such a client never keeps the connection)
-                head = encode_head(status, headers)
+                # without content-length: chunked for HTTP/1.1, else close-delimited (an
+                # HTTP/1.0 client never keeps the connection)
+                head, length, chunked = response_head(
+                    status, response.headers, self._shared.server_header, close, None,
+                    chunked_ok=request.http_version == b"1.1")
             except UnsendableResponse:
                 return await self._handler_bug(request, "unsendable response head",
                                                head_sent=False)
@@ -180,9 +164,8 @@ class ResponseWriter:
     async def send_error_and_close(self, error: CortexError) -> bool:
         """Answers ``error`` instead of the response whose head was not sent; closes after."""
         response = error_response(error)
-        head = encode_head(response.status, response_headers(
-            response.status, response.headers, self._shared.server_header, True,
-            len(response.body)))
+        head = response_head(response.status, response.headers, self._shared.server_header,
+                             True, len(response.body))[0]
         self._shared.counters.count_status(response.status)
         await self._send(head + response.body)
         return False
