@@ -17,42 +17,35 @@ cdef frozenset _DROPPED = frozenset({
     b"date", b"server",
 })
 
-# RFC 9110 tchar: ! # $ % & ' * + - . ^ _ ` | ~ DIGIT ALPHA
+# Byte classes: RFC 9110 tchar (! # $ % & ' * + - . ^ _ ` | ~ DIGIT ALPHA), digits, and the
+# bytes no header value may hold (CR, LF, NUL)
 cdef unsigned char _TCHAR[256]
+cdef unsigned char _DIGIT[256]
+cdef unsigned char _NOT_IN_VALUE[256]
 _TOKEN_CHARS = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 for _code in range(256):
     _TCHAR[_code] = chr(_code) in _TOKEN_CHARS
+    _DIGIT[_code] = 48 <= _code <= 57
+    _NOT_IN_VALUE[_code] = _code in (0, 10, 13)
 
 
-cdef bint _is_token(bytes name):
-    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(name)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(name), i
+cdef bint _all_in(bytes data, const unsigned char* table):
+    """Every byte of ``data`` is in ``table``'s class (False for no bytes at all)."""
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data), i
     if n == 0:
         return False
     for i in range(n):
-        if not _TCHAR[p[i]]:
+        if not table[p[i]]:
             return False
     return True
 
 
-cdef bint _clean_value(bytes value):
-    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(value)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(value), i
-    cdef unsigned char c
+cdef bint _none_in(bytes data, const unsigned char* table):
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data), i
     for i in range(n):
-        c = p[i]
-        if c == 13 or c == 10 or c == 0:
-            return False
-    return True
-
-
-cdef bint _digits(bytes value):
-    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(value)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(value), i
-    if n == 0:
-        return False
-    for i in range(n):
-        if not 48 <= p[i] <= 57:
+        if table[p[i]]:
             return False
     return True
 
@@ -84,7 +77,7 @@ cdef bint _is_content_length(bytes lower):
 
 def build_head(bytes status_line, list handler_headers, bytes date, bytes server, bint close,
                Py_ssize_t length, bint no_body_status, bint chunked_if_unframed):
-    if not (_clean_value(date) and _clean_value(server)):
+    if not (_none_in(date, _NOT_IN_VALUE) and _none_in(server, _NOT_IN_VALUE)):
         raise ValueError("a header value contains CR, LF or NUL")
     cdef list parts = [status_line, b"date: ", date, _CRLF, b"server: ", server, _CRLF]
     cdef bint whole = length >= 0
@@ -100,12 +93,12 @@ def build_head(bytes status_line, list handler_headers, bytes date, bytes server
         if _is_content_length(lower):
             if whole or no_body_status:
                 continue
-            if not _digits(value):
+            if not _all_in(value, _DIGIT):
                 raise ValueError(f"content-length {value!r}")
             found = int(value)
-        if not _is_token(lower):
+        if not _all_in(lower, _TCHAR):
             raise ValueError(f"header name {lower!r} is not a token")
-        if not _clean_value(value):
+        if not _none_in(value, _NOT_IN_VALUE):
             raise ValueError("a header value contains CR, LF or NUL")
         parts += (lower, _SEP, value, _CRLF)
     if whole and not no_body_status:
