@@ -20,13 +20,14 @@ class MetricsObserver(RouteObserver):
         self.metrics = metrics
         self.registry = registry
 
-    def tokenized(self, model: str, seconds: float) -> None:
-        self.metrics.observe_tokenize(seconds)
-
     def decided(self, model: str, route: Route, seconds: float) -> None:
         self.metrics.observe_route(route.decision.mode, seconds)
         self.metrics.record_decision(model, route.decision)
-        hash_s = route.timings.get("hash_s")
+        timings = route.timings
+        tokenize_s = timings.get("tokenize_s")
+        if tokenize_s is not None:
+            self.metrics.observe_tokenize(tokenize_s)
+        hash_s = timings.get("hash_s")
         if hash_s is not None:
             self.metrics.observe_hash(hash_s)
 

@@ -14,14 +14,13 @@ if TYPE_CHECKING:
 
 
 class RouteObserver:
-    def tokenized(self, model: str, seconds: float) -> None:
-        """The prompt of a request for ``model`` was tokenized in ``seconds``."""
-
     def template_failed(self, model: str, error: Exception) -> None:
         """The chat template could not render a request: it was routed on load only."""
 
     def decided(self, model: str, route: Route, seconds: float) -> None:
-        """The first decision of a request, ``seconds`` after its body was in."""
+        """The first decision of a request, ``seconds`` after its body was in (its
+        ``route.timings``: ``tokenize_s`` when the prompt was tokenized, ``hash_s``,
+        ``decide_s``). The single-worker path calls it once the answer is on its way."""
 
     def no_worker(self, model: str) -> None:
         """A request for ``model`` was refused: no worker could take it."""

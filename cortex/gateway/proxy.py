@@ -123,6 +123,7 @@ class Gateway:
         body = parse_body(request.body)
         pool = self._pool_for(body_model(body))
         prompt, token_ids = None, None
+        tokenize_s: float | None = None  # observed with the decision, after the answer
         if pool.tokenizer is not None and pool.exact_off is None and pool.profile is not None:
             profile = pool.profile
             try:
@@ -141,14 +142,14 @@ class Gateway:
                                            prompt.add_special_tokens)
                     if type(token_ids) is Lookup:  # a long new text: off the trio thread
                         token_ids = await encode_offloaded(pool.tokenizer, token_ids)
-                    self.observer.tokenized(pool.model, perf_counter() - tokenize_start)
+                    tokenize_s = perf_counter() - tokenize_start
         headers = forwarded_headers(request.headers)
         try:
             if self.pd.enabled(pool):
                 return await self.pd.serve(pool, endpoint, request, body, headers, token_ids,
-                                           prompt, started)
+                                           prompt, started, tokenize_s)
             return await self._serve_single(pool, endpoint, request, body, headers, token_ids,
-                                            prompt, started)
+                                            prompt, started, tokenize_s)
         except NoWorkerAvailable:
             self.observer.no_worker(pool.model)
             raise
@@ -163,6 +164,7 @@ class Gateway:
         token_ids: Any,
         prompt: Any,
         started: float,
+        tokenize_s: float | None = None,
     ) -> HttpResponse:
         failed: list[str] = []
         last_error: CortexError | None = None
@@ -178,6 +180,8 @@ class Gateway:
                     route = await admission.wait_for_capacity(
                         partial(pool.decide, token_ids, prompt, tuple(failed)), error)
                 if attempt == 1:
+                    if tokenize_s is not None:
+                        route.timings["tokenize_s"] = tokenize_s
                     record_decision = partial(self.observer.decided, pool.model, route,
                                               trio.current_time() - started)
                 try:

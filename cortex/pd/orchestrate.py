@@ -125,8 +125,10 @@ class PdOrchestrator:
         token_ids: Any,
         prompt: Any,
         started: float | None = None,
+        tokenize_s: float | None = None,
     ) -> HttpResponse:
-        """``started``: when the request's body was in (the decision timing's origin)."""
+        """``started``: when the request's body was in (the decision timing's origin);
+        ``tokenize_s``: its prompt's tokenization, observed with the first decision."""
         views = pool.views()
         both = {view.worker for view in views if view.role is Role.BOTH}
         admission = self.gateway._admission(pool)
@@ -142,6 +144,8 @@ class PdOrchestrator:
                 last = last or error
                 break
             if started is not None:
+                if tokenize_s is not None:
+                    prefill.timings["tokenize_s"] = tokenize_s
                 self.gateway.observer.decided(pool.model, prefill,
                                               trio.current_time() - started)
                 started = None  # the first decision only, as for a single worker

@@ -135,6 +135,8 @@ async def test_metrics_count_decisions_and_ledger_accuracy():
         assert 'cortex_decisions_total{model="deepseek",mode="load_aware"' in text
         assert "cortex_cached_tokens_reported_total" in text
         assert "cortex_route_seconds_bucket" in text
+        # tokenize and hash timings ride on the decision (observed after each answer)
+        assert "cortex_tokenize_seconds_count 3" in text and "cortex_hash_seconds_count 3" in text
         assert 'cortex_ledger_state{' in text
         assert 'cortex_model_exact_routing{model="deepseek"} 1' in text
         assert "cortex_worker_probes_total" in text and "cortex_pd_served_total 0" in text
