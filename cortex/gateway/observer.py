@@ -19,8 +19,9 @@ class RouteObserver:
 
     def decided(self, model: str, route: Route, seconds: float) -> None:
         """The first decision of a request, ``seconds`` after its body was in (its
-        ``route.timings``: ``tokenize_s`` when the prompt was tokenized, ``hash_s``,
-        ``decide_s``). The single-worker path calls it once the answer is on its way."""
+        ``route.timings``: ``tokenize_s`` when the prompt was tokenized, ``hash_s`` when its
+        block keys were computed). The single-worker path calls it once the answer is on its
+        way."""
 
     def no_worker(self, model: str) -> None:
         """A request for ``model`` was refused: no worker could take it."""

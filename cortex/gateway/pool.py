@@ -75,7 +75,7 @@ class Route:
     rank: int | None
     hold: Hold
     prompt_tokens: int | None  # None when the prompt was not tokenized
-    timings: dict[str, float] = field(default_factory=dict)  # tokenize_s, hash_s, decide_s
+    timings: dict[str, float] = field(default_factory=dict)  # tokenize_s, hash_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,10 +257,8 @@ class ModelPool:
         if exclude:
             views = tuple(view for view in views if view.worker not in exclude)
         if self.passthrough:
-            start = clock()
             assert self.fixed is not None
             decision = self.fixed.decide(RequestFacts(_NO_KEYS, 0, 1), views, {}, role)
-            timings["decide_s"] = clock() - start
             return self._route(decision, None, None, 0, timings)
         target_blocks: dict[int, int] = {}
         token_count = 0
@@ -273,13 +271,11 @@ class ModelPool:
             token_count = len(token_ids)
             if self.fixed is None:
                 target_blocks = self._match(keys, block_size)
-        start = clock()
         request = RequestFacts(keys, token_count, block_size)
         if self.fixed is None:
             decision = self.scheduler.decide(request, views, target_blocks, role)
         else:  # a comparison policy: no ledger
             decision = self.fixed.decide(request, views, {}, role)
-        timings["decide_s"] = clock() - start
         return self._route(decision, target_blocks, token_ids, token_count, timings)
 
     def _match(self, keys: Any, block_size: int) -> dict[int, int]:
