@@ -35,9 +35,7 @@ def targets(results: dict[str, object]) -> dict[str, object]:
         return out
     peer = results["sglang-router"]
     for phase in ("latency_small", "latency_large"):
-        mine, theirs = cortex[phase]["added_us"], peer[phase]["added_us"]
-        ratio = {q: round(mine[q] / theirs[q], 2) if theirs[q] > 0 else None
-                 for q in ("p10", "p50", "p99")}
+        ratio = _ratios(cortex[phase]["added_us"], peer[phase]["added_us"], ("p10", "p50", "p99"))
         out[f"added_{phase}_le_1.5x"] = {
             "ratio": ratio, "met": "met" if ratio["p50"] is not None and ratio["p50"] <= 1.5
             else "not met"}
@@ -54,13 +52,17 @@ def http_floor(cortex: dict, floor: dict, peer: dict) -> dict[str, object]:
     the share of Cortex's added p50 the passthrough floor accounts for."""
     out: dict[str, object] = {}
     for phase in ("latency_small", "latency_large"):
-        mine, theirs = floor[phase]["added_us"], peer[phase]["added_us"]
+        mine = floor[phase]["added_us"]
         full = cortex[phase]["added_us"]["p50"]
         out[phase] = {
-            "vs_sglang_router": {q: round(mine[q] / theirs[q], 2) if theirs[q] > 0 else None
-                                 for q in ("p10", "p50")},
+            "vs_sglang_router": _ratios(mine, peer[phase]["added_us"], ("p10", "p50")),
             "share_of_cortex_p50": round(mine["p50"] / full, 2) if full > 0 else None}
     return out
+
+
+def _ratios(mine: dict, theirs: dict, quantiles: tuple[str, ...]) -> dict[str, float | None]:
+    """``mine / theirs`` per quantile, 2 decimals; ``None`` where theirs is not positive."""
+    return {q: round(mine[q] / theirs[q], 2) if theirs[q] > 0 else None for q in quantiles}
 
 
 def versus_baseline(results: dict[str, object]) -> dict[str, float | None]:
