@@ -10,9 +10,10 @@ Figures, microseconds, p50 over ``--iterations`` new requests after a warm-up (w
 caches warm, as in service):
 
 * ``parse``: the body's JSON (``parse_body``); ``prompt``: the chat template rendered
-  (``request_prompt``); ``lookup``: the rendered text split at added tokens and its cached
-  pieces taken; ``encode``: the new message's ids (fast pieces); ``finish``: the prompt's ids
-  assembled; ``keys``: the full blocks' keys.
+  (``request_prompt``); ``tokenize``: the prompt's ids, as the request path takes them (the
+  compiled ``encode_now``: split at added tokens, cached pieces taken, the new message encoded,
+  remembered, assembled; before session 11 this was three steps, ``lookup`` / ``encode`` /
+  ``finish``); ``keys``: the full blocks' keys.
 * ``decide_fallback`` / ``decide_ready``: ``ModelPool.decide`` and its in-flight hold entered,
   prefill done, released.
 
@@ -53,6 +54,7 @@ from cortex.ledger.state import TargetState  # noqa: E402
 from cortex.profile.model_profile import ProfileSpec, load_profile  # noqa: E402
 from cortex.profile.profile_set import ProfileSet  # noqa: E402
 from cortex.profile.request_keys import request_block_keys  # noqa: E402
+from cortex.profile.segment_cache import OFFLOAD_MIN_CHARS, Lookup  # noqa: E402
 from cortex.workers.spec import WorkerSpec  # noqa: E402
 from tests import deepseek_profile as ds  # noqa: E402
 
@@ -89,11 +91,9 @@ def steps(bodies: Bodies, profile, pools: dict[str, ModelPool], iterations: int,
         prompt = request_prompt(Endpoint.CHAT, body, profile.chat_template, profile.bos_token,
                                 profile.eos_token)
         marks.append(clock())
-        lookup = tokenizer.lookup(prompt.text, prompt.add_special_tokens)
-        marks.append(clock())
-        cold = tokenizer.encode_pieces(lookup.cold) if lookup.cold else []
-        marks.append(clock())
-        ids = tokenizer.finish(lookup, cold)
+        ids = tokenizer.encode_now(prompt.text, prompt.add_special_tokens, OFFLOAD_MIN_CHARS)
+        if isinstance(ids, Lookup):  # a long new text (warm-up): a worker thread's job in service
+            ids = tokenizer.finish(ids, tokenizer.encode_pieces(ids.cold))
         marks.append(clock())
         request_block_keys(ids, BLOCK, MODEL)
         marks.append(clock())
@@ -104,7 +104,7 @@ def steps(bodies: Bodies, profile, pools: dict[str, ModelPool], iterations: int,
             marks.append(clock())
         if index < warmup:
             continue
-        names = ["parse", "prompt", "lookup", "encode", "finish", "keys",
+        names = ["parse", "prompt", "tokenize", "keys",
                  *(f"decide_{name}" for name in pools)]
         for name, start, end in zip(names, marks, marks[1:]):
             samples.setdefault(name, []).append(end - start)

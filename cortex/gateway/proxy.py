@@ -64,7 +64,7 @@ from cortex.logs import request_started
 from cortex.pd.orchestrate import PdOrchestrator
 from cortex.pd.plan import PdSettings
 from cortex.profile.segment_cache import Lookup
-from cortex.profile.trio_tokenize import encode_now, encode_offloaded
+from cortex.profile.trio_tokenize import OFFLOAD_MIN_CHARS, encode_offloaded
 from cortex.upstream.connection import NOT_READY
 from cortex.upstream.pool import UpstreamPool
 from cortex.upstream.sse import CachedTokensSniffer
@@ -138,8 +138,9 @@ class Gateway:
                     token_ids = prompt.token_ids
                 else:
                     tokenize_start = perf_counter()
-                    token_ids = encode_now(pool.tokenizer, prompt.text or "",
-                                           prompt.add_special_tokens)
+                    token_ids = pool.tokenizer.encode_now(prompt.text or "",
+                                                          prompt.add_special_tokens,
+                                                          OFFLOAD_MIN_CHARS)
                     if type(token_ids) is Lookup:  # a long new text: off the trio thread
                         token_ids = await encode_offloaded(pool.tokenizer, token_ids)
                     tokenize_s = perf_counter() - tokenize_start

@@ -373,6 +373,15 @@ class FastPieceEncoder:
         return self.why_not_fast is None
 
     @property
+    def native_words(self) -> tuple[DeepSeekV3Words, WordIds] | None:
+        """The native splitter and the word table ``encode`` reads first (``cached_ids``), for a
+        compiled caller that tries them before ``encode`` itself; ``None`` when ``encode`` does
+        not start there (not enabled, or no native splitter)."""
+        if self.why_not_fast is not None or self._native is None:
+            return None
+        return self._native, self._words
+
+    @property
     def cached_words(self) -> int:
         return len(self._words)
 

@@ -21,7 +21,9 @@ Invariants:
   one is given and it applies.
 * ``encode_array`` = ``lookup`` (split, take hits) → ``encode_pieces`` (tokenizer only, no
   cache access) → ``finish`` (remember, assemble); an I/O shell may run the middle step in a
-  worker thread (``trio_tokenize``).
+  worker thread (``trio_tokenize``). The cache and the request path's ``encode_now`` (all three
+  steps in one call, unless the new text is long enough for a worker thread) are compiled
+  (``cortex._fast.piece_cache``); the Python steps here call into the same cache.
 
 Single owner: not thread-safe (the request path calls it from one thread).
 """
@@ -29,24 +31,27 @@ Single owner: not thread-safe (the request path calls it from one thread).
 from __future__ import annotations
 
 from array import array
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from cortex._fast.piece_cache import ENTRY_OVERHEAD_BYTES, PieceCache
 from cortex.profile.fast_pieces import FastPieceEncoder
-from cortex.profile.segments import Piece, Segmenter
+from cortex.profile.segments import FIND_MAX_MISSES, Piece, Segmenter
 
-ENTRY_OVERHEAD_BYTES = 96  # dict slot, OrderedDict links, array header: a rough, fixed charge
+__all__ = ["ENTRY_OVERHEAD_BYTES", "OFFLOAD_MIN_CHARS", "Lookup", "SegmentCachedTokenizer"]
+OFFLOAD_MIN_CHARS = 2048  # new text this long (~500 tokens, ~1 ms of tokenizer work) or longer
+# goes to a worker thread (``trio_tokenize``); shorter is encoded inline (a thread hop costs
+# tens of microseconds)
 
 
 @dataclass(slots=True)
 class Lookup:
-    """A prompt split into pieces, with the ids already known; ``cold`` lists each uncached
-    piece once, in order of first appearance."""
+    """A prompt split into pieces, with the ids already known (an added token's id as an
+    ``int``); ``cold`` lists each uncached piece once, in order of first appearance."""
 
     pieces: list[Piece]
-    found: list[array[int] | None]
+    found: list[array[int] | int | None]
     cold: list[str]
     bos_id: int | None
 
@@ -63,20 +68,11 @@ class TokenizerLike(Protocol):
 
 
 class SegmentCachedTokenizer:
-    __slots__ = (
-        "_tokenizer",
-        "_segmenter",
-        "_bos_id",
-        "_capacity",
-        "_cache",
-        "_bytes",
-        "_batch_cold",
-        "_fast",
-        "hits",
-        "misses",
-        "hit_tokens",
-        "miss_tokens",
-    )
+    """``encode_now`` is the compiled ``PieceCache.encode_now`` itself (an attribute, not a
+    method: the request path calls it without a Python frame)."""
+
+    __slots__ = ("_tokenizer", "_segmenter", "_bos_id", "_batch_cold", "_fast", "_pieces",
+                 "encode_now")
 
     def __init__(
         self,
@@ -93,23 +89,38 @@ class SegmentCachedTokenizer:
         self._tokenizer = tokenizer
         self._segmenter = segmenter
         self._bos_id = bos_id
-        self._capacity = capacity_bytes
-        self._cache: OrderedDict[str, array[int]] = OrderedDict()
-        self._bytes = 0
         self._batch_cold = batch_cold
         self._fast = fast if fast is not None and fast.enabled else None
-        self.hits = 0
-        self.misses = 0
-        self.hit_tokens = 0
-        self.miss_tokens = 0
+        native = None if self._fast is None else self._fast.native_words
+        self._pieces = PieceCache(
+            capacity_bytes, segmenter.passes, FIND_MAX_MISSES, bos_id,
+            None if native is None else native[0], None if native is None else native[1],
+            self._encode_one, self.encode_pieces if batch_cold else None, Lookup)
+        self.encode_now = self._pieces.encode_now
 
     @property
     def cached_bytes(self) -> int:
-        return self._bytes
+        return self._pieces.cached_bytes
 
     @property
     def cached_pieces(self) -> int:
-        return len(self._cache)
+        return self._pieces.cached_pieces
+
+    @property
+    def hits(self) -> int:
+        return self._pieces.hits
+
+    @property
+    def misses(self) -> int:
+        return self._pieces.misses
+
+    @property
+    def hit_tokens(self) -> int:
+        return self._pieces.hit_tokens
+
+    @property
+    def miss_tokens(self) -> int:
+        return self._pieces.miss_tokens
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.encode_array(text, add_special_tokens).tolist()
@@ -122,28 +133,15 @@ class SegmentCachedTokenizer:
 
     # The three steps of ``encode_array``, public so that an I/O shell can run the middle one
     # (pure tokenizer work, no cache access) in a worker thread: ``lookup`` and ``finish`` touch
-    # the cache and stay with its single owner.
+    # the cache and stay with its single owner. ``encode_now(text, add_special_tokens,
+    # offload_min_chars)`` is all three in one compiled call when the new text is shorter than
+    # ``offload_min_chars``; otherwise it returns the ``Lookup`` (hits counted).
 
     def lookup(self, text: str, add_special_tokens: bool = False) -> Lookup:
         """Split ``text`` and take every piece the cache holds (counted as hits)."""
         pieces = self._segmenter.split(text)
-        cache = self._cache
-        found: list[array[int] | None] = []
-        cold: dict[str, None] = {}
-        for piece, tid in pieces:
-            if tid is not None:
-                found.append(array("I", (tid,)))
-                continue
-            ids = cache.get(piece)
-            if ids is None:
-                cold[piece] = None
-            else:
-                cache.move_to_end(piece)
-                self.hits += 1
-                self.hit_tokens += len(ids)
-            found.append(ids)
-        bos = self._bos_id if add_special_tokens else None
-        return Lookup(pieces, found, list(cold), bos)
+        found, cold = self._pieces.lookup(pieces)
+        return Lookup(pieces, found, cold, self._bos_id if add_special_tokens else None)
 
     def encode_pieces(self, pieces: list[str], batch: bool | None = None) -> list[Sequence[int]]:
         """Token ids of each piece (no cache access: safe to run in a worker thread).
@@ -155,45 +153,13 @@ class SegmentCachedTokenizer:
         if batch:
             encodings = self._tokenizer.encode_batch(pieces, add_special_tokens=False)
             return [enc.ids for enc in encodings]
-        encode = self._tokenizer.encode
-        fast = self._fast
-        if fast is None:
-            return [encode(p, add_special_tokens=False).ids for p in pieces]
-        out = []
-        for piece in pieces:
-            ids = fast.encode(piece)
-            out.append(encode(piece, add_special_tokens=False).ids if ids is None else ids)
-        return out
+        return [self._encode_one(piece) for piece in pieces]
+
+    def _encode_one(self, piece: str) -> Sequence[int]:
+        ids = None if self._fast is None else self._fast.encode(piece)
+        return self._tokenizer.encode(piece, add_special_tokens=False).ids if ids is None else ids
 
     def finish(self, lookup: Lookup, cold_ids: Sequence[Sequence[int]]) -> array[int]:
         """Remember the cold pieces' ids (counted as misses) and assemble the prompt's ids."""
-        if len(cold_ids) != len(lookup.cold):
-            raise ValueError("one id list per cold piece is needed")
-        encoded: dict[str, array[int]] = {}
-        for piece, ids_list in zip(lookup.cold, cold_ids):
-            # the fast encoder's cached words come as a fresh array('I'): kept as it is
-            ids = ids_list if type(ids_list) is array else array("I", ids_list)
-            encoded[piece] = ids
-            self.misses += 1
-            self.miss_tokens += len(ids)
-            self._remember(piece, ids)
-        out = array("I")
-        if lookup.bos_id is not None:
-            out.append(lookup.bos_id)
-        for (piece, _tid), ids in zip(lookup.pieces, lookup.found):
-            out.extend(encoded[piece] if ids is None else ids)
-        return out
-
-    def _remember(self, piece: str, ids: array[int]) -> None:
-        cache = self._cache
-        if piece in cache:  # encoded meanwhile by a concurrent request (see ``trio_tokenize``)
-            cache.move_to_end(piece)
-            return
-        cost = len(piece.encode()) + 4 * len(ids) + ENTRY_OVERHEAD_BYTES
-        if cost > self._capacity:
-            return
-        while self._bytes + cost > self._capacity and cache:
-            old_piece, old_ids = cache.popitem(last=False)
-            self._bytes -= len(old_piece.encode()) + 4 * len(old_ids) + ENTRY_OVERHEAD_BYTES
-        cache[piece] = ids
-        self._bytes += cost
+        return self._pieces.finish(lookup.pieces, lookup.found, lookup.cold, list(cold_ids),
+                                   lookup.bos_id)

@@ -245,6 +245,11 @@ class Segmenter:
             split=split,
         )
 
+    @property
+    def passes(self) -> tuple[tuple[re.Pattern[str], tuple[str, ...] | None, dict[str, int]], ...]:
+        """What ``split_pieces`` reads: each pass's pattern, first characters and token ids."""
+        return self._passes
+
     def split(self, text: str) -> list[Piece]:
         """Pieces of ``text`` in order; their texts concatenate back to ``text``. (One compiled
         call, ``split_pieces``; ``_Pass.split_into`` is the same cut in Python, its reference.)"""

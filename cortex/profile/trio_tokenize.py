@@ -14,9 +14,10 @@ otherwise). Cancellation while a thread encodes waits for it (trio's default), s
 never sees half a result. Concurrent requests may encode the same new piece twice; the cache
 keeps one copy.
 
-``encode_array`` is the whole path. The request path splits it: ``encode_now`` (synchronous)
-returns the ids when nothing has to be offloaded — the common case, with no coroutine and no
-checkpoint — else the ``Lookup`` that ``encode_offloaded`` finishes in a worker thread.
+``encode_array`` is the whole path. The request path splits it: the tokenizer's compiled
+``encode_now`` (synchronous) returns the ids when nothing has to be offloaded — the common
+case, with no coroutine, no checkpoint and no Python frame — else the ``Lookup`` that
+``encode_offloaded`` finishes in a worker thread.
 """
 
 from __future__ import annotations
@@ -25,26 +26,9 @@ from array import array
 
 import trio
 
-from cortex.profile.segment_cache import Lookup, SegmentCachedTokenizer
+from cortex.profile.segment_cache import OFFLOAD_MIN_CHARS, Lookup, SegmentCachedTokenizer
 
-OFFLOAD_MIN_CHARS = 2048  # ~500 tokens, ~1 ms of tokenizer work
-
-
-def encode_now(
-    tokenizer: SegmentCachedTokenizer,
-    text: str,
-    add_special_tokens: bool = False,
-    offload_min_chars: int = OFFLOAD_MIN_CHARS,
-) -> array[int] | Lookup:
-    """The ids, encoded on this thread, unless the text's cold part is ``offload_min_chars``
-    long or more: then its ``Lookup`` (its hits already counted) for ``encode_offloaded``."""
-    lookup = tokenizer.lookup(text, add_special_tokens)
-    cold = lookup.cold
-    if not cold:
-        return tokenizer.finish(lookup, [])
-    if (len(cold[0]) if len(cold) == 1 else sum(len(p) for p in cold)) < offload_min_chars:
-        return tokenizer.finish(lookup, tokenizer.encode_pieces(cold))
-    return lookup
+__all__ = ["OFFLOAD_MIN_CHARS", "Lookup", "encode_array", "encode_offloaded"]
 
 
 async def encode_offloaded(
@@ -67,7 +51,7 @@ async def encode_array(
     offload_min_chars: int = OFFLOAD_MIN_CHARS,
     limiter: trio.CapacityLimiter | None = None,
 ) -> array[int]:
-    found = encode_now(tokenizer, text, add_special_tokens, offload_min_chars)
+    found = tokenizer.encode_now(text, add_special_tokens, offload_min_chars)
     if isinstance(found, Lookup):
         return await encode_offloaded(tokenizer, found, limiter)
     return found

@@ -52,10 +52,10 @@ async def test_concurrent_requests_keep_one_copy_of_a_shared_piece():
 
 async def test_encode_now_hands_a_long_new_text_to_a_worker_thread_without_counting_twice():
     cache = SegmentCachedTokenizer(TOK, SEG)
-    found = trio_tokenize.encode_now(cache, TEXT, offload_min_chars=len(LONG))
+    found = cache.encode_now(TEXT, False, len(LONG))
     assert isinstance(found, trio_tokenize.Lookup) and LONG in found.cold
     ids = await trio_tokenize.encode_offloaded(cache, found)
     assert ids.tolist() == plain(TEXT) and cache.misses == 2 and cache.hits == 0
-    inline = trio_tokenize.encode_now(cache, TEXT + "!", offload_min_chars=len(LONG))
+    inline = cache.encode_now(TEXT + "!", False, len(LONG))
     assert inline.tolist() == plain(TEXT + "!")  # only the "!" after <｜Assistant｜> is new
     assert cache.hits == 2 and cache.misses == 3

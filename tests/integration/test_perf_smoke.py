@@ -38,7 +38,7 @@ def _tokenize(result: dict) -> None:
 def _request_steps(result: dict) -> None:
     for size in ("small_us_p50", "large_us_p50"):
         steps = result[size]
-        assert set(steps) == {"parse", "prompt", "lookup", "encode", "finish", "keys",
+        assert set(steps) == {"parse", "prompt", "tokenize", "keys",
                               "decide_fallback", "decide_ready"}
         assert all(value > 0 for value in steps.values())
 

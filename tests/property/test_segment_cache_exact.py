@@ -2,7 +2,9 @@
 real 128k-vocab DeepSeek tokenizer: random multi-turn chats (unicode, whitespace at the edges,
 added-token strings inside user text, empty messages), warm and cold, one cache shared across
 examples (and a tiny one that evicts all the time). The cold and shared caches encode pure-ASCII
-pieces through the fast path (``fast_pieces``), the tiny one through ``Tokenizer.encode`` only."""
+pieces through the fast path (``fast_pieces``), the tiny one through ``Tokenizer.encode`` only.
+The request path's compiled ``encode_now`` is held to the same: inline, handed off as a
+``Lookup`` (then finished as a worker thread would), with BOS, and with ``batch_cold``."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 
 from cortex.profile.chat_template import ChatTemplate
 from cortex.profile.fast_pieces import FastPieceEncoder
-from cortex.profile.segment_cache import SegmentCachedTokenizer
+from cortex.profile.segment_cache import Lookup, SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter, added_tokens_from_json
 from tests import deepseek_profile as ds
 
@@ -25,6 +27,9 @@ _FAST = FastPieceEncoder(_TOKENIZER, _SEGMENTER, word_cache_entries=256)
 _SHARED = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=1 << 20, fast=_FAST)
 _TINY = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=600, batch_cold=False)
 _TEMPLATE = ChatTemplate(ds.TEMPLATE)
+_NOW_SHARED = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=1 << 20, fast=_FAST,
+                                     bos_id=0)
+_NOW_TINY = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=600, batch_cold=True)
 
 # Added tokens that matter most (chat markers, BOS/EOS, non-special raw ones) and some others,
 # plus near misses that must not split.
@@ -67,6 +72,26 @@ def test_cached_encode_equals_plain_full_encode(conv: tuple) -> None:
     assert cold_cache.encode(text) == expected  # warm, every piece a hit
     assert _SHARED.encode(text) == expected  # pieces seen in earlier examples
     assert _TINY.encode(text) == expected  # constant eviction
+
+
+def _encode_now(cache: SegmentCachedTokenizer, text: str, bos: bool, offload_min: int) -> list:
+    found = cache.encode_now(text, bos, offload_min)
+    if isinstance(found, Lookup):  # what trio_tokenize does in a worker thread
+        found = cache.finish(found, cache.encode_pieces(found.cold, True))
+    return found.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(_conversation, st.integers(min_value=0, max_value=40))
+def test_encode_now_equals_plain_full_encode(conv: tuple, offload_min: int) -> None:
+    text = _render(*conv)
+    expected = _plain(text)
+    cold_cache = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, fast=_FAST)
+    assert _encode_now(cold_cache, text, False, offload_min) == expected  # cold
+    assert _encode_now(cold_cache, text, False, offload_min) == expected  # warm
+    assert _encode_now(_NOW_SHARED, text, True, offload_min) == [0, *expected]  # BOS first
+    assert _encode_now(_NOW_TINY, text, False, offload_min) == expected  # eviction, batches
+    assert cold_cache.misses == len({p for p, t in _SEGMENTER.split(text) if t is None})
 
 
 @settings(max_examples=300, deadline=None)
