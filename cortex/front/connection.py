@@ -125,7 +125,7 @@ class HttpConnection:
         self._shared = shared
         self._parser = RequestParser(shared.limits, shared.counters, client)
         self._client = client
-        self._opened_at = trio.current_time()
+        self._opened_at = shared.deadlines.now()
         self._cycles = 0
         self._peer_closed = False
         self._transport: SocketTransport | StreamTransport = transport_for(stream)
@@ -258,6 +258,7 @@ class HttpConnection:
         parser = self._parser
         limits = self._shared.limits
         counters = self._shared.counters
+        now = self._shared.deadlines.now  # trio's clock
         # Until the first byte of a request is in, the connection is idle: drain() closes it.
         # The first request's head is due header_timeout_s after the accept; a later one may
         # idle keepalive_idle_s, and its head is then due header_timeout_s after its first byte.
@@ -265,9 +266,9 @@ class HttpConnection:
         if self._cycles == 0:
             deadline = self._opened_at + limits.header_timeout_s
         elif started:
-            deadline = trio.current_time() + limits.header_timeout_s
+            deadline = now() + limits.header_timeout_s
         else:
-            deadline = trio.current_time() + limits.keepalive_idle_s
+            deadline = now() + limits.keepalive_idle_s
         body_deadline: float | None = None
         while True:
             if parser.requests:
@@ -280,7 +281,7 @@ class HttpConnection:
                 return None  # the client closed between requests
             if parser.head_done:
                 if body_deadline is None:
-                    body_deadline = trio.current_time() + limits.body_timeout_s
+                    body_deadline = now() + limits.body_timeout_s
                     if parser.expects_continue and parser.body_bytes == 0:
                         await self._transport.send_all(_CONTINUE)
                 if not await self._feed(body_deadline):
@@ -293,7 +294,7 @@ class HttpConnection:
                 if not started:
                     started = True
                     if self._cycles > 0:
-                        deadline = trio.current_time() + limits.header_timeout_s
+                        deadline = now() + limits.header_timeout_s
                 if not await self._feed(deadline):
                     counters.header_timeouts += 1
                     raise _Refused(RequestTimeout("request head not received in time"))
@@ -382,7 +383,7 @@ class HttpConnection:
         else:
             self._responding = True
             if watch_later:
-                deadlines.watch(self._watch_later, trio.current_time() + watch_after_s)
+                deadlines.watch(self._watch_later, deadlines.now() + watch_after_s)
             else:
                 self.start_watching()
         try:

@@ -36,6 +36,7 @@ import contextlib
 import logging
 import uuid
 from functools import partial
+from time import perf_counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -127,8 +128,8 @@ class PdOrchestrator:
         started: float | None = None,
         tokenize_s: float | None = None,
     ) -> HttpResponse:
-        """``started``: when the request's body was in (the decision timing's origin);
-        ``tokenize_s``: its prompt's tokenization, observed with the first decision."""
+        """``started``: when the request's body was in (``perf_counter``, the decision timing's
+        origin); ``tokenize_s``: its prompt's tokenization, observed with the first decision."""
         views = pool.views()
         both = {view.worker for view in views if view.role is Role.BOTH}
         admission = self.gateway._admission(pool)
@@ -147,7 +148,7 @@ class PdOrchestrator:
                 if tokenize_s is not None:
                     prefill.timings["tokenize_s"] = tokenize_s
                 self.gateway.observer.decided(pool.model, prefill,
-                                              trio.current_time() - started)
+                                              perf_counter() - started)
                 started = None  # the first decision only, as for a single worker
             engine = decode.worker.engine
             try:

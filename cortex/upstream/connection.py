@@ -125,7 +125,8 @@ class UpstreamConnection:
         """Wait for the final response head (1xx heads are skipped), ``timeout_s`` in all."""
         reader = self._reader
         assert reader is not None, "send_request first"
-        deadline = _current_time() + timeout_s
+        deadlines = self._deadlines  # its ``now`` is trio's clock, read in one frame
+        deadline = (_current_time() if deadlines is None else deadlines.now()) + timeout_s
         while not reader.head_done:
             if reader.error is not None:
                 raise UpstreamBroken(reader.error, origin=self.origin, phase="head",
@@ -147,7 +148,9 @@ class UpstreamConnection:
                 return chunk
             await _checkpoint_if_cancelled()
             if not self._read_now("body"):
-                await self._wait(_current_time() + timeout_s, "body",
+                deadlines = self._deadlines
+                now = _current_time() if deadlines is None else deadlines.now()
+                await self._wait(now + timeout_s, "body",
                                  f"no body bytes for {timeout_s:g} s")
 
     def body_now(self) -> bytes | None | NotReady:

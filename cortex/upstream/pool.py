@@ -91,13 +91,13 @@ class UpstreamPool:
     """Keep-alive connections to every worker origin; one instance per Cortex process."""
 
     def __init__(self, limits: PoolLimits = PoolLimits(), *,
-                 clock: Callable[[], float] = trio.current_time) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.limits = limits
-        self._clock = clock
         self._origins: dict[str, _OriginPool] = {}
         self._closed = False
         self._idle_appeared: trio.Event | None = None
         self._deadlines = WaitDeadlines()
+        self._clock = clock  # None: trio's clock (``WaitDeadlines.now``)
 
     # -- public API ------------------------------------------------------------------------
 
@@ -117,7 +117,7 @@ class UpstreamPool:
                 await nursery.start(self._deadlines.run)
                 task_status.started()
                 while True:
-                    now = self._clock()
+                    now = (self._clock or self._deadlines.now)()
                     due = self.reap_idle(now)
                     if due is None:
                         self._idle_appeared = trio.Event()
@@ -245,7 +245,7 @@ class UpstreamPool:
             return
         if len(pool.idle) >= self.limits.max_idle_per_worker:
             self._discard(pool, pool.idle.popleft())
-        conn.idle_since = self._clock()
+        conn.idle_since = (self._clock or self._deadlines.now)()
         pool.idle.append(conn)
         if self._idle_appeared is not None:
             self._idle_appeared.set()

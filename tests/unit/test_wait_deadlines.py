@@ -37,3 +37,16 @@ async def test_waits_expire_at_their_deadlines_in_order(autojump_clock):
     assert not keeper.running
     assert [(name, round(at - start, 6)) for name, at in log] == [("early", 10), ("late", 600),
                                                         ("late", 701)]
+
+
+async def test_now_is_the_runs_clock_while_running_and_trio_current_time_otherwise(
+        autojump_clock):
+    keeper = WaitDeadlines()
+    assert keeper.now is trio.current_time
+    async with trio.open_nursery() as nursery:
+        await nursery.start(keeper.run)
+        assert keeper.now() == trio.current_time()  # the mock clock: the same reading
+        await trio.sleep(42)
+        assert keeper.now() == trio.current_time()
+        nursery.cancel_scope.cancel()
+    assert keeper.now is trio.current_time
