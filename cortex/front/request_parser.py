@@ -103,8 +103,7 @@ class RequestParser:
         try:
             self._parser.feed_data(data)
         except HttpParserUpgrade as upgrade:
-            self._after_upgrade(data, upgrade.args[0])
-            return
+            upgrade_at = upgrade.args[0]
         except HttpParserCallbackError as exc:
             cause = exc.__context__
             if isinstance(cause, _Refusal):
@@ -116,8 +115,14 @@ class RequestParser:
             if not self.stopped:  # (llhttp refuses bytes after a request that ends the
                 self._malformed(str(exc))  # connection: they are ignored, not an error)
             return
-        if self.in_message and not self.head_done:
-            self._measure_unfinished_head(len(data), was_in_head, completed)
+        else:
+            if self.in_message and not self.head_done:
+                self._measure_unfinished_head(len(data), was_in_head, completed)
+            return
+        # Outside the ``except`` block: a callback error of the fresh parser must not have the
+        # upgrade as its context (httptools puts the callback's own exception there, and a
+        # raise inside an ``except`` block would replace it with the upgrade).
+        self._after_upgrade(data, upgrade_at)
 
     def _measure_unfinished_head(self, size: int, was_in_head: bool, completed: int) -> None:
         if self._completed == completed:

@@ -201,3 +201,12 @@ def test_expect_100_continue_only_on_http_11_and_body_state():
     assert requests(parser) == [(b"POST", b"/", b"abcd", True)] and not parser.head_done
     old = parse(b"POST / HTTP/1.0\r\nexpect: 100-continue\r\ncontent-length: 4\r\n\r\n")
     assert not old.expects_continue
+
+
+def test_a_refusal_behind_an_upgrade_request_with_a_body_is_a_400_not_a_crash():
+    """(The fresh parser's callback error was raised inside the upgrade's ``except`` block,
+    which made the upgrade its context: the refusal was lost and the upgrade escaped.)"""
+    parser = parse(b"CONNECT / HTTP/1.1\r\nhost: t\r\ncontent-length: 1\r\n\r\nx"
+                   b"GET / HTTP/1.1\r\n\r\n")
+    assert requests(parser) == [(b"CONNECT", b"/", b"x", True)]
+    assert type(parser.error) is BadRequest and "Host" in str(parser.error)
