@@ -28,6 +28,9 @@ Rules (the same as the h11 server had, where llhttp and h11 differ it is said):
 * An upgrade request (``connection: upgrade`` + ``upgrade``, or ``CONNECT``) is served as a
   plain request, as h11 did: llhttp stops at its head, so its body (if any) is read by a fresh
   parser primed with the same framing, and parsing goes on after it.
+* A whole plain request at a message boundary (the common case: one read carries it) is read
+  by one compiled pass (``cortex._fast.http_request``, property-tested to read exactly what
+  llhttp reads here, refusing nothing itself); anything else goes to llhttp as it comes.
 
 State the shell reads: ``requests`` (deque of ``(HttpRequest, keep_alive)``), ``error``,
 ``in_message`` (bytes of an unfinished request are in), ``head_done`` (its head is complete,
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING
 from httptools import HttpParserCallbackError, HttpParserError, HttpParserUpgrade
 from httptools import HttpRequestParser as _LlhttpParser
 
+from cortex._fast.http_request import parse_request
 from cortex.errors import BadRequest, CortexError, PayloadTooLarge
 from cortex.front.errors_http import HeaderFieldsTooLarge
 from cortex.front.limits import ServerLimits
@@ -70,7 +74,9 @@ class RequestParser:
     """Turns the bytes of one connection into complete ``HttpRequest``s (rules above)."""
 
     def __init__(self, limits: ServerLimits, counters: ServerCounters,
-                 client: tuple[str, int] | None) -> None:
+                 client: tuple[str, int] | None, *, compiled: bool = True) -> None:
+        """``compiled=False``: every byte through llhttp (the compiled pass's reference)."""
+        self._compiled = compiled
         self._limits = limits
         self._counters = counters
         self._client = client
@@ -100,6 +106,27 @@ class RequestParser:
             return
         was_in_head = self.in_message and not self.head_done
         completed = self._completed
+        if (self._compiled and not self.in_message and self._resume_body is None
+                and type(data) is bytes):
+            # whole plain requests at a message boundary: one compiled pass each (llhttp, which
+            # never sees them, stays at the boundary for whatever follows)
+            limits = self._limits
+            while True:
+                whole = parse_request(data, limits.max_header_count, limits.max_header_bytes,
+                                      limits.max_body_bytes)
+                if whole is None:
+                    break
+                method, target, headers, body, version, keep_alive, consumed = whole
+                self.requests.append((HttpRequest(method, target, headers, body, self._client,
+                                                  version), keep_alive))
+                self._completed += 1
+                if not keep_alive:
+                    self.stopped = True  # the connection ends after it: ignore the rest
+                    return
+                if consumed == len(data):
+                    return
+                data = data[consumed:]  # (a head left unfinished in it is measured by its
+                # parsed fields: a request ended in this read, as llhttp would have counted)
         try:
             self._parser.feed_data(data)
         except HttpParserUpgrade as upgrade:
