@@ -11,16 +11,7 @@ a limit — returns ``None`` and goes to llhttp, which answers it (or refuses it
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.string cimport memchr, memcmp
 
-cdef unsigned char _TCHAR[256]      # RFC 9110 token characters
-cdef unsigned char _LOWER[256]      # ASCII lower-casing
-cdef unsigned char _TARGET[256]     # a request target's bytes: visible ASCII
-cdef unsigned char _VALUE[256]      # a header value's bytes: visible ASCII, space, tab
-_TOKEN_CHARS = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-for _code in range(256):
-    _TCHAR[_code] = _code in _TOKEN_CHARS
-    _LOWER[_code] = _code + 32 if 65 <= _code <= 90 else _code
-    _TARGET[_code] = 0x21 <= _code <= 0x7E
-    _VALUE[_code] = 0x20 <= _code <= 0x7E or _code == 9
+from cortex._fast.http_bytes cimport is_plain_value, is_tchar, lower
 
 # Methods read here (others, CONNECT included, go to llhttp).
 cdef dict _METHODS = {m: m for m in (b"GET", b"POST", b"HEAD", b"PUT", b"DELETE", b"OPTIONS",
@@ -87,7 +78,7 @@ def parse_request(bytes data, Py_ssize_t max_header_count, Py_ssize_t max_header
     j = i + 1
     if p[j] != 47:  # a target in origin form: '/' first
         return None
-    while _TARGET[p[j]]:
+    while 0x21 <= p[j] <= 0x7E:  # visible ASCII
         j += 1
     if p[j] != 32 or j + 10 > body_start - 2:
         return None
@@ -106,7 +97,7 @@ def parse_request(bytes data, Py_ssize_t max_header_count, Py_ssize_t max_header
     while i < body_start - 2:
         # name ':' OWS value OWS CR LF; no obs-fold (a name starts with a token character)
         name_start = i
-        while _TCHAR[p[i]]:
+        while is_tchar(p[i]):
             i += 1
         name_end = i
         if name_end == name_start or p[i] != 58:  # ':'
@@ -115,7 +106,7 @@ def parse_request(bytes data, Py_ssize_t max_header_count, Py_ssize_t max_header
         while p[i] == 32 or p[i] == 9:
             i += 1
         value_start = i
-        while _VALUE[p[i]]:
+        while is_plain_value(p[i]):
             i += 1
         if p[i] != 13 or p[i + 1] != 10:
             return None
@@ -131,7 +122,7 @@ def parse_request(bytes data, Py_ssize_t max_header_count, Py_ssize_t max_header
         name = PyBytes_FromStringAndSize(NULL, n)
         lowered = PyBytes_AS_STRING(name)
         for k in range(n):
-            lowered[k] = <char>_LOWER[p[name_start + k]]
+            lowered[k] = lower(p[name_start + k])
         value = PyBytes_FromStringAndSize(<const char*>p + value_start, value_end - value_start)
         headers.append((name, value))
         if _named(name, b"host", 4):

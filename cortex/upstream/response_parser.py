@@ -28,11 +28,17 @@ Rules:
   exchange made it run ~every 70 requests).
 * The head limit: ``MAX_HEAD_BYTES`` of response before the final head is complete (interim
   heads included), like h11's 16 KiB bound on an incomplete event.
+* A response that arrives whole in the first read (a JSON answer), plain and framed by
+  ``content-length``, is read in one compiled pass (``cortex._fast.http_response``,
+  property-tested to read exactly what llhttp reads here); llhttp's parser is made only for
+  anything else, on the first byte that needs it.
 """
 
 from __future__ import annotations
 
 import httptools
+
+from cortex._fast.http_response import parse_response
 
 MAX_HEAD_BYTES = 64 * 1024
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -44,16 +50,18 @@ class ResponseReader:
 
     __slots__ = ("status", "headers", "http_version", "reason", "complete", "error",
                  "_parser", "_body", "_head_only", "_head_done", "_keep_alive", "_until_eof",
-                 "_stray", "_eof", "_head_bytes", "_pending_headers")
+                 "_stray", "_eof", "_head_bytes", "_pending_headers", "_compiled")
 
-    def __init__(self, *, head_only: bool = False) -> None:
+    def __init__(self, *, head_only: bool = False, compiled: bool = True) -> None:
+        """``compiled=False``: every byte through llhttp (the compiled pass's reference)."""
         self.status = 0  # 0 until the final head is complete
         self.headers: list[tuple[bytes, bytes]] = []
         self.http_version = b""
         self.reason = b""
         self.complete = False
         self.error: str | None = None
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = None  # made when first needed
+        self._compiled = compiled and not head_only
         self._body: list[bytes] = []
         self._head_only = head_only
         self._head_done = False
@@ -97,9 +105,21 @@ class ResponseReader:
             self._stray = True  # not part of this response: the connection cannot be reused
             return
         if not self._head_done:
+            if self._compiled and self._head_bytes == 0 and type(data) is bytes:
+                whole = parse_response(data)
+                if whole is not None:
+                    self.status, self.reason, self.headers, body, self._keep_alive = whole
+                    self.http_version = b"1.1"
+                    if body:
+                        self._body.append(body)
+                    self._head_done = self.complete = True
+                    return
             self._head_bytes += len(data)
+        parser = self._parser
+        if parser is None:  # (not complete, no error, no EOF: none was needed yet)
+            parser = self._parser = httptools.HttpResponseParser(self)
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except _PARSER_ERRORS as exc:
             if self.complete:
                 self._stray = True
