@@ -7,13 +7,13 @@ the last moment a failure can still be retried on another worker.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import trio
 
 from cortex.errors import UpstreamError
+from cortex.gateway.exits import Exits
 from cortex.upstream.response import UpstreamResponse
 from cortex.upstream.sse import CachedTokensSniffer
 
@@ -56,7 +56,7 @@ class LegBody:
     __slots__ = ("_leg", "_stack", "_on_failure", "_on_cached_tokens", "_transform",
                  "_sniffer", "_started", "_closed")
 
-    def __init__(self, leg: Leg, stack: contextlib.AsyncExitStack,
+    def __init__(self, leg: Leg, stack: Exits,
                  on_failure: Callable[[UpstreamError], None],
                  on_cached_tokens: Callable[[int], None] | None,
                  transform: Callable[[bytes], bytes] | None) -> None:

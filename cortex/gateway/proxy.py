@@ -16,10 +16,11 @@ Rules:
   first chunk are in hand the response is committed: a later failure ends the client's stream
   (the server closes the connection without the final chunk) and is never replayed.
 * Everything an attempt holds — its in-flight accounting and its upstream connection — lives in
-  one ``AsyncExitStack`` that the streamed body (``LegBody``) closes when it ends or is
-  ``aclose``d, started or not (the server always ``aclose``s a streamed body, also when the
-  client left before the first chunk was asked for), so a client that leaves aborts the
-  engine's request and releases the accounting; nothing leaks on any path.
+  one ``Exits`` (``cortex.gateway.exits``, a lean ``AsyncExitStack``) that the streamed body
+  (``LegBody``) closes when it ends or is ``aclose``d, started or not (the server always
+  ``aclose``s a streamed body, also when the client left before the first chunk was asked
+  for), so a client that leaves aborts the engine's request and releases the accounting;
+  nothing leaks on any path.
 * The body is passed through as it arrives; ``CachedTokensSniffer`` only scans for the engine's
   ``cached_tokens`` report to measure the ledger's accuracy (predicted vs reported).
 * An answer already whole when its first bytes arrive (a small JSON response) skips the
@@ -32,7 +33,6 @@ Rules:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -55,6 +55,7 @@ from cortex.gateway.endpoints import (
     request_prompt,
     with_dp_rank,
 )
+from cortex.gateway.exits import Exits
 from cortex.gateway.legs import RETRY_STATUSES, Leg, LegBody, RetryableStatus
 from cortex.gateway.observer import RouteObserver
 from cortex.gateway.pool import ModelPool, Route
@@ -220,7 +221,7 @@ class Gateway:
     ) -> HttpResponse:
         worker = route.worker
         raw, sent_headers = with_dp_rank(worker.engine, body, request.body, headers, route.rank)
-        stack = contextlib.AsyncExitStack()
+        stack = Exits()
         try:
             stack.enter_context(route.hold)
             leg = await self.open_leg(stack, worker.origin, request.target, sent_headers, raw,
@@ -258,7 +259,7 @@ class Gateway:
 
     async def open_leg(
         self,
-        stack: contextlib.AsyncExitStack,
+        stack: Exits,
         origin: str,
         target: bytes,
         headers: list[tuple[bytes, bytes]],
@@ -284,7 +285,7 @@ class Gateway:
     def respond(
         self,
         leg: Leg,
-        stack: contextlib.AsyncExitStack,
+        stack: Exits,
         extra_headers: list[tuple[bytes, bytes]],
         worker: str,
         on_cached_tokens: Callable[[int], None] | None = None,
@@ -348,7 +349,7 @@ def _in_turn(first: Callable[[], None], then: Callable[[], None] | None) -> Call
     return both
 
 
-def _close_at_once(stack: contextlib.AsyncExitStack) -> None:
+def _close_at_once(stack: Exits) -> None:
     """Closes a whole answer's ``stack`` from synchronous code (``after_sent``): its exits —
     the in-flight hold and an exchange whose response is complete — never wait, so closing
     ends at its first step, with no checkpoint."""

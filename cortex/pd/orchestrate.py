@@ -32,7 +32,6 @@ Rules (issue 6, protocols/pd-disaggregation.md):
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
 from functools import partial
@@ -47,6 +46,7 @@ import trio
 from cortex.errors import CortexError, NoWorkerAvailable, UpstreamError
 from cortex.front.messages import HttpRequest, HttpResponse
 from cortex.gateway.endpoints import Endpoint, decision_headers
+from cortex.gateway.exits import Exits
 from cortex.gateway.legs import Leg, RetryableStatus
 from cortex.gateway.pool import ModelPool, Route
 from cortex.pd.plan import (
@@ -233,10 +233,10 @@ class PdOrchestrator:
         raw, _rooms = sglang_leg_body(body, host, pool.bootstrap_port(prefill.worker),
                                       batch_items(path, body))
         legs: dict[str, Leg] = {}
-        decode_stack = contextlib.AsyncExitStack()
-        prefill_stack = contextlib.AsyncExitStack()
+        decode_stack = Exits()
+        prefill_stack = Exits()
 
-        async def open_leg(name: str, route: Route, stack: contextlib.AsyncExitStack) -> None:
+        async def open_leg(name: str, route: Route, stack: Exits) -> None:
             try:
                 leg = await gateway.open_leg(stack, route.worker.origin, request.target,
                                              headers, raw, retry_statuses=True)
@@ -305,8 +305,8 @@ class PdOrchestrator:
         request_id = _header(headers, b"x-request-id") or self.new_request_id().encode()
         leg_headers = [(n, v) for n, v in headers if n != b"x-request-id"]
         leg_headers.append((b"x-request-id", request_id))
-        prefill_stack = contextlib.AsyncExitStack()
-        decode_stack = contextlib.AsyncExitStack()
+        prefill_stack = Exits()
+        decode_stack = Exits()
         try:
             prefill_stack.enter_context(prefill.hold)
             try:
