@@ -84,15 +84,13 @@ class SegmentCachedTokenizer:
         batch_cold: bool = False,
         fast: FastPieceEncoder | None = None,
     ) -> None:
-        if capacity_bytes < 0:
-            raise ValueError("capacity_bytes must be >= 0")
         self._tokenizer = tokenizer
         self._segmenter = segmenter
         self._bos_id = bos_id
         self._batch_cold = batch_cold
         self._fast = fast if fast is not None and fast.enabled else None
         native = None if self._fast is None else self._fast.native_words
-        self._pieces = PieceCache(
+        self._pieces = PieceCache(  # (ValueError for capacity_bytes < 0)
             capacity_bytes, segmenter.passes, FIND_MAX_MISSES, bos_id,
             None if native is None else native[0], None if native is None else native[1],
             self._encode_one, self.encode_pieces if batch_cold else None, Lookup)
