@@ -97,6 +97,8 @@ class Gateway:
         self.pd = PdOrchestrator(self, pd)
         self.admission_settings = admission or AdmissionSettings()
         self.admissions: dict[str, Admission] = {}
+        for pool in pools.values():  # (made here, not per request: a saturated pool waits in it)
+            self._admission(pool)
 
     async def handle(self, request: HttpRequest) -> HttpResponse:
         request_started(request)  # the request id every log record of this request carries
@@ -169,7 +171,6 @@ class Gateway:
     ) -> HttpResponse:
         failed: list[str] = []
         last_error: CortexError | None = None
-        admission = self._admission(pool)
         record_decision: Callable[[], None] | None = None  # recorded after the answer, or on exit
         try:
             for attempt in range(1, self.retries + 2):
@@ -178,7 +179,7 @@ class Gateway:
                 except NoWorkerAvailable as error:
                     if not error.saturated:
                         raise
-                    route = await admission.wait_for_capacity(
+                    route = await self._admission(pool).wait_for_capacity(
                         partial(pool.decide, token_ids, prompt, tuple(failed)), error)
                 if attempt == 1:
                     if tokenize_s is not None:

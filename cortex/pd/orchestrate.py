@@ -113,8 +113,7 @@ class PdOrchestrator:
 
     @staticmethod
     def enabled(pool: ModelPool) -> bool:
-        roles = pool.pending.healthy_roles
-        return Role.PREFILL in roles and Role.DECODE in roles
+        return pool.pending.prefill_and_decode
 
     async def serve(
         self,

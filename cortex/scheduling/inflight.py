@@ -20,8 +20,10 @@ Rules:
   stale, and ``views()`` rebuilds the stale ones when it is next asked (one rebuild per request
   for the three count changes of a hold, not three); while nothing changed it returns the same
   tuple object. Order is the order of first ``track``.
-* ``healthy_roles``: the roles of the tracked workers that are healthy (a frozenset attribute,
-  read per request), kept with ``track`` and ``untrack`` (counts do not change them).
+* ``healthy_roles``: the roles of the tracked workers that are healthy (a frozenset attribute),
+  and ``prefill_and_decode``: whether they include both PD roles (a bool, read per request: an
+  enum's hash is a Python call), kept with ``track`` and ``untrack`` (counts do not change
+  them).
 
 Single owner (the trio thread), no locks.
 """
@@ -45,6 +47,7 @@ class PendingWork:
         self._views: tuple[WorkerView, ...] | None = ()
         self._stale: set[str] = set()  # tracked workers whose counts changed since their view
         self.healthy_roles: frozenset[Role] = frozenset()
+        self.prefill_and_decode = False
         self._release_listeners: list[Callable[[str], None]] = []
 
     def on_release(self, callback: Callable[[str], None]) -> None:
@@ -55,14 +58,14 @@ class PendingWork:
         self._bases[base.worker] = base
         self._stale.discard(base.worker)
         self._refresh(base.worker)
-        self.healthy_roles = self._healthy_roles()
+        self._roles_changed()
 
     def untrack(self, worker: str) -> None:
         self._bases.pop(worker, None)
         self._stale.discard(worker)
         if self._current.pop(worker, None) is not None:
             self._views = None
-        self.healthy_roles = self._healthy_roles()
+        self._roles_changed()
 
     def views(self) -> tuple[WorkerView, ...]:
         """Current views of every tracked worker, pending counts included."""
@@ -73,8 +76,10 @@ class PendingWork:
             self._views = tuple(self._current.values())
         return self._views
 
-    def _healthy_roles(self) -> frozenset[Role]:
-        return frozenset(base.role for base in self._bases.values() if base.healthy)
+    def _roles_changed(self) -> None:
+        roles = frozenset(base.role for base in self._bases.values() if base.healthy)
+        self.healthy_roles = roles
+        self.prefill_and_decode = Role.PREFILL in roles and Role.DECODE in roles
 
     def _refresh(self, worker: str) -> None:
         base = self._bases.get(worker)
