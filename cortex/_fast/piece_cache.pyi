@@ -7,14 +7,14 @@ encode_many, lookup_class)``:
 * an LRU of piece text -> ``array('I')`` ids bounded by ``cached_bytes`` <= ``capacity_bytes``
   (a piece costs its UTF-8 bytes + 4 per id + 96); a piece costing more than the whole budget
   is never kept; ``hits``/``misses`` count pieces, ``hit_tokens``/``miss_tokens`` their ids;
-* ``split(text)`` = ``token_spans.split_pieces(text, passes, max_misses)``;
 * ``lookup(pieces)`` -> ``(found, cold)``: per piece its cached ids (counted as a hit and made
   most recent), an added token's id (an ``int``), or ``None``; ``cold`` the uncached pieces
   once each, in order of first appearance;
 * ``finish(pieces, found, cold, cold_ids, bos_id)``: each cold piece's ids (any sequence of
   ints) counted as a miss and remembered; the prompt's ids assembled in piece order, ``bos_id``
   first unless ``None``;
-* ``encode_now(text, add_special_tokens, offload_min_chars)``: ``split`` + ``lookup``, then
+* ``encode_now(text, add_special_tokens, offload_min_chars)``: ``token_spans.split_pieces(text,
+  passes, max_misses)`` + ``lookup``, then
   ``lookup_class(pieces, found, cold, bos)`` if the cold pieces hold ``offload_min_chars``
   characters or more, else their ids (``encode_many(cold)`` when given and there is more than
   one, else per piece ``native.cached_ids(piece, words)`` for an ASCII piece when ``native`` is
@@ -40,11 +40,10 @@ class PieceCache:
                  lookup_class: Callable[..., Any]) -> None: ...
     @property
     def cached_pieces(self) -> int: ...
-    def split(self, text: str) -> list[tuple[str, int | None]]: ...
     def lookup(self, pieces: list[tuple[str, int | None]],
                ) -> tuple[list[array[int] | int | None], list[str]]: ...
     def finish(self, pieces: list[tuple[str, int | None]],
                found: list[array[int] | int | None], cold: list[str],
                cold_ids: list[Sequence[int]], bos_id: int | None) -> array[int]: ...
-    def encode_now(self, text: str, add_special_tokens: bool = ...,
-                   offload_min_chars: int = ...) -> Any: ...
+    def encode_now(self, text: str, add_special_tokens: bool,
+                   offload_min_chars: int) -> Any: ...

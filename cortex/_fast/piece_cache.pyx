@@ -81,9 +81,6 @@ cdef class PieceCache:
     def cached_pieces(self):
         return len(self._entries)
 
-    def split(self, str text):
-        return split_pieces(text, self._passes, self._max_misses)
-
     # -- the steps, for a caller that encodes the cold pieces elsewhere (a worker thread) -----
 
     def lookup(self, list pieces):
@@ -101,8 +98,7 @@ cdef class PieceCache:
 
     # -- the request path ---------------------------------------------------------------------
 
-    def encode_now(self, str text, bint add_special_tokens=False,
-                   Py_ssize_t offload_min_chars=2048):
+    def encode_now(self, str text, bint add_special_tokens, Py_ssize_t offload_min_chars):
         """The prompt's ids as ``array('I')``, or, when its cold pieces hold
         ``offload_min_chars`` characters or more, its ``Lookup`` (hits counted) for a worker
         thread to encode."""
