@@ -9,6 +9,8 @@ them equal, byte for byte and refusal for refusal.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.string cimport memcmp
 
+from cortex._fast.http_bytes cimport is_tchar
+
 cdef bytes _CRLF = b"\r\n"
 cdef bytes _SEP = b": "
 cdef bytes _CONTENT_LENGTH = b"content-length"
@@ -17,14 +19,14 @@ cdef frozenset _DROPPED = frozenset({
     b"date", b"server",
 })
 
-# Byte classes: RFC 9110 tchar (! # $ % & ' * + - . ^ _ ` | ~ DIGIT ALPHA), digits, and the
-# bytes no header value may hold (CR, LF, NUL)
+# Byte classes as tables for ``_all_in``/``_none_in``: RFC 9110 tchar (``http_bytes.is_tchar``,
+# the one definition the request and response passes read too), digits, and the bytes no
+# header value may hold (CR, LF, NUL)
 cdef unsigned char _TCHAR[256]
 cdef unsigned char _DIGIT[256]
 cdef unsigned char _NOT_IN_VALUE[256]
-_TOKEN_CHARS = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 for _code in range(256):
-    _TCHAR[_code] = chr(_code) in _TOKEN_CHARS
+    _TCHAR[_code] = is_tchar(_code)
     _DIGIT[_code] = 48 <= _code <= 57
     _NOT_IN_VALUE[_code] = _code in (0, 10, 13)
 
