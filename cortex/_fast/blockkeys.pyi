@@ -35,7 +35,9 @@ def namespace_seed(
     model: str, lora_name: str | None = None, cache_salt: str | None = None
 ) -> int: ...
 def block_keys(
-    token_ids: Sequence[int], block_size: int, seed: int, parent_key: int | None = None
+    token_ids: Sequence[int], block_size: int, seed: int, parent_key: int | None = None,
+    max_tokens: int = -1,
 ) -> array[int]:
-    """``array('Q')`` of the keys (what ``BlockTree.match`` reads without conversion)."""
+    """``array('Q')`` of the keys (what ``BlockTree.match`` reads without conversion); with
+    ``max_tokens`` >= 0 only the full blocks of the first ``max_tokens`` ids."""
 def opaque_key(parent_key: int | None, engine_hash: int, seed: int) -> int: ...

@@ -36,12 +36,17 @@ def namespace_seed(model, lora_name=None, cache_salt=None):
     return XXH3_64bits_withSeed(raw, len(data), 0)
 
 
-def block_keys(token_ids, Py_ssize_t block_size, uint64_t seed, parent_key=None):
+def block_keys(token_ids, Py_ssize_t block_size, uint64_t seed, parent_key=None,
+               Py_ssize_t max_tokens=-1):
     """Chained keys of the full blocks of ``token_ids`` (a trailing partial block is ignored),
-    as an ``array('Q')``: the form ``BlockTree.match`` reads without converting each key."""
+    as an ``array('Q')``: the form ``BlockTree.match`` reads without converting each key.
+    ``max_tokens`` >= 0 keys only the full blocks of the first ``max_tokens`` ids."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    cdef Py_ssize_t n_blocks = len(token_ids) // block_size
+    cdef Py_ssize_t n_ids = len(token_ids)
+    if 0 <= max_tokens < n_ids:
+        n_ids = max_tokens
+    cdef Py_ssize_t n_blocks = n_ids // block_size
     cdef Py_ssize_t n_tokens = n_blocks * block_size
     cdef bint has_parent = parent_key is not None
     cdef uint64_t key = <uint64_t>parent_key if has_parent else 0

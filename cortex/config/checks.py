@@ -97,7 +97,8 @@ def file_checks(config: CortexConfig) -> list[str]:
         for field_name in ("tokenizer", "chat_template"):
             path = getattr(model, field_name)
             if path is not None:
-                problems.extend(_readable(f"models[{index}].{field_name}", path))
+                problems.extend(_readable(f"models[{index}].{field_name}", path,
+                                          directory_ok=True))
     if config.control.admin_token_file is not None:
         problems.extend(_readable("control.admin_token_file", config.control.admin_token_file))
     return problems or _profile_problems(config)
@@ -118,7 +119,9 @@ def _profile_problems(config: CortexConfig) -> list[str]:
     return problems
 
 
-def _readable(key: str, path: str) -> list[str]:
+def _readable(key: str, path: str, directory_ok: bool = False) -> list[str]:
+    if directory_ok and os.path.isdir(path):
+        return [] if os.access(path, os.R_OK | os.X_OK) else [f"{key}: cannot read {path}"]
     if not os.path.isfile(path):
         return [f"{key}: no such file {path}"]
     if not os.access(path, os.R_OK):

@@ -131,13 +131,16 @@ DOCS: dict[str, str] = {
     "log.json": "one JSON object per log line (false: plain text)",
     "log.access_log": "log one line per request",
     "models.name": "served model name, as clients send it in \"model\" (required)",
-    "models.tokenizer": "path to the model's tokenizer.json (required unless passthrough)",
+    "models.tokenizer": "the model's tokenizer.json, or the model directory holding it, as "
+                        "the engines load it (required unless passthrough)",
     "models.block_size": "the engines' KV block / page size, in tokens (required unless "
                          "passthrough)",
-    "models.chat_template": "path to a .jinja chat template or an HF tokenizer_config.json",
-    "models.add_bos": "prepend BOS to text tokenized with special tokens",
-    "models.bos_token": "BOS token string (a single token of the vocabulary)",
-    "models.eos_token": "EOS token string (a single token of the vocabulary)",
+    "models.chat_template": "a .jinja chat template, an HF tokenizer_config.json or a model "
+                            "directory (default: the tokenizer's directory, as engines read it)",
+    "models.add_bos": "prepend BOS to text tokenized with special tokens (default: as the "
+                      "tokenizer's post-processor / add_bos_token does)",
+    "models.bos_token": "BOS token string, a single token (default: tokenizer_config.json's)",
+    "models.eos_token": "EOS token string, a single token (default: tokenizer_config.json's)",
     "models.version": "free-form profile version shown in /debug and logs",
     "models.passthrough": "another component schedules this pool: Cortex only proxies",
     "models.segment_cache_bytes": "bytes of the tokenizer's segment cache",

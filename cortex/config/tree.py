@@ -126,11 +126,14 @@ class ModelConfig:
     """One served model: where its profile's files are, or ``passthrough`` (proxy only)."""
 
     name: str
-    tokenizer: str | None = None  # path to tokenizer.json (required unless passthrough)
+    # tokenizer.json, or the model directory holding it (required unless passthrough); its
+    # directory's tokenizer_config.json gives the template's special tokens, BOS handling and
+    # (unless chat_template is set) the chat template, as the engines read them
+    tokenizer: str | None = None
     block_size: int | None = None  # the engine's KV block / page size in tokens
-    chat_template: str | None = None  # .jinja file or HF tokenizer_config.json
-    add_bos: bool = False
-    bos_token: str | None = None
+    chat_template: str | None = None  # .jinja file, HF tokenizer_config.json or model dir
+    add_bos: bool | None = None  # None: as the tokenizer does it
+    bos_token: str | None = None  # None: the model directory's
     eos_token: str | None = None
     version: str = ""
     passthrough: bool = False  # another component schedules this pool: Cortex only proxies
@@ -146,8 +149,6 @@ class ModelConfig:
                 problems.append(f"{label}: block_size is required (or set passthrough = true)")
         if self.block_size is not None and not 0 < self.block_size <= MAX_BLOCK_SIZE:
             problems.append(f"{label}: block_size must be in [1, {MAX_BLOCK_SIZE}]")
-        if self.add_bos and self.bos_token is None:
-            problems.append(f"{label}: add_bos is set but bos_token is not")
         if self.segment_cache_bytes < 0:
             problems.append(f"{label}: segment_cache_bytes must be >= 0")
         if problems:

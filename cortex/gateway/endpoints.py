@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 
 from cortex.errors import BadRequest
-from cortex.profile.chat_template import ChatTemplate
+from cortex.profile.chat_template import ChatTemplates
 from cortex.profile.request_text import (
     RequestPrompt,
     chat_prompt,
@@ -79,17 +79,11 @@ def body_model(body: Mapping[str, Any]) -> str | None:
 
 
 def request_prompt(
-    endpoint: Endpoint,
-    body: Mapping[str, Any],
-    template: ChatTemplate | None,
-    bos_token: str | None,
-    eos_token: str | None,
+    endpoint: Endpoint, body: Mapping[str, Any], templates: ChatTemplates | None
 ) -> RequestPrompt | None:
     """What to tokenize (or the ids sent); ``None`` when chat has no template to render with."""
     if endpoint is Endpoint.CHAT:
-        if template is None:
-            return None
-        return chat_prompt(body, template, bos_token or "", eos_token or "")
+        return None if templates is None else chat_prompt(body, templates)
     if endpoint is Endpoint.COMPLETIONS:
         return completions_prompt(body)
     return generate_prompt(body)

@@ -42,7 +42,7 @@ from cortex.ledger.book import LedgerBook
 from cortex.ledger.state import TargetState
 from cortex.gateway.worker_report import WorkerReport
 from cortex.profile.profile_set import ProfileSet
-from cortex.profile.request_keys import request_block_keys
+from cortex.profile.request_keys import request_block_keys, reusable_tokens
 from cortex.profile.request_text import RequestPrompt
 from cortex.scheduling import (
     BoundedLoad,
@@ -239,9 +239,11 @@ class ModelPool:
     # ------------------------------------------------------------------ deciding
 
     def keys_for(self, token_ids: Any, prompt: RequestPrompt) -> Any:
+        """The keys of the blocks an engine could serve this prompt from its cache."""
         assert self.profile is not None
         return request_block_keys(token_ids, self.profile.block_size, self.model,
-                                  prompt.lora_name, prompt.cache_salt)
+                                  prompt.lora_name, prompt.cache_salt,
+                                  reusable_tokens(len(token_ids), prompt.cache_limit))
 
     def decide(
         self,
@@ -277,6 +279,18 @@ class ModelPool:
         else:  # a comparison policy: no ledger
             decision = self.fixed.decide(request, views, {}, role)
         return self._route(decision, target_blocks, token_ids, token_count, timings)
+
+    def holders(self, token_ids: Any, prompt: RequestPrompt) -> dict[str, int]:
+        """Worker -> leading blocks of this prompt (those an engine could serve cached) the
+        ledger credits it with, any state; for operators' and tests' questions, not routing."""
+        if self.profile is None:
+            return {}
+        found = self._match(self.keys_for(token_ids, prompt), self.profile.block_size)
+        held: dict[str, int] = {}
+        for target, blocks in found.items():  # a worker holds what its best DP rank holds
+            worker = self.book.info(target).worker
+            held[worker] = max(held.get(worker, 0), blocks)
+        return held
 
     def _match(self, keys: Any, block_size: int) -> dict[int, int]:
         families = self._families

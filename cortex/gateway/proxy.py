@@ -129,8 +129,7 @@ class Gateway:
         if pool.tokenizer is not None and pool.exact_off is None and pool.profile is not None:
             profile = pool.profile
             try:
-                prompt = request_prompt(endpoint, body, profile.chat_template,
-                                        profile.bos_token, profile.eos_token)
+                prompt = request_prompt(endpoint, body, profile.chat_templates)
             except BadRequest:
                 raise
             except Exception as error:  # a template that cannot render: route on load only

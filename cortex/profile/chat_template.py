@@ -1,11 +1,19 @@
 """Render a chat template (Jinja) the way HF ``apply_chat_template`` / vLLM / SGLang do.
 
-Variables: ``messages``, ``add_generation_prompt``, ``bos_token``, ``eos_token``, ``tools``
-(``None`` when absent) plus the ``extra`` mapping (``chat_template_kwargs``; the standard
-variables win); ``raise_exception`` raises ``TemplateError``. Rendering runs in jinja2's
-``ImmutableSandboxedEnvironment`` with ``trim_blocks`` and ``lstrip_blocks`` (the HF settings)
-and a ``tojson`` filter keeping non-ASCII text as is, like HF's. Any rendering failure (Jinja,
-or a template indexing a message that is not there) is a ``TemplateError`` (400).
+Variables, lowest precedence first: the model's named special tokens (``constants``:
+``bos_token``, ``eos_token``, ``pad_token``, ... as ``hf_settings`` reads them — HF's
+``special_tokens_map``), then the ``extra`` mapping (``chat_template_kwargs``), then the
+standard ``messages``, ``add_generation_prompt``, ``tools`` and ``documents`` (``None`` when
+absent). Globals ``raise_exception`` (raises ``TemplateError``) and ``strftime_now``. Rendering
+runs in jinja2's ``ImmutableSandboxedEnvironment`` with ``trim_blocks``, ``lstrip_blocks`` and
+the ``loopcontrols`` extension (``break``/``continue``), and a ``tojson`` filter with HF's
+arguments (non-ASCII kept by default, ``indent``, ``separators``, ``sort_keys``), as HF's
+environment has them. Any rendering failure (Jinja, or a template indexing a message that is not
+there) is a ``TemplateError`` (400).
+
+``ChatTemplates`` holds a model's templates and picks one per request as HF's
+``get_chat_template`` does (``hf_settings.pick_template``): ``tool_use`` for a request with
+tools when the model names one, else the default.
 
 Pure: compile once (``ChatTemplate(source)``), render many times (the template's globals
 flattened into one dict at compile time: the same names and objects, a cheaper copy per render;
@@ -18,8 +26,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 import jinja2
+import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from cortex.errors import BadRequest
@@ -33,16 +43,24 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
-def _tojson(value: object, indent: int | None = None) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:  # noqa: A002 - the name templates call it with
+    return datetime.now().strftime(format)
 
 
 class ChatTemplate:
     __slots__ = ("_template", "source")
 
-    def __init__(self, source: str) -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    def __init__(self, source: str, constants: Mapping[str, str] | None = None) -> None:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[jinja2.ext.loopcontrols])
         env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
         env.filters["tojson"] = _tojson
         self.source = source
         self._template = env.from_string(source)  # jinja2.TemplateSyntaxError on bad source
@@ -51,28 +69,29 @@ class ChatTemplate:
         # µs → 4.4 µs flat for the DeepSeek template). Flattening once is exact: nothing adds
         # globals after this point (the environment is private to this template). The sandbox
         # is unchanged: it checks attribute access and calls, not where globals live.
-        self._template.globals = dict(self._template.globals)
+        # The special tokens join them: constants of the model, under ``chat_template_kwargs``
+        # (HF: ``{**special_tokens_map, **kwargs}``).
+        self._template.globals = {**self._template.globals, **(constants or {})}
 
     def render(
         self,
         messages: Sequence[Mapping[str, object]],
         *,
         add_generation_prompt: bool = True,
-        bos_token: str = "",
-        eos_token: str = "",
         tools: Sequence[Mapping[str, object]] | None = None,
+        documents: Sequence[Mapping[str, object]] | None = None,
         extra: Mapping[str, object] | None = None,
     ) -> str:
         template = self._template
         # What ``Template.render(variables)`` does, in one frame: the context's variables are
-        # the template's globals, then ``chat_template_kwargs``, then the standard variables
-        # (each wins over the ones before it, as ``dict(globals, **vars)`` makes them).
+        # the template's globals (special tokens among them), then ``chat_template_kwargs``,
+        # then the standard variables (each wins over the ones before it, as
+        # ``dict(globals, **vars)`` makes them).
         variables = {**template.globals, **extra} if extra else template.globals.copy()
         variables["messages"] = messages
         variables["add_generation_prompt"] = add_generation_prompt
-        variables["bos_token"] = bos_token
-        variables["eos_token"] = eos_token
         variables["tools"] = tools
+        variables["documents"] = documents
         environment = template.environment
         try:
             context = environment.context_class(environment, variables, template.name,
@@ -82,3 +101,19 @@ class ChatTemplate:
             raise
         except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError) as exc:
             raise TemplateError(f"chat template failed: {exc}") from exc
+
+
+class ChatTemplates:
+    """A model's chat templates: ``default`` (``None`` when the model names templates but no
+    default) and ``tool_use`` (the one for requests with tools: the model's ``tool_use``
+    template, else the default)."""
+
+    __slots__ = ("default", "tool_use")
+
+    def __init__(self, default: ChatTemplate | None, tool_use: ChatTemplate | None) -> None:
+        self.default = default
+        self.tool_use = tool_use
+
+    def pick(self, tools: object) -> ChatTemplate | None:
+        """The template for a request whose ``tools`` is ``tools`` (HF: tools not null)."""
+        return self.default if tools is None else self.tool_use

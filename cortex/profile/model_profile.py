@@ -1,30 +1,42 @@
 """``ModelProfile``: the one versioned unit per served model that the request path needs.
 
-A profile holds the tokenizer (``tokenizer.json``), the chat template (Jinja), the block/page
+A profile holds the tokenizer (``tokenizer.json``), the chat templates (Jinja), the block/page
 size, BOS handling and the model's key namespace, all loaded from files named in config, plus a
 fingerprint. Exact KV routing for a model is on only while its profile loaded and agrees with
 what its workers report; otherwise the reason is shown and no hit is ever guessed.
 
 Rules:
 
-* The chat template comes from a ``.jinja`` file or from the ``chat_template`` entry of an HF
-  ``tokenizer_config.json``.
+* ``tokenizer_path`` is the model's ``tokenizer.json`` or the model directory holding it. The
+  directory is read the way the engines' ``transformers`` reads it (``hf_settings``): the named
+  special tokens of ``tokenizer_config.json`` (``bos_token``, ``eos_token``, ``pad_token``, ...
+  in any of their written forms) become template variables, and its chat template(s) are used
+  when no ``chat_template_path`` is given. What config states explicitly (``bos_token``,
+  ``eos_token``, ``add_bos``, ``chat_template_path``) wins over the directory.
+* The chat template comes from ``chat_template_path`` (a ``.jinja`` file, an HF
+  ``tokenizer_config.json`` or a model directory) or else from the tokenizer's directory; named
+  templates are picked per request (``ChatTemplates``).
+* ``add_bos`` (text tokenized "with special tokens": completions and ``/generate`` text): when
+  not stated, what the tokenizer itself does — the ids ``tokenizer.json``'s post-processor puts
+  around a text, or, for a ``tokenizer.json`` without one, BOS/EOS per ``add_bos_token`` /
+  ``add_eos_token`` (transformers builds its post-processor from them only then). A single
+  leading id is ``bos_id``; anything else around the text is a problem (not predictable).
+  A rendered chat is tokenized without special tokens — the template writes BOS itself.
 * ``load_profile(spec)`` reads every file once and raises ``ProfileError`` listing *every*
   problem found (missing file, unreadable tokenizer, bad template, bad block size, BOS/EOS
   strings that are not single tokens of the vocabulary).
-* ``fingerprint`` = XXH3-64 over the tokenizer.json bytes, the template source, the block size
-  and the BOS flag (length-prefixed parts), as 16 hex digits: equal profiles have equal
-  fingerprints, and any change to the things that decide token ids or keys changes it.
-* ``add_bos``: prepend ``bos_id`` to text that is tokenized "with special tokens" (completions
-  and ``/generate`` text). A rendered chat is tokenized without it — the template writes BOS
-  itself (``bos_token``), as vLLM and SGLang do.
-* ``check_worker`` compares a worker's self-report (served model name, page size) with the
-  profile; a disagreement is a reason string that turns exact routing off.
+* ``fingerprint`` = XXH3-64 over the tokenizer.json bytes, the templates with the variables
+  they get, the block size and the BOS flag (length-prefixed parts), as 16 hex digits: equal
+  profiles have equal fingerprints, and any change to the things that decide token ids or keys
+  changes it.
+* ``check_worker`` compares a worker's self-report (served model name, page size, prefix
+  caching) with the profile; a disagreement is a reason string that turns exact routing off.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +45,19 @@ import xxhash
 from tokenizers import Tokenizer
 
 from cortex.errors import CortexError
-from cortex.profile.chat_template import ChatTemplate
+from cortex.profile.chat_template import ChatTemplate, ChatTemplates
 from cortex.profile.fast_pieces import FastPieceEncoder
+from cortex.profile.hf_settings import (
+    HfSettings,
+    named_templates,
+    pick_template,
+    read_hf_settings,
+)
 from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter
 
 MAX_BLOCK_SIZE = 1 << 16
+TOKENIZER_FILE = "tokenizer.json"
 
 
 class ProfileError(CortexError):
@@ -52,13 +71,14 @@ class ProfileError(CortexError):
 
 @dataclass(frozen=True, slots=True)
 class ProfileSpec:
-    """What config names for one model (paths are files on disk)."""
+    """What config names for one model (paths are files or directories on disk); ``None``
+    for ``add_bos`` / ``bos_token`` / ``eos_token``: as the model's files say."""
 
     model: str
     tokenizer_path: str
     block_size: int
     chat_template_path: str | None = None
-    add_bos: bool = False
+    add_bos: bool | None = None
     bos_token: str | None = None
     eos_token: str | None = None
     version: str = ""
@@ -76,9 +96,16 @@ class ModelProfile:
     fingerprint: str
     tokenizer: Tokenizer = field(repr=False, compare=False)
     segmenter: Segmenter = field(repr=False, compare=False)
-    chat_template: ChatTemplate | None = field(repr=False, compare=False)
+    chat_templates: ChatTemplates | None = field(repr=False, compare=False)
     # exact fast encode of ASCII pieces; ``fast_pieces.why_not_fast`` says when it is off
     fast_pieces: FastPieceEncoder | None = field(default=None, repr=False, compare=False)
+    # the named special tokens every chat template gets (HF's ``special_tokens_map``)
+    template_tokens: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        """The template of a request without tools."""
+        return None if self.chat_templates is None else self.chat_templates.default
 
     def new_cached_tokenizer(self, capacity_bytes: int = 64 << 20) -> SegmentCachedTokenizer:
         return SegmentCachedTokenizer(
@@ -109,7 +136,8 @@ def load_profile(spec: ProfileSpec) -> ModelProfile:
     if not isinstance(spec.block_size, int) or not 0 < spec.block_size <= MAX_BLOCK_SIZE:
         problems.append(f"block_size must be an integer in [1, {MAX_BLOCK_SIZE}]")
 
-    tokenizer_bytes = _read(spec.tokenizer_path, "tokenizer", problems)
+    tokenizer_file, settings = _model_files(spec.tokenizer_path, problems)
+    tokenizer_bytes = _read(tokenizer_file, "tokenizer", problems)
     tokenizer: Tokenizer | None = None
     segmenter: Segmenter | None = None
     if tokenizer_bytes is not None:
@@ -119,24 +147,30 @@ def load_profile(spec: ProfileSpec) -> ModelProfile:
                 tokenizer_bytes, split=not tokenizer.encode_special_tokens
             )
         except Exception as exc:  # noqa: BLE001 - any parse failure is a profile problem
-            problems.append(f"tokenizer {spec.tokenizer_path}: cannot load ({exc})")
+            problems.append(f"tokenizer {tokenizer_file}: cannot load ({exc})")
             tokenizer = None
 
-    template_source: str | None = None
-    template: ChatTemplate | None = None
-    if spec.chat_template_path is not None:
-        raw = _read(spec.chat_template_path, "chat template", problems)
-        if raw is not None:
-            try:
-                template_source = _template_source(spec.chat_template_path, raw)
-                template = ChatTemplate(template_source)
-            except Exception as exc:  # noqa: BLE001 - syntax or encoding errors alike
-                problems.append(f"chat template {spec.chat_template_path}: {exc}")
+    # Stated tokens must be single tokens; the directory's are template text as they are
+    # (a BOS that is not one token is then simply not prepended).
+    tokens = dict(settings.special_tokens)
+    for name, value in (("bos_token", spec.bos_token), ("eos_token", spec.eos_token)):
+        if value is not None:
+            tokens[name] = value
+            _single_token(tokenizer, value, name, problems)
+    bos_token, eos_token = tokens.get("bos_token"), tokens.get("eos_token")
+    bos_id = _single_token(tokenizer, bos_token, "bos_token", [])
 
-    bos_id = _single_token(tokenizer, spec.bos_token, "bos_token", problems)
-    _single_token(tokenizer, spec.eos_token, "eos_token", problems)
-    if spec.add_bos and spec.bos_token is None:
-        problems.append("add_bos is set but bos_token is not")
+    sources = _template_sources(spec, settings, problems)
+    origin = spec.chat_template_path or settings.templates_from
+    templates = _compile(sources, tokens, origin, problems)
+
+    add_bos = spec.add_bos
+    if add_bos is None and tokenizer is not None:
+        add_bos, derived_bos = _adds_bos(tokenizer, settings, bos_id, problems)
+        bos_id = derived_bos if derived_bos is not None else bos_id
+    if add_bos and bos_id is None and not any(p.startswith("bos_token") for p in problems):
+        problems.append("add_bos is set but bos_token is not" if bos_token is None else
+                        f"add_bos is set but bos_token {bos_token!r} is not a single token")
 
     if problems:
         raise ProfileError(spec.model, problems)
@@ -145,24 +179,29 @@ def load_profile(spec: ProfileSpec) -> ModelProfile:
         model=spec.model,
         version=spec.version,
         block_size=spec.block_size,
-        add_bos=spec.add_bos,
-        bos_token=spec.bos_token,
-        eos_token=spec.eos_token,
+        add_bos=bool(add_bos),
+        bos_token=bos_token,
+        eos_token=eos_token,
         bos_id=bos_id,
         fingerprint=profile_fingerprint(
-            tokenizer_bytes, template_source, spec.block_size, spec.add_bos
-        ),
+            tokenizer_bytes, template_identity(sources, tokens), spec.block_size,
+            bool(add_bos)),
         tokenizer=tokenizer,
         segmenter=segmenter,
-        chat_template=template,
+        chat_templates=templates,
         fast_pieces=FastPieceEncoder(tokenizer, segmenter),
+        template_tokens=tokens,
     )
 
 
 def check_worker(
-    profile: ModelProfile, reported_model: str | None, reported_block_size: int | None
+    profile: ModelProfile,
+    reported_model: str | None,
+    reported_block_size: int | None,
+    prefix_caching: bool | None = None,
 ) -> str | None:
-    """Why exact routing must be off for this worker, or ``None`` when it agrees."""
+    """Why exact routing must be off for this worker, or ``None`` when it agrees.
+    ``prefix_caching`` ``None``: the worker does not say (it is then not held against it)."""
     reasons = []
     if reported_model is None:
         reasons.append("worker did not report its model")
@@ -174,21 +213,104 @@ def check_worker(
         reasons.append(
             f"worker page size {reported_block_size} != profile block size {profile.block_size}"
         )
+    if prefix_caching is False:
+        reasons.append("worker has prefix caching off (it would never serve a cached token)")
     return "; ".join(reasons) or None
 
 
-def _template_source(path: str, raw: bytes) -> str:
-    """A ``.jinja`` file as is, or the ``chat_template`` of an HF ``tokenizer_config.json``
-    (a string, or a list of ``{name, template}`` of which ``default`` is used)."""
-    text = raw.decode()
-    if not path.endswith(".json"):
-        return text
-    value = json.loads(text).get("chat_template")
-    if isinstance(value, list):
-        value = next((t.get("template") for t in value if t.get("name") == "default"), None)
-    if not isinstance(value, str):
-        raise ValueError("no chat_template (string or 'default' entry) in the file")
-    return value
+def _model_files(path: str, problems: list[str]) -> tuple[str, HfSettings]:
+    """``tokenizer.json``'s path and the settings of the directory it sits in."""
+    if os.path.isdir(path):
+        return os.path.join(path, TOKENIZER_FILE), read_hf_settings(Path(path), problems)
+    return path, read_hf_settings(Path(path).parent, problems)
+
+
+def _template_sources(
+    spec: ProfileSpec, settings: HfSettings, problems: list[str]
+) -> dict[str, str]:
+    """The model's templates by name: the configured file's, else the tokenizer directory's."""
+    path = spec.chat_template_path
+    if path is None:
+        return settings.chat_templates
+    if os.path.isdir(path):
+        templates = read_hf_settings(Path(path), problems).chat_templates
+        if not templates:
+            problems.append(f"chat template {path}: the directory has no chat template")
+        return templates
+    raw = _read(path, "chat template", problems)
+    if raw is None:
+        return {}
+    try:
+        text = raw.decode()
+        if not path.endswith(".json"):
+            return {"default": text}
+        value = json.loads(text).get("chat_template")
+        if value is None:
+            raise ValueError("no chat_template in the file")
+        return named_templates(value)
+    except (UnicodeDecodeError, ValueError, AttributeError) as exc:
+        problems.append(f"chat template {path}: {exc}")
+        return {}
+
+
+def _compile(
+    sources: dict[str, str], tokens: dict[str, str], origin: str | None, problems: list[str]
+) -> ChatTemplates | None:
+    if not sources:
+        return None
+    compiled: dict[str, ChatTemplate] = {}
+
+    def template(source: str | None) -> ChatTemplate | None:
+        if source is None:
+            return None
+        if source not in compiled:
+            compiled[source] = ChatTemplate(source, tokens)
+        return compiled[source]
+
+    try:
+        default = template(pick_template(sources, tools=False))
+        tool_use = template(pick_template(sources, tools=True))
+    except Exception as exc:  # noqa: BLE001 - syntax or encoding errors alike
+        problems.append(f"chat template {origin}: {exc}")
+        return None
+    if default is None and tool_use is None:
+        problems.append(f"chat templates {sorted(sources)} in {origin}: none is named "
+                        "'default'")
+        return None
+    return ChatTemplates(default, tool_use)
+
+
+def template_identity(sources: dict[str, str], tokens: dict[str, str]) -> str | None:
+    """What the chat templates render from, as one string (the fingerprint's template part):
+    the named sources and the special tokens they get; ``None`` without a template."""
+    if not sources:
+        return None
+    return json.dumps({"templates": sources, "tokens": tokens}, sort_keys=True)
+
+
+def _adds_bos(
+    tokenizer: Tokenizer, settings: HfSettings, bos_id: int | None, problems: list[str]
+) -> tuple[bool, int | None]:
+    """Whether the tokenizer puts BOS before a text tokenized with special tokens, and its id.
+
+    A ``tokenizer.json`` with a post-processor decides (probed: what it adds around a text);
+    without one, transformers builds it from ``add_bos_token`` / ``add_eos_token``.
+    """
+    if tokenizer.post_processor is None:
+        if settings.add_eos_token:
+            problems.append("add_eos_token: EOS after text tokenized with special tokens "
+                            "is not supported (set add_bos explicitly to route such text)")
+        return bool(settings.add_bos_token) and bos_id is not None, bos_id
+    probe = "cortex probe"
+    plain = tokenizer.encode(probe, add_special_tokens=False).ids
+    full = tokenizer.encode(probe, add_special_tokens=True).ids
+    at = next((i for i in range(len(full) - len(plain) + 1)
+               if full[i:i + len(plain)] == plain), None)
+    if at is None or len(full) - len(plain) - at or at > 1:
+        problems.append(f"the tokenizer's post-processor puts {full} around {plain}: only a "
+                        "single leading BOS is supported (set add_bos explicitly)")
+        return False, None
+    return (True, full[0]) if at == 1 else (False, None)
 
 
 def _read(path: str, what: str, problems: list[str]) -> bytes | None:

@@ -2,10 +2,12 @@
 
 Endpoints (bodies already parsed from JSON into dicts):
 
-* OpenAI chat (``/v1/chat/completions``): ``messages`` rendered through the profile's chat
-  template with ``tools``, ``add_generation_prompt`` (default true), ``continue_final_message``
-  (the text ends right after the last message's content, as vLLM cuts it) and
-  ``chat_template_kwargs``. Tokenized without special tokens (the template writes BOS).
+* OpenAI chat (``/v1/chat/completions``): ``messages`` rendered through the model's chat
+  template (``ChatTemplates.pick``: the ``tool_use`` one when the request has tools and the
+  model names one) with ``tools``, ``documents``, ``add_generation_prompt`` (default true),
+  ``continue_final_message`` (the text ends right after the last message's content, as vLLM
+  cuts it) and ``chat_template_kwargs``; the model's special tokens are the template's own
+  constants. Tokenized without special tokens (the template writes BOS).
 * OpenAI completions (``/v1/completions``): ``prompt`` as text (tokenized with special tokens)
   or as token ids (no tokenization at all).
 * SGLang ``/generate``: ``input_ids`` (token ids, no tokenization) or ``text``.
@@ -13,15 +15,24 @@ Endpoints (bodies already parsed from JSON into dicts):
 For a batch (a list of prompts) the first prompt decides the route. ``add_special_tokens`` in
 the body overrides the endpoint default, as in vLLM.
 
+Prompt logprobs limit what an engine reads from its cache (``cache_limit``: prompt tokens it
+may serve cached, ``None`` = no limit beyond ``request_keys.reusable_tokens``): vLLM skips its
+prefix cache for a request with prompt logprobs (``prompt_logprobs`` set, or ``echo`` with
+``logprobs`` on completions / ``top_logprobs``, default 0, on chat: ``SamplingParams``
+``skip_reading_prefix_cache``), and SGLang matches at most ``logprob_start_len`` tokens of a
+``/generate`` request with ``return_logprob`` (and sets it to 0 for a completion with ``echo``
+and ``logprobs``). A pool may mix engines, so the limit is the smallest either would apply: a
+possible miss, never a false hit.
+
 Namespace: LoRA name from ``model`` written ``base:adapter`` (SGLang) or from ``lora_path``;
 ``cache_salt`` as sent (vLLM). The key namespace uses the profile's model name, not the body's.
 
-Multimodal chat: routing uses the text before the first non-text content part. The message
-holding it keeps only its text parts before that part (joined with ``"\\n"``, vLLM's string
-form) directly followed by a sentinel; later messages are dropped; the rendering is cut at the
-sentinel. That text is a prefix of what the engine sees up to the media placeholder (engines
-put special tokens there, a hard tokenizer boundary); ``media_cut`` is set. A template that
-drops the sentinel leaves no prefix (empty text): no exact routing, never a guess.
+Messages and tools reach the template as the engine's renderer rebuilds them
+(``chat_messages``). Multimodal chat: routing uses the text before the first non-text content
+part, cut by ``chat_messages`` with a sentinel; the rendering is cut at the sentinel. That
+text is a prefix of what the engine sees up to the media placeholder (engines put special
+tokens there, a hard tokenizer boundary); ``media_cut`` is set. A template that drops the
+sentinel leaves no prefix (empty text): no exact routing, never a guess.
 
 Bad shapes raise ``BadRequest``; pure otherwise.
 """
@@ -34,9 +45,9 @@ from typing import Any
 import msgspec
 
 from cortex.errors import BadRequest
-from cortex.profile.chat_template import ChatTemplate
+from cortex.profile.chat_messages import MEDIA_SENTINEL, engine_messages, engine_tools
+from cortex.profile.chat_template import ChatTemplates
 
-MEDIA_SENTINEL = "\x00cortex-media-cut\x00"
 _MAX_TOKEN_ID = 1 << 32
 
 
@@ -50,6 +61,7 @@ class RequestPrompt(msgspec.Struct, frozen=True):
     lora_name: str | None
     cache_salt: str | None
     media_cut: bool = False
+    cache_limit: int | None = None  # prompt tokens the engine may serve from its cache
 
 
 def split_model_name(model: object) -> tuple[str | None, str | None]:
@@ -60,27 +72,26 @@ def split_model_name(model: object) -> tuple[str | None, str | None]:
     return (base, adapter) if sep and base and adapter else (model, None)
 
 
-def chat_prompt(
-    body: Mapping[str, Any], template: ChatTemplate, bos_token: str = "", eos_token: str = ""
-) -> RequestPrompt:
+def chat_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPrompt | None:
+    """The rendered chat; ``None`` when the model has no template for this request."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")
-    prepared, media_cut = _text_messages(messages)
+    prepared, media_cut = engine_messages(messages)
     continue_final = bool(body.get("continue_final_message", False))
     add_generation_prompt = bool(body.get("add_generation_prompt", not continue_final))
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise BadRequest("chat_template_kwargs must be an object")
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise BadRequest("tools must be a list")
+    tools = engine_tools(body.get("tools"))
+    template = templates.pick(tools)
+    if template is None:
+        return None
     text = template.render(
         prepared,
         add_generation_prompt=add_generation_prompt and not media_cut,
-        bos_token=bos_token,
-        eos_token=eos_token,
         tools=tools,
+        documents=body.get("documents"),
         extra=kwargs,
     )
     if media_cut:
@@ -99,28 +110,45 @@ def chat_prompt(
         lora_name=_lora(body),
         cache_salt=_salt(body),
         media_cut=media_cut,
+        cache_limit=_prompt_logprobs_limit(body, body.get("top_logprobs", 0)),
     )
 
 
 def completions_prompt(body: Mapping[str, Any]) -> RequestPrompt:
-    return _text_or_ids(body, body.get("prompt"), "prompt")
+    return _text_or_ids(body, body.get("prompt"), "prompt",
+                        _prompt_logprobs_limit(body, body.get("logprobs")))
 
 
 def generate_prompt(body: Mapping[str, Any]) -> RequestPrompt:
+    limit = None
+    start = body.get("logprob_start_len")
+    if body.get("return_logprob") is True and type(start) is int and start >= 0:
+        limit = start
     if body.get("input_ids") is not None:
-        return _text_or_ids(body, body["input_ids"], "input_ids")
-    return _text_or_ids(body, body.get("text"), "text")
+        return _text_or_ids(body, body["input_ids"], "input_ids", limit)
+    return _text_or_ids(body, body.get("text"), "text", limit)
 
 
-def _text_or_ids(body: Mapping[str, Any], prompt: object, name: str) -> RequestPrompt:
+def _prompt_logprobs_limit(body: Mapping[str, Any], echo_logprobs: object) -> int | None:
+    """0 when the request asks for prompt logprobs (vLLM then reads nothing from its cache)."""
+    if body.get("prompt_logprobs") is not None or (body.get("echo") is True
+                                                   and echo_logprobs is not None):
+        return 0
+    return None
+
+
+def _text_or_ids(
+    body: Mapping[str, Any], prompt: object, name: str, cache_limit: int | None
+) -> RequestPrompt:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
         prompt = prompt[0]  # a batch: the first prompt routes
     lora, salt = _lora(body), _salt(body)
     special = _flag(body, "add_special_tokens", True)
     if isinstance(prompt, str):
-        return RequestPrompt(prompt, None, special, lora, salt)
+        return RequestPrompt(prompt, None, special, lora, salt, cache_limit=cache_limit)
     if isinstance(prompt, list):
-        return RequestPrompt(None, _token_ids(prompt, name), special, lora, salt)
+        return RequestPrompt(None, _token_ids(prompt, name), special, lora, salt,
+                             cache_limit=cache_limit)
     raise BadRequest(f"{name} must be a string or a list of token ids")
 
 
@@ -129,33 +157,6 @@ def _token_ids(values: Sequence[object], name: str) -> list[int]:
         if type(v) is not int or not 0 <= v < _MAX_TOKEN_ID:
             raise BadRequest(f"{name}: token ids must be integers in [0, 2**32)")
     return list(values)  # type: ignore[arg-type]
-
-
-def _text_messages(messages: list[object]) -> tuple[list[dict[str, Any]], bool]:
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise BadRequest("each message must be an object with a string role")
-        content = message.get("content")
-        if content is None or isinstance(content, str):
-            out.append(message)
-            continue
-        if not isinstance(content, list):
-            raise BadRequest("message content must be a string, a list of parts or null")
-        texts: list[str] = []
-        for part in content:
-            if not isinstance(part, dict):
-                raise BadRequest("content parts must be objects")
-            if part.get("type") != "text":
-                joined = "\n".join(texts) + MEDIA_SENTINEL
-                out.append({**message, "content": joined})
-                return out, True
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise BadRequest("a text content part needs a string text")
-            texts.append(text)
-        out.append({**message, "content": "\n".join(texts)})
-    return out, False
 
 
 def _lora(body: Mapping[str, Any]) -> str | None:

@@ -154,7 +154,7 @@ def _model_profile(args: argparse.Namespace):  # noqa: ANN202 - ModelProfile | N
         return None
     return load_profile(ProfileSpec(
         model=args.model, tokenizer_path=tokenizer, block_size=args.block_size,
-        chat_template_path=args.chat_template, add_bos=args.add_bos,
+        chat_template_path=args.chat_template, add_bos=args.add_bos or None,
         bos_token=args.bos_token, eos_token=args.eos_token))
 
 

@@ -250,12 +250,14 @@ class SimEngine:
         cache_salt: str | None = None,
         kv_received: bool = False,
         cache_prompt: bool = True,
+        read_limit: int | None = None,
     ) -> AsyncIterator[Generation]:
         """Queue, admit and run one request on ``rank`` (see the module docstring).
 
         PD decode (``cortex.sim.pd``): with ``kv_received`` the uncached tokens arrive from the
         prefill peer (transfer time instead of prefill time); without ``cache_prompt`` the
-        prompt does not enter the prefix cache (no events, nothing cached)."""
+        prompt does not enter the prefix cache (no events, nothing cached). ``read_limit``:
+        prompt tokens the request may read from the cache (``tokenize.cache_read_limit``)."""
         self.check_rank(rank)
         queue, counters = self.queues[rank], self.counters[rank]
         request_id = next(self._ids)
@@ -267,9 +269,8 @@ class SimEngine:
             await started.wait()
             cached, lease = 0, None
             if cache_prompt:
-                result = self.kv.submit(
-                    rank, token_ids, lora_name=lora_name, cache_salt=cache_salt, hold=True
-                )
+                result = self.kv.submit(rank, token_ids, lora_name=lora_name,
+                                        cache_salt=cache_salt, hold=True, read_limit=read_limit)
                 cached, lease = result.cached_tokens, result.lease
             counters.requests += 1
             counters.prompt_tokens += len(token_ids)

@@ -60,6 +60,7 @@ from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.profile.request_text import split_model_name
 from cortex.sim import bodies, pd
 from cortex.sim.engine import EngineCrashed, Generation, SimEngine
+from cortex.sim.tokenize import cache_read_limit
 
 DEFAULT_MAX_TOKENS = 16
 MAX_OUTPUT_TOKENS = 1 << 20
@@ -273,7 +274,9 @@ class SimHttpHandler:
             leg = await engine.pd.prepare(body, rank, token_ids, out, lora, salt)
             if leg is not None:
                 return leg.generation, leg.extra or {}
-        return engine.generation(rank, token_ids, out, lora_name=lora, cache_salt=salt), {}
+        limit = cache_read_limit(body, engine.family)
+        return engine.generation(rank, token_ids, out, lora_name=lora, cache_salt=salt,
+                                 read_limit=limit), {}
 
     async def _fault_gate(self) -> HttpResponse | None:
         faults = self.engine.faults

@@ -182,12 +182,15 @@ class SimKVEngine:
         lora_name: str | None = None,
         cache_salt: str | None = None,
         hold: bool = False,
+        read_limit: int | None = None,
     ) -> AdmitResult:
-        """Admit one request on ``rank`` (one scheduler step) and publish its events."""
+        """Admit one request on ``rank`` (one scheduler step) and publish its events;
+        ``read_limit``: prompt tokens it may read from the cache at most."""
         state = self._rank(rank)
         if self.restart_probability > 0 and self.rng.random() < self.restart_probability:
             self.restart(rank)
-        result = state.cache.admit(token_ids, lora_name=lora_name, cache_salt=cache_salt, hold=hold)
+        result = state.cache.admit(token_ids, lora_name=lora_name, cache_salt=cache_salt,
+                                   hold=hold, read_limit=read_limit)
         if result.events:
             digests = None if self.hashing.int_block_hashes else result.hash_digests
             payload = encode_batch(

@@ -6,7 +6,8 @@ Pure (no I/O). Two behaviours, one interface (``admit`` / ``release`` / ``clear`
 ``VllmPrefixCache`` (vLLM V1 block pool):
 * Blocks are keyed by their engine hash. A request hits its longest run of cached leading full
   blocks, capped at ``(len(tokens) - 1) // block_size`` blocks: the engine always recomputes the
-  last prompt token, so a fully cached prompt recomputes (and re-stores) its last block. The same
+  last prompt token, so a fully cached prompt recomputes (and re-stores) its last block.
+  ``read_limit`` caps the hit further (vLLM skips its cache for prompt logprobs: 0). The same
   hash can therefore be cached in two physical blocks, stored twice and removed twice.
 * The absent full blocks after the hit are computed and stored as ONE ``BlockStored`` per
   request; its parent is the hash of the block before them (None at the root).
@@ -19,8 +20,9 @@ Pure (no I/O). Two behaviours, one interface (``admit`` / ``release`` / ``clear`
 
 ``SglangPrefixCache`` (SGLang radix cache over pages):
 * One radix tree per namespace; each page is a node (splits emit nothing, so node granularity
-  does not show on the wire). Hits are capped like vLLM's, but matched pages are never stored
-  again (the radix insert deduplicates).
+  does not show on the wire). Hits are capped like vLLM's (and by ``read_limit``: SGLang's
+  ``logprob_start_len``), but matched pages are never stored again (the radix insert
+  deduplicates).
 * New pages of a request form one chain and are published as ONE coalesced ``BlockStored``.
 * Eviction takes the least recently used unlocked leaf, repeatedly: descendants always go before
   ancestors. All removals of one step form ONE ``BlockRemoved`` with several hashes.
@@ -76,9 +78,13 @@ def _check_config(block_size: int, capacity_blocks: int) -> None:
         raise ValueError("capacity_blocks must not be negative")
 
 
-def _full_blocks_hit_cap(n_tokens: int, block_size: int) -> int:
-    """How many leading blocks may count as cached: the last token is always recomputed."""
-    return max(n_tokens - 1, 0) // block_size
+def _full_blocks_hit_cap(n_tokens: int, block_size: int, read_limit: int | None = None) -> int:
+    """How many leading blocks may count as cached: the last token is always recomputed, and a
+    request may read at most ``read_limit`` tokens from the cache (prompt logprobs)."""
+    tokens = max(n_tokens - 1, 0)
+    if read_limit is not None and read_limit < tokens:
+        tokens = read_limit
+    return tokens // block_size
 
 
 # ---------------------------------------------------------------- vLLM
@@ -129,13 +135,14 @@ class VllmPrefixCache:
         lora_name: str | None = None,
         cache_salt: str | None = None,
         hold: bool = False,
+        read_limit: int | None = None,
     ) -> AdmitResult:
         tokens = tuple(int(t) for t in token_ids)
         ns: Namespace = (lora_name, cache_salt)
         size = self.block_size
         hashes = self.hasher(tokens, size, lora_name, cache_salt)
         in_use: list[_Block] = []
-        for h in hashes[: _full_blocks_hit_cap(len(tokens), size)]:
+        for h in hashes[: _full_blocks_hit_cap(len(tokens), size, read_limit)]:
             copies = self._copies.get((ns, h.value))
             if not copies:
                 break
@@ -283,6 +290,7 @@ class SglangPrefixCache:
         lora_name: str | None = None,
         cache_salt: str | None = None,
         hold: bool = False,
+        read_limit: int | None = None,
     ) -> AdmitResult:
         tokens = tuple(int(t) for t in token_ids)
         ns: Namespace = (lora_name, cache_salt)
@@ -337,7 +345,7 @@ class SglangPrefixCache:
             self._leases[lease] = path
         else:
             self._unlock(path)
-        cached_tokens = min(matched, _full_blocks_hit_cap(len(tokens), size)) * size
+        cached_tokens = min(matched, _full_blocks_hit_cap(len(tokens), size, read_limit)) * size
         return AdmitResult(cached_tokens, events, {}, lease)
 
     def release(self, lease: int) -> None:

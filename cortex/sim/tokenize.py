@@ -6,17 +6,24 @@ simulator is the check that Cortex's block keys match what an engine really comp
 Rules:
 
 * Chat (``messages``): the model profile's chat template renders the whole conversation
-  (``add_generation_prompt`` default true unless ``continue_final_message``, which cuts the text
-  right after the last message's content; ``tools``; ``chat_template_kwargs``; the profile's
-  ``bos_token``/``eos_token``), then ONE full ``Tokenizer.encode(text, add_special_tokens=...)``
-  with ``add_special_tokens`` false by default (the template writes BOS). Content given as a
-  list of parts is the text parts joined with ``"\\n"``; a non-text part becomes
-  ``MEDIA_PLACEHOLDER`` (real engines put their own placeholder tokens there).
+  (the ``tool_use`` one for a request with tools when the model names one;
+  ``add_generation_prompt`` default true unless ``continue_final_message``, which cuts the text
+  right after the last message's content; ``tools``; ``documents``; ``chat_template_kwargs``;
+  the model's special tokens), then ONE full ``Tokenizer.encode`` with ``add_special_tokens``
+  false by default (the template writes BOS). Messages and tools as vLLM's renderer rebuilds
+  them (``chat_messages``), a non-text part as ``MEDIA_PLACEHOLDER`` text (real engines put
+  their own placeholder tokens there).
 * Text (``/v1/completions`` ``prompt``, ``/generate`` ``text``): one full encode with
   ``add_special_tokens`` true by default.
 * When a text is encoded with special tokens and the profile says ``add_bos``, ``bos_id`` is
-  prepended (HF tokenizers add it in their post-processor; the profile states it explicitly).
+  prepended (HF tokenizers add it in their post-processor; the profile has read what it
+  adds: ``model_profile``).
 * Token ids (``prompt`` / ``input_ids`` as a list of ints) are taken as they are.
+* ``cache_read_limit``: prompt tokens a request may read from the prefix cache, by each
+  engine's own rule. vLLM skips its cache for prompt logprobs (``prompt_logprobs``, or ``echo``
+  with completions' ``logprobs`` / chat's ``top_logprobs``, default 0); SGLang matches at most
+  ``logprob_start_len`` tokens of a request with ``return_logprob`` (a completion with ``echo``
+  and ``logprobs`` asks from 0).
 * One prompt per request: a batch (list of prompts) is refused (400).
 * The ids of the last ``MEMO_ENTRIES`` distinct (text, add_special_tokens) are remembered, so a
   replayed prompt does not stall the event loop again (an encode of a 4k-token text takes tens
@@ -32,6 +39,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from cortex.errors import BadRequest
+from cortex.events.model import EngineFamily
+from cortex.profile.chat_messages import TEXT_PART_TYPES, engine_messages, engine_tools
 from cortex.profile.model_profile import ModelProfile
 
 MEDIA_PLACEHOLDER = "<media>"
@@ -48,25 +57,24 @@ class SimTokenizer:
 
     def chat_ids(self, body: Mapping[str, Any]) -> list[int]:
         profile = self.profile
-        if profile is None or profile.chat_template is None:
+        template = None if profile is None or profile.chat_templates is None \
+            else profile.chat_templates.pick(body.get("tools"))
+        if template is None:
             raise BadRequest("this simulated engine has no chat template")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("messages must be a non-empty list")
-        prepared = [_plain_message(m) for m in messages]
+        prepared, _ = engine_messages([_media_as_text(m) for m in messages])
         continue_final = _flag(body, "continue_final_message", False)
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise BadRequest("chat_template_kwargs must be an object")
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise BadRequest("tools must be a list")
-        text = profile.chat_template.render(
+        tools = engine_tools(body.get("tools"))
+        text = template.render(
             prepared,
             add_generation_prompt=_flag(body, "add_generation_prompt", not continue_final),
-            bos_token=profile.bos_token or "",
-            eos_token=profile.eos_token or "",
             tools=tools,
+            documents=body.get("documents"),
             extra=kwargs,
         )
         if continue_final:
@@ -99,7 +107,7 @@ class SimTokenizer:
         if ids is not None:
             self._memo.move_to_end(key)
             return list(ids)
-        ids = profile.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        ids = profile.tokenizer.encode(text, add_special_tokens=False).ids
         if add_special_tokens and profile.add_bos and profile.bos_id is not None:
             ids.insert(0, profile.bos_id)
         if not ids:
@@ -110,25 +118,30 @@ class SimTokenizer:
         return list(ids)
 
 
-def _plain_message(message: object) -> dict[str, Any]:
-    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise BadRequest("each message must be an object with a string role")
-    content = message.get("content")
-    if content is None or isinstance(content, str):
+def cache_read_limit(body: Mapping[str, Any], family: EngineFamily) -> int | None:
+    """Prompt tokens the engine may serve from its cache for this body (``None``: no limit
+    beyond its last-token rule)."""
+    chat = "messages" in body
+    if family is EngineFamily.VLLM:
+        echo_logprobs = body.get("top_logprobs", 0) if chat else body.get("logprobs")
+        asked = body.get("prompt_logprobs") is not None or (
+            body.get("echo") is True and echo_logprobs is not None)
+        return 0 if asked else None
+    if not chat and body.get("echo") is True and body.get("logprobs") is not None:
+        return 0
+    start = body.get("logprob_start_len")
+    if body.get("return_logprob") is True and type(start) is int and start >= 0:
+        return start
+    return None
+
+
+def _media_as_text(message: object) -> object:
+    """The message with each non-text content part replaced by ``MEDIA_PLACEHOLDER`` text."""
+    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
         return message
-    if not isinstance(content, list):
-        raise BadRequest("message content must be a string, a list of parts or null")
-    texts = []
-    for part in content:
-        if not isinstance(part, dict):
-            raise BadRequest("content parts must be objects")
-        if part.get("type") == "text":
-            if not isinstance(part.get("text"), str):
-                raise BadRequest("a text content part needs a string text")
-            texts.append(part["text"])
-        else:
-            texts.append(MEDIA_PLACEHOLDER)
-    return {**message, "content": "\n".join(texts)}
+    parts = [part if not isinstance(part, dict) or part.get("type") in TEXT_PART_TYPES
+             else {"type": "text", "text": MEDIA_PLACEHOLDER} for part in message["content"]]
+    return {**message, "content": parts}
 
 
 def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:

@@ -6,14 +6,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortex.profile.chat_template import ChatTemplate
 from cortex.profile.request_keys import prompt_block_keys, prompt_token_ids
 from cortex.profile.request_text import chat_prompt
 from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter
 from tests import deepseek_profile as ds
 
-_TEMPLATE = ChatTemplate(ds.TEMPLATE)
+_TEMPLATES = ds.chat_templates()
 _CACHE = SegmentCachedTokenizer(ds.tokenizer(), Segmenter.from_tokenizer_json(
     ds.tokenizer_json_bytes()))
 
@@ -41,8 +40,8 @@ def _body(turns: list[tuple[str, str]], extra_user: str | None, **kw: object) ->
 @given(_turns, _content, st.sampled_from([None, "s1"]))
 def test_next_turn_keys_extend_the_previous_turn(turns, new_user, salt):
     before = chat_prompt(_body(turns, None, add_generation_prompt=False, cache_salt=salt),
-                         _TEMPLATE, ds.BOS, ds.EOS)
-    after = chat_prompt(_body(turns, new_user, cache_salt=salt), _TEMPLATE, ds.BOS, ds.EOS)
+                         _TEMPLATES)
+    after = chat_prompt(_body(turns, new_user, cache_salt=salt), _TEMPLATES)
     ids_before = prompt_token_ids(before, _CACHE).tolist()
     ids_after = prompt_token_ids(after, _CACHE).tolist()
     assert ids_after[: len(ids_before)] == ids_before  # the history ends with EOS: a hard cut
@@ -50,6 +49,6 @@ def test_next_turn_keys_extend_the_previous_turn(turns, new_user, salt):
     keys_after = prompt_block_keys(_Profile, _CACHE, after)  # type: ignore[arg-type]
     assert len(keys_before) == len(ids_before) // 4
     assert keys_after[: len(keys_before)] == keys_before
-    other = chat_prompt(_body(turns, new_user, cache_salt="other"), _TEMPLATE, ds.BOS, ds.EOS)
+    other = chat_prompt(_body(turns, new_user, cache_salt="other"), _TEMPLATES)
     other_keys = prompt_block_keys(_Profile, _CACHE, other)  # type: ignore[arg-type]
     assert not set(other_keys) & set(keys_after)

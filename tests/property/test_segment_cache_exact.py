@@ -13,7 +13,6 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortex.profile.chat_template import ChatTemplate
 from cortex.profile.fast_pieces import FastPieceEncoder
 from cortex.profile.segment_cache import Lookup, SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter, added_tokens_from_json
@@ -26,7 +25,7 @@ _SEGMENTER = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
 _FAST = FastPieceEncoder(_TOKENIZER, _SEGMENTER, word_cache_entries=256)
 _SHARED = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=1 << 20, fast=_FAST)
 _TINY = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=600, batch_cold=False)
-_TEMPLATE = ChatTemplate(ds.TEMPLATE)
+_TEMPLATE = ds.chat_template()
 _NOW_SHARED = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=1 << 20, fast=_FAST,
                                      bos_id=0)
 _NOW_TINY = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=600, batch_cold=True)
@@ -55,7 +54,7 @@ _conversation = st.tuples(
 
 def _render(system: str | None, messages: list[dict[str, str]], gen: bool) -> str:
     full = ([{"role": "system", "content": system}] if system is not None else []) + messages
-    return _TEMPLATE.render(full, add_generation_prompt=gen, bos_token=ds.BOS, eos_token=ds.EOS)
+    return _TEMPLATE.render(full, add_generation_prompt=gen)
 
 
 def _plain(text: str) -> list[int]:

@@ -1,26 +1,52 @@
-"""ChatTemplate: the standard variables, raise_exception, the sandbox, errors as BadRequest."""
+"""ChatTemplate: the standard variables, the model's special tokens, HF's globals, filters and
+extensions, raise_exception, the sandbox, errors as BadRequest; ChatTemplates' choice."""
 
 from __future__ import annotations
 
 import pytest
 
 from cortex.errors import BadRequest
-from cortex.profile.chat_template import ChatTemplate, TemplateError
+from cortex.profile.chat_template import ChatTemplate, ChatTemplates, TemplateError
 
 
 def test_standard_variables_and_kwargs():
-    t = ChatTemplate(
-        "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
-        "{% if tools %}T{{ tools | length }}{{ tools[0] | tojson }}{% endif %}"
-        "{% if add_generation_prompt %}>{% endif %}{{ eos_token }}{{ extra }}"
-    )
+    source = ("{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+              "{% if tools %}T{{ tools | length }}{{ tools[0] | tojson }}{% endif %}"
+              "{% if add_generation_prompt %}>{% endif %}{{ eos_token }}{{ extra }}"
+              "{% if documents %}D{{ documents | length }}{% endif %}")
+    t = ChatTemplate(source, {"bos_token": "<s>", "eos_token": "</s>"})
     msgs = [{"role": "user", "content": "héllo"}]
-    out = t.render(msgs, bos_token="<s>", eos_token="</s>", tools=[{"n": "é"}],
-                   extra={"extra": "!"})
-    assert out == '<s>[user]hélloT1{"n": "é"}></s>!'
-    assert t.render(msgs, add_generation_prompt=False) == "[user]héllo"
-    # chat_template_kwargs cannot override the standard variables
-    assert t.render(msgs, add_generation_prompt=False, extra={"messages": []}) == "[user]héllo"
+    out = t.render(msgs, tools=[{"n": "é"}], extra={"extra": "!"}, documents=[{"t": 1}])
+    assert out == '<s>[user]hélloT1{"n": "é"}></s>!D1'
+    assert t.render(msgs, add_generation_prompt=False) == "<s>[user]héllo</s>"
+    assert ChatTemplate(source).render(msgs, add_generation_prompt=False) == "[user]héllo"
+    # chat_template_kwargs cannot override the standard variables, but do override the special
+    # tokens (HF: {**special_tokens_map, **kwargs})
+    assert t.render(msgs, add_generation_prompt=False, extra={"messages": []}) \
+        == "<s>[user]héllo</s>"
+    assert t.render(msgs, add_generation_prompt=False, extra={"bos_token": "B"}) \
+        == "B[user]héllo</s>"
+
+
+def test_hf_globals_filters_and_loop_controls():
+    t = ChatTemplate(
+        "{% for m in messages %}{% if m.skip %}{% continue %}{% endif %}{{ m.content }}"
+        "{% if m.stop %}{% break %}{% endif %}{% endfor %}|"
+        "{{ {'b': 1, 'a': 'é'} | tojson(sort_keys=True) }}|"
+        "{{ {'a': [1, 2]} | tojson(indent=2) }}|{{ {'a': 'é'} | tojson(ensure_ascii=True) }}|"
+        "{{ {'a': 1, 'b': 2} | tojson(separators=(',', ':')) }}|{{ strftime_now('%Y') | length }}")
+    msgs = [{"content": "a"}, {"content": "x", "skip": True}, {"content": "b", "stop": True},
+            {"content": "c"}]
+    assert t.render(msgs) == ('ab|{"a": "é", "b": 1}|{\n  "a": [\n    1,\n    2\n  ]\n}|'
+                              '{"a": "\\u00e9"}|{"a":1,"b":2}|4')
+
+
+def test_templates_pick_tool_use_only_for_requests_with_tools():
+    default, tool_use = ChatTemplate("d"), ChatTemplate("t")
+    templates = ChatTemplates(default, tool_use)
+    assert templates.pick(None) is default
+    assert templates.pick([]) is tool_use and templates.pick([{"x": 1}]) is tool_use
+    assert ChatTemplates(None, tool_use).pick(None) is None
 
 
 def test_raise_exception_and_jinja_errors_are_bad_requests():
@@ -51,11 +77,11 @@ def test_globals_render_as_in_a_fresh_sandbox_render():
         "{% set late = 'L' %}{{ late }}{{ bos_token }}"
     )
     msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-    t = ChatTemplate(source)
-    first = t.render(msgs, bos_token="<s>")
+    t = ChatTemplate(source, {"bos_token": "<s>"})
+    first = t.render(msgs)
     assert first == 'userassistant!201{"a": 1}xya+bL<s>'
-    assert t.render(msgs, bos_token="<s>") == first
-    assert t.render(msgs[:1]) == 'user!101{"a": 1}xya+bL'
+    assert t.render(msgs) == first
+    assert ChatTemplate(source).render(msgs[:1]) == 'user!101{"a": 1}xya+bL'
     with pytest.raises(TemplateError, match="nope"):
         ChatTemplate("{{ raise_exception('nope') }}").render(msgs)
 
@@ -78,13 +104,14 @@ def test_render_equals_jinjas_own_render():
     env.filters["tojson"] = lambda value, indent=None: json.dumps(
         value, ensure_ascii=False, indent=indent)
     reference = env.from_string(source)
-    template = ChatTemplate(source)
+    template = ChatTemplate(source, {"bos_token": "<s>", "eos_token": "</s>"})
     msgs = [{"role": "system", "content": " be brief "}, {"role": "user", "content": "hé"}]
-    for extra in (None, {}, {"flavour": "spicy"}, {"bos_token": "ignored", "x": 1}):
+    for extra in (None, {}, {"flavour": "spicy"}, {"bos_token": "kwarg wins", "x": 1}):
         for generation in (True, False):
             for tools in (None, [{"name": "f"}]):
                 expected = reference.render(
-                    {**(extra or {}), "messages": msgs, "add_generation_prompt": generation,
-                     "bos_token": "<s>", "eos_token": "</s>", "tools": tools})
-                assert template.render(msgs, add_generation_prompt=generation, bos_token="<s>",
-                                       eos_token="</s>", tools=tools, extra=extra) == expected
+                    {"bos_token": "<s>", "eos_token": "</s>", **(extra or {}),
+                     "messages": msgs, "add_generation_prompt": generation, "tools": tools,
+                     "documents": None})
+                assert template.render(msgs, add_generation_prompt=generation, tools=tools,
+                                       extra=extra) == expected

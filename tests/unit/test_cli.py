@@ -62,7 +62,11 @@ def test_check_config_checks_the_files_named(capsys, tmp_path):
     assert main(["check-config", "--config", EXAMPLE]) == 2
     err = capsys.readouterr().err
     assert "models[0].tokenizer: no such file" in err
+    assert main(["check-config", "--model",
+                 f"m,tokenizer={tmp_path},chat_template={tmp_path / 'chat.jinja'},block_size=16"]) == 2
+    err = capsys.readouterr().err
     assert "models[0].chat_template: no such file" in err
+    assert "models[0].tokenizer" not in err  # a model directory is a tokenizer path
     tokenizer = tmp_path / "tokenizer.json"
     tokenizer.write_text("{}")
     assert main(["check-config", "--model", f"m,tokenizer={tokenizer},block_size=16"]) == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cortex.errors import BadRequest
-from cortex.profile.chat_template import ChatTemplate
+from cortex.profile.chat_template import ChatTemplate, ChatTemplates
 from cortex.profile.request_text import (
     chat_prompt,
     completions_prompt,
@@ -14,12 +14,12 @@ from cortex.profile.request_text import (
 )
 from tests import deepseek_profile as ds
 
-T = ChatTemplate(ds.TEMPLATE)
+T = ds.chat_templates()
 U, A = "<｜User｜>", "<｜Assistant｜>"
 
 
 def chat(body):
-    return chat_prompt(body, T, ds.BOS, ds.EOS)
+    return chat_prompt(body, T)
 
 
 def test_chat_renders_with_generation_prompt_and_no_special_tokens():
@@ -56,7 +56,8 @@ def test_text_parts_join_and_the_first_media_part_cuts_the_prompt():
 
 def test_a_template_that_drops_the_media_sentinel_leaves_no_prefix():
     t = ChatTemplate("{% for m in messages %}{{ m.content[:2] }}{% endfor %}")
-    p = chat_prompt({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, t)
+    p = chat_prompt({"messages": [{"role": "user", "content": [{"type": "image"}]}]},
+                    ChatTemplates(t, t))
     assert p.text == "" and p.media_cut
 
 
@@ -92,8 +93,11 @@ def test_text_prompts_ask_for_special_tokens_unless_told_otherwise():
         lambda: chat({"messages": "hi"}),
         lambda: chat({"messages": [{"content": "no role"}]}),
         lambda: chat({"messages": [{"role": "user", "content": 5}]}),
-        lambda: chat({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
-        lambda: chat({"messages": [{"role": "user", "content": ["x"]}]}),
+        lambda: chat({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}),
+        lambda: chat({"messages": [{"role": "user", "content": [5]}]}),
+        lambda: chat({"messages": [{"role": "assistant", "tool_calls": "x"}]}),
+        lambda: chat({"messages": [{"role": "assistant", "tool_calls": [{"type": "x"}]}]}),
+        lambda: chat({"messages": [{"role": "user", "content": "x"}], "tools": [{"n": 1}]}),
         lambda: chat({"messages": [{"role": "user", "content": "x"}], "tools": "t"}),
         lambda: chat({"messages": [{"role": "user", "content": "x"}], "cache_salt": 3}),
         lambda: chat({"messages": [{"role": "tool", "content": "x"}]}),  # raise_exception

@@ -17,8 +17,8 @@ from tests.sim_engine_profile import SYSTEM, deepseek
 
 def cortex_chat_ids(body: dict) -> list[int]:
     profile = deepseek()
-    assert profile.chat_template is not None
-    prompt = chat_prompt(body, profile.chat_template, ds.BOS, ds.EOS)
+    assert profile.chat_templates is not None
+    prompt = chat_prompt(body, profile.chat_templates)
     return prompt_token_ids(prompt, profile.new_cached_tokenizer()).tolist()
 
 

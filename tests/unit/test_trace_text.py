@@ -23,14 +23,11 @@ def _text(block_tokens: int) -> tt.TraceText:
 
 @cache
 def _template():  # noqa: ANN202
-    from cortex.profile.chat_template import ChatTemplate
-
-    return ChatTemplate(ds.TEMPLATE)
+    return ds.chat_template()
 
 
 def _tokens(text: tt.TraceText, record: tt.TraceRecord) -> list[int]:
-    rendered = _template().render(text.messages(record), add_generation_prompt=True,
-                                  bos_token=ds.BOS, eos_token=ds.EOS)
+    rendered = _template().render(text.messages(record), add_generation_prompt=True)
     return ds.tokenizer().encode(rendered, add_special_tokens=False).ids
 
 
