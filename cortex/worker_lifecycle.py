@@ -46,6 +46,7 @@ from cortex.gateway.worker_report import (
     sglang_server_info,
     vllm_block_size,
     vllm_models,
+    vllm_prefix_caching,
 )
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.snapshot import (
@@ -166,8 +167,8 @@ class WorkerLifecycle(AdminOps):
         self._start_ingestion(spec)
 
     async def _check_report(self, spec: WorkerSpec, pool: ModelPool) -> None:
-        """Read what the worker says about itself: model and page size (compared with the
-        profile), and a PD prefill's bootstrap port."""
+        """Read what the worker says about itself: model, page size and prefix caching
+        (compared with the profile), and a PD prefill's bootstrap port."""
         timeout = self.config.health.timeout_s
         try:
             if spec.engine == "sglang":
@@ -177,8 +178,9 @@ class WorkerLifecycle(AdminOps):
                 status, body = await self.fetch(spec.origin, "/v1/models", timeout)
                 models = vllm_models(body) if status == 200 else ()
                 status, body = await self.fetch(spec.origin, "/metrics", timeout)
-                size = vllm_block_size(body.decode(errors="replace")) if status == 200 else None
-                report = WorkerReport(models, size)
+                text = body.decode(errors="replace") if status == 200 else ""
+                report = WorkerReport(models, vllm_block_size(text), None,
+                                      vllm_prefix_caching(text))
         except (OSError, CortexError, trio.TooSlowError) as error:
             log.warning("worker %s: could not read its own report: %s", spec.name, error)
             self.reported.discard(spec.name)  # asked again when it is next seen live
@@ -188,7 +190,8 @@ class WorkerLifecycle(AdminOps):
         pool.set_report(spec.name, report)
         if pool.profile is None:
             return
-        reason = pool.note_report(spec.name, report.model_for(pool.model), report.block_size)
+        reason = pool.note_report(spec.name, report.model_for(pool.model), report.block_size,
+                                  report.prefix_caching)
         if reason is not None:
             log.warning("worker %s disagrees with the profile of %s: %s; exact routing off",
                         spec.name, pool.model, reason)

@@ -147,11 +147,12 @@ class ModelPool:
         """Why exact routing is off for this model (``None``: on)."""
         return self.profiles.exact_routing_off(self.model)
 
-    def note_report(self, name: str, model: str | None, block_size: int | None) -> str | None:
+    def note_report(self, name: str, model: str | None, block_size: int | None,
+                    prefix_caching: bool | None = None) -> str | None:
         """Record what worker ``name`` says it serves; a disagreement with the profile turns
         exact routing off for the model (visible reason) until the worker agrees again."""
         before = self.exact_off
-        reason = self.profiles.note_worker(self.model, name, model, block_size)
+        reason = self.profiles.note_worker(self.model, name, model, block_size, prefix_caching)
         if self.exact_off != before:
             self.refresh_all()
         return reason

@@ -1,11 +1,14 @@
 """What a worker says about itself, for the model profile check. Pure parsers.
 
 engine-endpoints.md §2 and §6: SGLang's ``GET /server_info`` carries ``served_model_name`` (or
-``model_path``), ``page_size`` and, on a PD prefill server, ``disaggregation_bootstrap_port``
-(pd-disaggregation.md §1.2: used when the worker was registered without one); vLLM's ``GET /v1/models`` lists the served model ids and its
-``GET /metrics`` has the ``vllm:cache_config_info`` gauge whose ``block_size`` label is the
-block size. Whatever a worker does not say stays ``None`` — the profile check then reports it
-as missing instead of assuming agreement.
+``model_path``), ``page_size``, ``disable_radix_cache`` (prefix caching off) and, on a PD
+prefill server, ``disaggregation_bootstrap_port`` (pd-disaggregation.md §1.2: used when the
+worker was registered without one); vLLM's ``GET /v1/models`` lists the served model ids and
+its ``GET /metrics`` has the ``vllm:cache_config_info`` gauge whose ``block_size`` and
+``enable_prefix_caching`` labels are the block size and whether prefix caching is on (labels
+are the config's values as strings: ``"True"`` / ``"False"``). Whatever a worker does not say
+stays ``None`` — the profile check then reports a missing model or page size instead of
+assuming agreement (prefix caching not reported is not held against it).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 
 _CACHE_CONFIG_INFO = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.MULTILINE)
 _BLOCK_SIZE_LABEL = re.compile(r'(?:^|,)\s*block_size="(\d+)"')
+_PREFIX_CACHING_LABEL = re.compile(r'(?:^|,)\s*enable_prefix_caching="(True|False)"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +27,7 @@ class WorkerReport:
     models: tuple[str, ...]
     block_size: int | None
     bootstrap_port: int | None = None  # SGLang PD prefill: disaggregation_bootstrap_port
+    prefix_caching: bool | None = None  # None: not reported
 
     def model_for(self, wanted: str) -> str | None:
         """``wanted`` if the worker serves it, else the first model it names (or ``None``)."""
@@ -42,8 +47,10 @@ def sglang_server_info(body: bytes) -> WorkerReport:
               if isinstance(name, str) and name]
     page = info.get("page_size")
     port = info.get("disaggregation_bootstrap_port")
+    radix_off = info.get("disable_radix_cache")
     return WorkerReport(tuple(models), page if type(page) is int and page > 0 else None,
-                        port if type(port) is int and 0 < port < 65536 else None)
+                        port if type(port) is int and 0 < port < 65536 else None,
+                        None if type(radix_off) is not bool else not radix_off)
 
 
 def vllm_models(body: bytes) -> tuple[str, ...]:
@@ -62,4 +69,12 @@ def vllm_block_size(metrics_text: str) -> int | None:
         size = _BLOCK_SIZE_LABEL.search(match.group(1))
         if size:
             return int(size.group(1))
+    return None
+
+
+def vllm_prefix_caching(metrics_text: str) -> bool | None:
+    for match in _CACHE_CONFIG_INFO.finditer(metrics_text):
+        flag = _PREFIX_CACHING_LABEL.search(match.group(1))
+        if flag:
+            return flag.group(1) == "True"
     return None

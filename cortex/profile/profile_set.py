@@ -46,13 +46,14 @@ class ProfileSet:
         return sorted({*self._profiles, *self._load_errors})
 
     def note_worker(
-        self, model: str, worker: str, reported_model: str | None, reported_block_size: int | None
+        self, model: str, worker: str, reported_model: str | None,
+        reported_block_size: int | None, prefix_caching: bool | None = None,
     ) -> str | None:
         """Record what ``worker`` says about itself; returns the disagreement, if any."""
         profile = self._profiles.get(model)
         if profile is None:
             return self.exact_routing_off(model)
-        reason = check_worker(profile, reported_model, reported_block_size)
+        reason = check_worker(profile, reported_model, reported_block_size, prefix_caching)
         reasons = self._worker_reasons.setdefault(model, {})
         if reason is None:
             reasons.pop(worker, None)

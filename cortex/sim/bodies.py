@@ -213,6 +213,7 @@ def server_info_body(engine: SimEngine) -> dict[str, Any]:
         "tp_size": 1,
         "dp_size": engine.dp_size,
         "page_size": engine.block_size,
+        "disable_radix_cache": False,
         "disaggregation_mode": "null" if engine.pd is None else engine.pd.role,
         "disaggregation_bootstrap_port": None if engine.pd is None
         else engine.pd.bootstrap_port,

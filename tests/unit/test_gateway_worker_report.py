@@ -3,6 +3,7 @@ from cortex.gateway.worker_report import (
     sglang_server_info,
     vllm_block_size,
     vllm_models,
+    vllm_prefix_caching,
 )
 
 
@@ -12,6 +13,8 @@ def test_sglang_server_info_gives_model_and_page_size():
     assert report.model_for("/p") == "/p" and report.model_for("x") == "m"
     assert sglang_server_info(b"not json") == WorkerReport((), None)
     assert sglang_server_info(b'{"page_size": true}').block_size is None
+    assert sglang_server_info(b'{"disable_radix_cache": true}').prefix_caching is False
+    assert sglang_server_info(b'{"disable_radix_cache": false}').prefix_caching is True
 
 
 def test_vllm_models_skip_lora_adapters():
@@ -28,3 +31,12 @@ def test_vllm_block_size_from_cache_config_info():
     assert vllm_block_size(text) == 16
     assert vllm_block_size('vllm:cache_config_info{cache_dtype="auto", block_size="32"} 1\n') == 32
     assert vllm_block_size("vllm:num_requests_running 0\n") is None
+
+
+def test_vllm_prefix_caching_from_cache_config_info():
+    # as a real vLLM 0.32 (CPU build) wrote it with --no-enable-prefix-caching
+    off = ('vllm:cache_config_info{_block_size_resolved="True",block_size="32",'
+           'enable_prefix_caching="False",engine="0"} 1.0\n')
+    assert vllm_prefix_caching(off) is False
+    assert vllm_prefix_caching(off.replace('"False"', '"True"')) is True
+    assert vllm_prefix_caching("vllm:num_requests_running 0\n") is None

@@ -14,6 +14,7 @@ from cortex.profile.model_profile import (
     check_worker,
     load_profile,
     profile_fingerprint,
+    template_identity,
 )
 from tests import deepseek_profile as ds
 
@@ -48,7 +49,8 @@ def test_loads_a_complete_profile(spec):
 def test_fingerprint_follows_what_decides_ids_and_keys(spec):
     profile = load_profile(spec)
     tok = ds.tokenizer_json_bytes()
-    base = profile_fingerprint(tok, ds.TEMPLATE, 16, True)
+    base = profile_fingerprint(tok, template_identity({"default": ds.TEMPLATE}, ds.TOKENS), 16,
+                               True)
     assert profile.fingerprint == base
     assert profile_fingerprint(tok, ds.TEMPLATE, 32, True) != base
     assert profile_fingerprint(tok, ds.TEMPLATE, 16, False) != base
@@ -92,6 +94,8 @@ def test_check_worker_names_each_disagreement(spec):
     reason = check_worker(profile, "llama", 64)
     assert "'llama'" in reason and "page size 64" in reason
     assert "did not report" in check_worker(profile, None, None)
+    assert "prefix caching off" in check_worker(profile, "deepseek", 16, prefix_caching=False)
+    assert check_worker(profile, "deepseek", 16, prefix_caching=True) is None
 
 
 def test_template_from_an_hf_tokenizer_config(tmp_path, spec):
