@@ -1,0 +1,44 @@
+"""Real vLLM servers (CPU build, tiny models with real tokenizers) behind Cortex.
+
+Every test here is marked ``real_engine`` (``pytest -m "not real_engine"`` leaves them out;
+``make test-real`` runs only them). Without the engine environment (``make engines``) they skip
+with the reason — unless ``CORTEX_REAL_ENGINES_REQUIRED=1`` (``make test``, CI), where a missing
+environment fails every one of them instead: CI never skips them silently.
+
+Servers are module-scoped: a module starts the instances it needs side by side (a vLLM start is
+~40-120 s here) and stops them when its tests are done, so at most a few run at once (~3.5 GiB
+each).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.real_engine.vllm_server import EngineEnv, engine_env
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ARG001 - pytest's hook signature
+    for item in items:
+        if Path(str(item.fspath)).resolve().is_relative_to(HERE):
+            item.add_marker(pytest.mark.real_engine)
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def engines() -> EngineEnv:
+    env, why = engine_env()
+    if env is None:
+        if os.environ.get("CORTEX_REAL_ENGINES_REQUIRED") == "1":
+            pytest.fail(f"real engines required but unusable: {why}")
+        pytest.skip(why)
+    return env
+
+
+@pytest.fixture(scope="session")
+def engine_logs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm-logs")
