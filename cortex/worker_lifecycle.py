@@ -19,7 +19,11 @@ builds one under its nursery. Rules (architecture.md §2, §4):
 * SIGHUP's worker list is applied by ``reload`` (added, drained, or replaced), leaving the
   workers DNS discovery owns to discovery;
 * a peer's ledger snapshot (warm start) is fetched before any stream starts and used once per
-  stream; ``snapshot`` exports this replica's READY targets for its peers.
+  stream; ``snapshot`` exports this replica's READY targets for its peers;
+* every change an operator asks about is logged once, with its reason: a worker added or
+  removed, its health (live, unhealthy, breaker open / half-open / closed, with the last
+  error), and each DP rank's ledger state (``SYNCING``/``READY``/``STALE``/``PARTIAL``, with
+  the reason the ingestion gave).
 """
 
 from __future__ import annotations
@@ -132,14 +136,33 @@ class WorkerLifecycle(AdminOps):
     # registry and ledger listeners --------------------------------------------------------
     def on_change(self, kind: ChangeKind, name: str) -> None:
         if kind == "added":
+            log.info("worker %s added (%s)", name, self.registry.spec(name).url)
             self._added(self.registry.spec(name))
         elif kind == "removed":
+            log.info("worker %s removed", name)
             self._removed(name)
         else:
+            if kind == "health":
+                self._log_health(name)
             self._figures(name)
+
+    def _log_health(self, name: str) -> None:
+        status = self.registry.status(name)
+        if status.live:
+            log.info("worker %s is live", name)
+        else:
+            log.warning("worker %s is not live: %s, breaker %s; last error: %s", name,
+                        "healthy" if status.healthy else "unhealthy", status.breaker.value,
+                        status.last_error)
 
     def on_state(self, target: int, state: TargetState) -> None:
         name = self.worker_of_target.get(target)
+        if name is not None:
+            info = self.book.info(target)
+            level = logging.INFO if state in (TargetState.READY, TargetState.SYNCING) \
+                else logging.WARNING
+            log.log(level, "worker %s rank %d ledger %s: %s", name, info.rank, state.value,
+                    self.book.reason(target) or "-")
         pool = self.pools.get(self.model.get(name or "", ""))
         if name is not None and pool is not None:
             pool.refresh(name)

@@ -5,18 +5,18 @@ Every test here is marked ``real_engine`` (``pytest -m "not real_engine"`` leave
 with the reason — unless ``CORTEX_REAL_ENGINES_REQUIRED=1`` (``make test``, CI), where a missing
 environment fails every one of them instead: CI never skips them silently.
 
-Servers are module-scoped: a module starts the instances it needs side by side (a vLLM start is
-~40-120 s here) and stops them when its tests are done, so at most a few run at once (~3.5 GiB
-each).
+Servers come from one session-wide ``farm`` (``farm.VllmFarm``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.real_engine.farm import VllmFarm
 from tests.real_engine.vllm_server import EngineEnv, engine_env
 
 HERE = Path(__file__).resolve().parent
@@ -42,3 +42,10 @@ def engines() -> EngineEnv:
 @pytest.fixture(scope="session")
 def engine_logs(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("vllm-logs")
+
+
+@pytest.fixture(scope="session")
+def farm(engines: EngineEnv, engine_logs: Path) -> Iterator[VllmFarm]:
+    farm = VllmFarm(engines, engine_logs)
+    yield farm
+    farm.stop_all()

@@ -17,13 +17,10 @@ import json
 import pytest
 import trio
 
+from tests.real_engine.farm import ServerSet
 from tests.real_engine.cortex_front import BLOCK, cortex_front
-from tests.real_engine.vllm_server import VllmOptions, VllmServer, start_all
 
 FAMILIES = ["deepseek-tiny", "qwen-tiny"]
-# what vLLM needs to take tool requests for a model (Qwen2.5 writes Hermes-style tool calls)
-SERVE_ARGS = {"deepseek-tiny": (),
-              "qwen-tiny": ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")}
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",
@@ -78,24 +75,14 @@ COMPLETIONS = [
 ]
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
-def family(request, engines, engine_logs):
+@pytest.fixture(params=FAMILIES)
+def fresh(request, farm, engines):
+    """Two servers of the family, their prefix caches emptied (and the cleared event sent)."""
     name = request.param
-    options = VllmOptions(engines.model(name), name, extra_args=SERVE_ARGS[name])
-    servers = [VllmServer(f"{name}-{i}", options, engines, engine_logs) for i in range(2)]
-    start_all(servers)
-    yield name, servers, str(engines.model(name))
-    for server in servers:
-        server.stop()
-
-
-@pytest.fixture
-def fresh(family):
-    """Both engines' prefix caches emptied before the test (and the cleared event sent)."""
-    _, servers, _ = family
+    servers = farm.servers(ServerSet(name))
     for server in servers:
         server.reset_prefix_cache()
-    return family
+    return name, servers, str(engines.model(name))
 
 
 async def test_cortex_tokenizes_every_request_shape_as_vllm(fresh):
