@@ -11,6 +11,9 @@ engine, a vanishing client, the engines' load figures, and the self-report check
 * The engines' own gauges (running, waiting, KV-cache usage) reach Cortex's scheduler view.
 * The self-report check refuses a wrong block size, a wrong model name and an engine with
   prefix caching off, each with its reason in ``/health/ready`` and the log.
+* ``POST /reset_prefix_cache`` empties the engine at once but publishes ``AllBlocksCleared``
+  only at its next scheduler step: until a request runs, the ledger still holds the old
+  entries (the window is measured and documented in the README).
 """
 
 from __future__ import annotations
@@ -122,6 +125,23 @@ async def test_a_killed_engine_never_yields_a_false_hit(farm, engines, caplog):
     assert f"worker {victim.name} rank 0 ledger syncing: worker down" in text
     assert f"worker {victim.name} is live" in text
     assert f"worker {victim.name} rank 0 ledger ready" in text
+
+
+async def test_a_cache_reset_reaches_the_ledger_at_the_engines_next_step(farm, engines):
+    servers = fresh_pair(farm)
+    async with cortex_front(servers, FAMILY, str(engines.model(FAMILY))) as front:
+        first = await front.send(CHAT, question(0))
+        assert await front.settled(CHAT, question(0), first.worker)
+        engine = next(s for s in servers if s.name == first.worker)
+        await trio.to_thread.run_sync(functools.partial(engine.reset_prefix_cache, step=False))
+        with trio.move_on_after(1.0):  # no traffic: the event does not come
+            await front.until(lambda: not front.held(CHAT, question(0)), 10.0)
+            raise AssertionError("vLLM published the cleared cache without a step")
+        assert front.held(CHAT, question(0))[first.worker] > 0  # the window: a stale ledger
+        started = trio.current_time()
+        await trio.to_thread.run_sync(engine.step)
+        await front.until(lambda: not front.held(CHAT, question(0)), 5.0)
+        assert trio.current_time() - started < 5.0
 
 
 async def test_a_vanishing_client_aborts_the_engines_request(farm, engines):

@@ -218,12 +218,18 @@ class VllmServer:
             raise AssertionError(f"/tokenize {status}: {answer}")
         return answer["tokens"]
 
-    def reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self, step: bool = True) -> None:
         """Empty the engine's prefix cache. vLLM publishes ``AllBlocksCleared`` only at its next
-        scheduler step, so a one-token request follows (it stores no block)."""
+        scheduler step, so a one-token request follows (it stores no block) unless ``step`` is
+        false."""
         status, _ = _request("POST", self.url + "/reset_prefix_cache", b"", 30.0)
         if status != 200:
             raise AssertionError(f"{self.name}: /reset_prefix_cache answered {status}")
+        if step:
+            self.step()
+
+    def step(self) -> None:
+        """One scheduler step that caches nothing: a one-token prompt, one token out."""
         self.post("/v1/completions", {"model": self.options.served_name, "prompt": [1],
                                       "max_tokens": 1})
 
