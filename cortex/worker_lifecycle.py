@@ -10,6 +10,11 @@ builds one under its nursery. Rules (architecture.md §2, §4):
   its first good probe, and once live its self-report (model, page size, PD bootstrap port) is
   read once and compared with the profile;
 * health or load changes re-read the worker's view at once (``ModelPool.set_figures``);
+* a worker found unreachable (a failed probe or connect: unhealthy) has its ledger suspected
+  at once (``SourceHandle.suspect``: STALE, not routed on — the engine may have restarted
+  without a sign in its event stream yet); when it is live again the ingestion proves the
+  engine's stream continued the ledger's (``verify``: a replay from the last applied batch,
+  same digest) or drops it and replays history — a quick restart never leaves stale entries;
 * a worker whose breaker opens (dead) leaves the live pool first (its view turns unhealthy);
   then its ingestion stops and its ledger entries are dropped (state SYNCING, "worker down"),
   so late events cannot write back; when its breaker closes again, ingestion restarts and
@@ -41,7 +46,7 @@ from cortex.errors import ConfigError, CortexError
 from cortex.events.counters import IngestCounters
 from cortex.events.model import EngineFamily
 from cortex.events.source import EventSource, IngestSettings, rank_endpoint
-from cortex.events.subscriber import run_source
+from cortex.events.subscriber import SourceHandle, run_source
 from cortex.events.sync import TargetSync
 from cortex.events.warm_start import fetch_snapshot
 from cortex.gateway.pool import ModelPool, WorkerFigures
@@ -107,6 +112,7 @@ class WorkerLifecycle(AdminOps):
         self.model: dict[str, str] = {}
         self.discovered: list[set[str]] = []  # per DNS service: the names it added
         self.syncs: dict[int, TargetSync] = {}  # targets whose ingestion runs
+        self.sources: dict[int, SourceHandle] = {}  # the same targets' health signals
         self.warm: dict[StreamId, TargetImage] = {}  # a peer's snapshot, used once per stream
         registry.on_change(self.on_change)
         book.on_state_change(self.on_state)
@@ -141,6 +147,14 @@ class WorkerLifecycle(AdminOps):
         elif kind == "removed":
             log.info("worker %s removed", name)
             self._removed(name)
+        elif kind == "restarted":
+            log.warning("worker %s: %s; its ledger is proven again or dropped", name,
+                        self.registry.status(name).last_error)
+            for target in self.targets.get(name, ()):
+                source = self.sources.get(target)
+                if source is not None:
+                    source.suspect("engine restarted")
+                    source.verify()
         else:
             if kind == "health":
                 self._log_health(name)
@@ -246,6 +260,14 @@ class WorkerLifecycle(AdminOps):
             self.reported.add(name)
             self.nursery.start_soon(self._check_report, self.registry.spec(name), pool)
         dead = status.breaker is BreakerState.OPEN
+        for target in self.targets.get(name, ()):
+            source = self.sources.get(target)
+            if source is None:
+                continue
+            if not status.healthy:
+                source.suspect(f"worker unreachable ({status.last_error})")
+            elif status.breaker is BreakerState.CLOSED:
+                source.verify()
         if dead and name in self.ingestion:
             self._stop_ingestion(name)  # after the view turned unhealthy: leave the pool first
             for target in self.targets.get(name, ()):
@@ -273,9 +295,10 @@ class WorkerLifecycle(AdminOps):
             async with trio.open_nursery() as nursery:
                 for source, target in zip(sources, targets, strict=True):
                     warm = self.warm.pop(self.stream_of(target), None)
-                    self.syncs[target] = await nursery.start(partial(
+                    handle = await nursery.start(partial(
                         run_source, source, target, self.book, settings=settings,
                         counters=self.counters[target], warm=warm))
+                    self.sources[target], self.syncs[target] = handle, handle.sync
 
     def _stop_ingestion(self, name: str) -> None:
         scope = self.ingestion.pop(name, None)
@@ -283,6 +306,7 @@ class WorkerLifecycle(AdminOps):
             scope.cancel()
         for target in self.targets.get(name, ()):
             self.syncs.pop(target, None)
+            self.sources.pop(target, None)
 
     # ledger snapshot (warm start of a peer) ---------------------------------------------------
     def stream_of(self, target: int) -> StreamId:

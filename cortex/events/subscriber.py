@@ -13,7 +13,10 @@ Per source, one trio task (``run_source``):
   (frames → sequence number → payload decode → sync → ledger), then checkpoints, so a busy
   stream never starves the event loop; when nothing is queued it awaits the socket;
 * fetches replays inline (live messages wait in the SUB queue meanwhile) and checkpoints every
-  ``max_messages_per_turn`` replayed batches while decoding and applying them.
+  ``max_messages_per_turn`` replayed batches while decoding and applying them;
+* takes the worker's health signals through its ``SourceHandle`` (``suspect`` when the engine
+  was unreachable, ``verify`` when it answers again: ``TargetSync``'s rules), executed in the
+  task between messages, waking it when it waits on the socket.
 
 Malformed frames, undecodable payloads, foreign topics and foreign DP ranks are counted in the
 target's ``IngestCounters`` and never end the task. The ledger itself is the single-owner
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol, cast
@@ -111,6 +114,26 @@ class LedgerRegistry(LedgerSink, Protocol):
     def register(self, worker: str, rank: int, family: EngineFamily, model: str) -> int: ...
 
 
+class SourceHandle:
+    """What ``run_source`` reports once subscribed: the target's sync machine (read-only:
+    callers read its state, ``next_seq``, ``resume_point``; they must not drive it) and the
+    worker's health signals, which the source's task feeds to it in order."""
+
+    __slots__ = ("sync", "_ingest")
+
+    def __init__(self, ingest: _SourceIngest) -> None:
+        self.sync = ingest.sync
+        self._ingest = ingest
+
+    def suspect(self, why: str) -> None:
+        """The engine was unreachable: it may have restarted (``TargetSync.suspect``)."""
+        self._ingest.signal(partial(self.sync.suspect, why))
+
+    def verify(self) -> None:
+        """The engine answers again: prove its stream continued (``TargetSync.verify``)."""
+        self._ingest.signal(self.sync.verify)
+
+
 @dataclass(frozen=True, slots=True)
 class IngestionHandle:
     """What ``run_ingestion`` reports once every source is subscribed."""
@@ -146,6 +169,14 @@ class _SourceIngest:
             counters=counters,
             window=settings.dedupe_window,
         )
+        self._signals: deque[Callable[[], list[Action]]] = deque()
+        self._waiting: trio.CancelScope | None = None  # set while the pump awaits the socket
+
+    def signal(self, step: Callable[[], list[Action]]) -> None:
+        """Run ``step`` (a ``TargetSync`` input) in the task, before its next message."""
+        self._signals.append(step)
+        if self._waiting is not None:
+            self._waiting.cancel()
 
     def start(self, warm: WarmImage | None) -> list[Action]:
         """The sync machine's first actions: from a peer's snapshot when one is given for
@@ -170,6 +201,8 @@ class _SourceIngest:
     async def pump(self, sub: zmq.Socket) -> None:
         budget = self.settings.max_messages_per_turn
         while True:
+            while self._signals:
+                await self.execute(self._signals.popleft()())
             processed = 0
             while processed < budget:
                 frames = zmq_trio.try_recv_multipart(sub)
@@ -179,8 +212,10 @@ class _SourceIngest:
                 await self.on_frames(frames)
             if processed:
                 await trio.sleep(0)
-            else:
-                await zmq_trio.wait_for(sub, zmq.POLLIN)
+            elif not self._signals:
+                with trio.CancelScope() as self._waiting:
+                    await zmq_trio.wait_for(sub, zmq.POLLIN)
+                self._waiting = None
 
     async def on_frames(self, frames: list[bytes]) -> None:
         c = self.counters
@@ -278,14 +313,12 @@ async def run_source(
     settings: IngestSettings | None = None,
     counters: IngestCounters | None = None,
     warm: WarmImage | None = None,
-    task_status: trio.TaskStatus[TargetSync] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[SourceHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Ingest one source into ``sink`` under ``target`` until cancelled.
 
     ``warm``: a peer's snapshot of this stream to start from (``_SourceIngest.start``); the
-    sink must then be a ``WarmSink``. Reports the target's ``TargetSync`` once subscribed
-    (callers read its state and ``next_seq`` to see how far ingestion got; they must not drive
-    it)."""
+    sink must then be a ``WarmSink``. Reports the source's ``SourceHandle`` once subscribed."""
     ctx = ctx if ctx is not None else zmq.Context.instance()
     settings = settings if settings is not None else IngestSettings()
     counters = counters if counters is not None else IngestCounters()
@@ -297,7 +330,7 @@ async def run_source(
         sub.rcvhwm = settings.rcvhwm
         sub.setsockopt(zmq.SUBSCRIBE, source.topic)
         sub.connect(source.endpoint)
-        task_status.started(ingest.sync)
+        task_status.started(SourceHandle(ingest))
         await ingest.execute(ingest.start(warm))
         await ingest.pump(sub)
     finally:
@@ -332,7 +365,7 @@ async def run_ingestion(
         handle.counters[target] = IngestCounters()
     async with trio.open_nursery() as nursery:
         for target, source in handle.sources.items():
-            handle.syncs[target] = await nursery.start(
+            source_handle: SourceHandle = await nursery.start(
                 partial(
                     run_source,
                     source,
@@ -343,4 +376,5 @@ async def run_ingestion(
                     counters=handle.counters[target],
                 )
             )
+            handle.syncs[target] = source_handle.sync
         task_status.started(handle)

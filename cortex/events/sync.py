@@ -50,6 +50,18 @@ Rules (``has_replay`` = the target has a replay endpoint):
   unrepaired gap), continue after it.
 * A batch containing AllBlocksCleared applied while PARTIAL → READY (the engine's cache is
   known empty from that point; everything after it is applied in order).
+* Suspected restart (``suspect(why)``: the shell saw the engine unreachable — a failed probe or
+  connect — or its identity change): a sequencer cannot see a restart whose new process has
+  not published yet, and the ledger would then claim blocks the new engine lacks. While READY
+  or PARTIAL with a batch applied: STALE (entries kept, not routable), live batches held
+  (more than ``SUSPECT_HOLD_MAX`` held: give up, as below). ``verify()`` (the engine answers
+  again): with replay, request a replay from the last applied batch ``seq`` and prove the
+  stream continues it exactly as a warm start does (first item ``seq`` with the same digest,
+  complete) → apply what follows, back to the state before; anything else → the engine
+  restarted or cannot prove it did not: drop the entries, SYNCING, history replay from 0
+  (refused → PARTIAL). Without replay nothing can prove it: drop the entries and start over
+  (the next batch decides). Nothing applied yet, or already unroutable: nothing to suspect.
+  A suspicion arriving while a replay is pending is taken up when it ends.
 
 Ordering invariants of the emitted actions (the shell may checkpoint between actions):
 a downgrade's ``SetState`` comes before the drops and applies it justifies; an upgrade to
@@ -127,7 +139,10 @@ Action = ApplyBatch | DropEntries | SetState | RequestReplay
 class _Purpose(enum.Enum):
     HISTORY = "history"
     GAP = "gap"
-    SNAPSHOT = "snapshot"
+    SNAPSHOT = "snapshot"  # a peer's snapshot, or our own ledger after a suspected restart
+
+
+SUSPECT_HOLD_MAX = 10_000  # live batches held while a suspected restart awaits its proof
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +150,10 @@ class _PendingReplay:
     purpose: _Purpose
     request: RequestReplay
     hi: int = 0  # GAP: first held sequence number
-    resume: TargetState = PARTIAL  # GAP: state to return to when the gap is closed
+    # GAP: state to return to when the gap is closed; SNAPSHOT: when the snapshot is proved
+    resume: TargetState = PARTIAL
     digest: bytes = b""  # SNAPSHOT: digest of batch ``request.start_seq`` in the snapshot
+    label: str = "warm start: snapshot"  # SNAPSHOT: whose entries to prove (for reasons)
 
 
 def contiguous_run(items: Sequence[SequencedBatch], start: int) -> list[SequencedBatch]:
@@ -177,6 +194,8 @@ class TargetSync:
         self._pending: _PendingReplay | None = None
         self._held: list[SequencedBatch] = []
         self._replayed_upto: int | None = None  # highest seq applied from a replay
+        self._suspected: TargetState | None = None  # the state before a suspected restart
+        self._suspicion_due: str | None = None  # a suspicion that arrived during a replay
 
     # --- read-only view ---------------------------------------------------------------
 
@@ -218,6 +237,7 @@ class TargetSync:
         self._pending = None
         self._held = []
         self._replayed_upto = None
+        self._suspected = self._suspicion_due = None
         self._set(SYNCING, "started: history unknown", out, force=True)
         out.append(DropEntries("start: history unknown"))
         if self.has_replay:
@@ -238,7 +258,44 @@ class TargetSync:
         self._set(SYNCING, f"warm start: snapshot up to sequence {seq}, checking the engine's "
                   "replay reaches back to it", out, force=True)
         request = RequestReplay(seq, None)
-        self._pending = _PendingReplay(_Purpose.SNAPSHOT, request, digest=digest)
+        self._pending = _PendingReplay(_Purpose.SNAPSHOT, request, resume=READY, digest=digest)
+        out.append(request)
+        return out
+
+    def suspect(self, why: str) -> list[Action]:
+        """The engine may have restarted without a sign in its stream yet (rules above)."""
+        out: list[Action] = []
+        if self._pending is not None:
+            self._suspicion_due = why
+        elif (self._suspected is None and self._state in (READY, PARTIAL)
+              and self._seq.last_accepted is not None):
+            self._suspected = self._state
+            self._set(STALE, f"{why}: the engine may have restarted", out)
+        return out
+
+    def verify(self) -> list[Action]:
+        """The suspected engine answers again: prove its stream continues the ledger's."""
+        out: list[Action] = []
+        resume, self._suspected = self._suspected, None
+        if resume is None or self._pending is not None:
+            return out
+        last = self._seq.last_accepted
+        assert last is not None
+        if not self.has_replay:
+            held, self._held = self._held, []
+            out.extend(self.start())
+            self._reason = "engine unreachable, nothing to prove its stream continued"
+            for msg in held:
+                self._receive(msg, out)
+            return out
+        seq, digest = last
+        self._seq.reset()
+        request = RequestReplay(seq, None)
+        self._pending = _PendingReplay(_Purpose.SNAPSHOT, request, resume=resume,
+                                       digest=digest, label="after the engine was unreachable,"
+                                       " the ledger")
+        self._set(STALE, f"checking the engine's replay continues sequence {seq}", out,
+                  force=True)
         out.append(request)
         return out
 
@@ -267,13 +324,26 @@ class TargetSync:
             self._finish_gap(pending, items, ended, refused, out)
         for msg in held:
             self._receive(msg, out)
+        due, self._suspicion_due = self._suspicion_due, None
+        if due is not None and self._pending is None:
+            out.extend(self.suspect(due))
         return out
+
+    def _give_up_suspicion(self, out: list[Action]) -> None:
+        """Too much arrived while the engine's continuity was unproven: start over."""
+        held, self._held = self._held, []
+        self._suspected = None
+        out.extend(self.start())
+        for msg in held:
+            self._receive(msg, out)
 
     # --- live batches -----------------------------------------------------------------
 
     def _receive(self, msg: SequencedBatch, out: list[Action]) -> None:
-        if self._pending is not None:
+        if self._pending is not None or self._suspected is not None:
             self._held.append(msg)
+            if self._pending is None and len(self._held) > SUSPECT_HOLD_MAX:
+                self._give_up_suspicion(out)
             return
         verdict = self._seq.observe(msg.seq, msg.digest)
         kind = verdict.kind
@@ -401,11 +471,12 @@ class TargetSync:
         refused: bool,
         out: list[Action],
     ) -> None:
-        seq = pending.request.start_seq
+        seq, label = pending.request.start_seq, pending.label
+        warm = label == "warm start: snapshot"  # (a suspected restart is counted as one)
         if refused:
             self.counters.replay_refused += 1
-            self.counters.snapshot_discarded += 1
-            reason = "warm start: replay refused (no reply in time), snapshot discarded"
+            self.counters.snapshot_discarded += warm
+            reason = f"{label} up to sequence {seq}: replay refused (no reply in time), dropped"
             self._set(PARTIAL, reason, out)
             out.append(DropEntries(reason))
             return
@@ -413,15 +484,16 @@ class TargetSync:
         proven = bool(ended and run and len(run) == len(items)
                       and run[0].digest == pending.digest)
         if proven:
-            self.counters.snapshot_continued += 1
-            self._seq.accept(seq, pending.digest)  # the snapshot's last batch, already applied
-            final = self._apply_run(run[1:], READY, out)
-            reason = f"warm start: snapshot up to sequence {seq} continued by replay"
-            if final is not READY:
-                reason = f"{reason}; a replayed batch could not be decoded"
+            self.counters.snapshot_continued += warm
+            self._seq.accept(seq, pending.digest)  # the batch the entries end with
+            final = self._apply_run(run[1:], pending.resume, out)
+            reason = f"{label} up to sequence {seq} continued by replay"
+            if final is not pending.resume:
+                reason = _reason_after_run(final, pending.resume, reason)
             self._set(final, reason, out)
             return
-        self.counters.snapshot_discarded += 1
+        self.counters.snapshot_discarded += warm
+        self.counters.restarts += not warm
         if not items or items[0].seq != seq:
             self.counters.replay_unrecoverable += 1
             why = "the engine's replay no longer reaches back to it"
@@ -430,7 +502,7 @@ class TargetSync:
         else:
             self.counters.replay_truncated += 1
             why = "replay truncated"
-        reason = f"warm start: snapshot up to sequence {seq} discarded: {why}"
+        reason = f"{label} up to sequence {seq} dropped: {why}"
         self._set(SYNCING, reason, out, force=True)
         out.append(DropEntries(reason))
         self._request_history(out)

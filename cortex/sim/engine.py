@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
@@ -165,6 +166,8 @@ class SimEngine:
         pd_settings: PdSimSettings = PdSimSettings(),
     ) -> None:
         self.name = name
+        # the process start time a real engine exposes (vLLM: process_start_time_seconds)
+        self.started_at = time.time()
         self.wire = profile_named(profile)
         self.family: EngineFamily = self.wire.family
         self.model_profile = model_profile

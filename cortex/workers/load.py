@@ -17,6 +17,11 @@ Sources (``protocols/engine-endpoints.md`` §3):
 * SGLang ``GET /get_load`` (0.4.7 – 0.5.20): ``[{"dp_rank", "num_reqs" (running + waiting),
   "num_waiting_reqs", ...}, ...]``; it reports neither KV usage nor uncached tokens.
 
+Identity: vLLM's exposition carries the API server's ``process_start_time_seconds``
+(prometheus_client's process collector); ``vllm_process_start`` reads it, so a poll also tells
+whether the process behind the URL is still the one seen before (a restart the health probe
+did not see).
+
 Rules: a figure the engine did not report is ``None``, never 0. A report that yields no rank,
 a rank without its running/waiting counts, a negative or non-finite figure, a duplicate rank
 or bytes that are not the expected format raise ``LoadParseError`` (a ``ValueError``) and
@@ -122,6 +127,23 @@ def _samples(text: str) -> Iterator[tuple[str, str, int]]:
                 end = text.find("\n", after)
                 yield name, text[after:] if end == -1 else text[after:end], pos
             pos = text.find(name, after)
+
+
+_PROCESS_START = "\nprocess_start_time_seconds "
+
+
+def vllm_process_start(text: str) -> float | None:
+    """The exposition's ``process_start_time_seconds`` (``None`` when absent or garbled)."""
+    at = text.find(_PROCESS_START)
+    if at < 0:
+        return None
+    start = at + len(_PROCESS_START)
+    end = text.find("\n", start)
+    try:
+        value = float(text[start:] if end < 0 else text[start:end])
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def parse_vllm_metrics(text: str) -> dict[int, RankLoad]:

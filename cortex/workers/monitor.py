@@ -12,7 +12,9 @@ registry, which decides everything (``registry.py``, rules in ``health.py``, ``b
   healthy and its breaker closed (draining included) — vLLM ``GET /metrics``; SGLang
   ``GET /v1/loads``, and on ``404`` the older ``/get_load`` (the path that answered is
   remembered; a ``404`` there switches back). Failed polls and unparsable reports make the load
-  unknown and are counted; they do not touch health.
+  unknown and are counted; they do not touch health. A vLLM poll also reports the engine's
+  process start time (``instance``): the registry notices a process that restarted between
+  two probes.
 
 ``fetch(origin, path, timeout_s) -> (status, body)`` is injected (the app builds it on the
 upstream pool). It raises ``UpstreamError`` or ``OSError`` when the exchange fails, or
@@ -30,7 +32,13 @@ import trio
 from cortex.errors import UpstreamError
 from cortex.workers.breaker import BreakerState
 from cortex.workers.health import HealthSettings, probe_verdict
-from cortex.workers.load import LoadParseError, RankLoad, parse_sglang_loads, parse_vllm_metrics
+from cortex.workers.load import (
+    LoadParseError,
+    RankLoad,
+    parse_sglang_loads,
+    parse_vllm_metrics,
+    vllm_process_start,
+)
 from cortex.workers.registry import ChangeKind, WorkerRegistry
 from cortex.workers.spec import WorkerSpec
 
@@ -126,7 +134,7 @@ async def _load_loop(registry: WorkerRegistry, fetch: Fetch, settings: HealthSet
         if status.healthy and status.breaker is BreakerState.CLOSED:  # draining or not
             outcome = await poller.poll()
             if isinstance(outcome, dict):
-                registry.load_result(spec.name, outcome)
+                registry.load_result(spec.name, outcome, poller.instance)
             else:
                 error, parse_error = outcome
                 registry.load_failed(spec.name, error, parse_error=parse_error)
@@ -142,6 +150,7 @@ class LoadPoller:
         self._timeout_s = timeout_s
         self._vllm = spec.engine == "vllm"
         self.path = VLLM_LOAD_PATH if self._vllm else SGLANG_LOAD_PATH
+        self.instance: float | None = None  # the engine's process start time, last poll
 
     async def poll(self) -> dict[int, RankLoad] | tuple[str, bool]:
         """Per-rank loads, or ``(error, is_parse_error)``. Never waits past the timeout."""
@@ -158,7 +167,9 @@ class LoadPoller:
                 return f"{self.path} answered {status}", False
             try:
                 if self._vllm:
-                    return parse_vllm_metrics(body.decode("utf-8", "replace"))
+                    text = body.decode("utf-8", "replace")
+                    self.instance = vllm_process_start(text)
+                    return parse_vllm_metrics(text)
                 return parse_sglang_loads(body)
             except LoadParseError as error:
                 return f"{self.path}: {error}", True

@@ -11,15 +11,20 @@ Rules and invariants:
 * A new worker is not healthy until its first probe succeeds (``last_ok_at`` is ``None``).
 * Reports: ``probe_result`` (monitor), ``load_result`` / ``load_failed`` (monitor),
   ``upstream_connect_failed`` / ``upstream_ok`` (data plane). Failures of probes and upstream
-  connections count alike toward opening the breaker. Reports about a worker that is no longer
-  registered are ignored (a probe can finish just after its worker was removed).
+  connections count alike toward opening the breaker, and either makes the worker unhealthy
+  at once (a refused connection is the first sign of a crashed or restarting engine: it gets
+  no new request, and its ledger is suspect, until a probe succeeds again). Reports about a
+  worker that is no longer registered are ignored (a probe can finish just after its worker
+  was removed).
 * ``drain(name, in_flight)`` takes the worker out of the live pool at once; it is removed as
   soon as the in-flight count the caller reports (there, or later through ``report_in_flight``)
   is 0.
 * Listeners (``on_change``) are called synchronously, in subscription order, AFTER the change
   is in the registry: when a listener runs, ``live()``/``views()`` already tell the new truth.
   Kinds: ``"added"``, ``"removed"``, ``"health"`` (healthy or breaker changed), ``"load"``
-  (engine figures changed), ``"draining"``. A worker that dies emits ``"health"`` before
+  (engine figures changed), ``"draining"``, ``"restarted"`` (a load report named another
+  engine process than the one before: its ``instance``, the process start time, changed —
+  a restart no probe saw). A worker that dies emits ``"health"`` before
   anything else, so a listener takes it out of the routing views first and only then prunes
   its ledger entries (architecture.md §2); removal likewise happens before ``"removed"``.
   A listener's exception propagates to the reporter (a bug, not a condition).
@@ -45,7 +50,7 @@ from cortex.workers.health import HealthSettings, WorkerCounters
 from cortex.workers.load import RankLoad
 from cortex.workers.spec import WorkerSpec
 
-ChangeKind = Literal["added", "removed", "health", "load", "draining"]
+ChangeKind = Literal["added", "removed", "health", "load", "draining", "restarted"]
 Listener = Callable[[ChangeKind, str], None]
 
 _NO_LOADS: Mapping[int, RankLoad] = types.MappingProxyType({})
@@ -68,7 +73,7 @@ class WorkerStatus:
 
 class _Entry:
     __slots__ = ("spec", "breaker", "healthy", "draining", "last_error", "loads", "last_ok_at",
-                 "counters")
+                 "counters", "instance")
 
     def __init__(self, spec: WorkerSpec, breaker: CircuitBreaker) -> None:
         self.spec = spec
@@ -79,6 +84,7 @@ class _Entry:
         self.loads: Mapping[int, RankLoad] = _NO_LOADS
         self.last_ok_at: float | None = None
         self.counters = WorkerCounters()
+        self.instance: float | None = None  # the engine's process start time, if reported
 
     @property
     def live(self) -> bool:
@@ -238,6 +244,7 @@ class WorkerRegistry:
         entry.counters.upstream_failures += 1
         entry.last_error = error
         before = entry.health_key()
+        entry.healthy = False
         if entry.breaker.record_failure():
             entry.counters.breaker_opens += 1
         self._health_changed(name, entry, before)
@@ -249,13 +256,21 @@ class WorkerRegistry:
             return
         entry.breaker.record_success()
 
-    def load_result(self, name: str, loads: Mapping[int, RankLoad]) -> None:
+    def load_result(self, name: str, loads: Mapping[int, RankLoad],
+                    instance: float | None = None) -> None:
+        """A load report; ``instance`` (the engine's process start time, when it says) tells
+        a restarted engine from the one seen before."""
         entry = self._entries.get(name)
         if entry is None:
             return
         entry.counters.load_polls += 1
         if not entry.healthy:
             return  # answered after the worker was found dead: stale already
+        if instance is not None:
+            before, entry.instance = entry.instance, instance
+            if before is not None and before != instance:
+                entry.last_error = f"engine restarted (process start {before} -> {instance})"
+                self._emit("restarted", name)
         if dict(loads) != dict(entry.loads):
             entry.loads = types.MappingProxyType(dict(loads))
             self._emit("load", name)

@@ -109,8 +109,8 @@ class ChaosCluster:
                                       slot.generation)
             try:
                 slot.scope, slot.stopped = await self.nursery.start(_run_engine, engine)
-            except (OSError, zmq.ZMQError) as error:
-                if error.errno != errno.EADDRINUSE or attempt == 49:
+            except (OSError, zmq.ZMQError, BaseExceptionGroup) as error:
+                if not _address_in_use(error) or attempt == 49:
                     raise
                 await trio.sleep(0.05)  # the old socket is still closing: retry the bind
                 continue
@@ -150,6 +150,14 @@ class ChaosCluster:
 
     def all_ready(self) -> bool:
         return all_ready(self.running)
+
+
+def _address_in_use(error: BaseException) -> bool:
+    """The bind failed because the old engine's socket is still closing (also when a nursery
+    wrapped that error in a group)."""
+    if isinstance(error, BaseExceptionGroup):
+        return all(_address_in_use(inner) for inner in error.exceptions)
+    return isinstance(error, (OSError, zmq.ZMQError)) and error.errno == errno.EADDRINUSE
 
 
 async def _run_engine(engine: SimEngine, *,

@@ -441,3 +441,72 @@ def test_every_list_ends_at_its_replay_request():
     requests = [i for i, a in enumerate(actions) if isinstance(a, RequestReplay)]
     assert requests == [len(actions) - 1]
     assert sync.held == 2  # 9 and 10 wait for the repair of [5, 9)
+
+
+# --- suspected restarts: the engine was unreachable (issue 22: no false hit after a restart) ---
+
+def test_a_suspected_restart_is_not_routable_until_the_replay_proves_continuity():
+    sync = ready_with_replay(4)
+    assert show(sync.suspect("probe failed")) == ["stale"]
+    assert "may have restarted" in sync.reason
+    assert live(sync, 5, 6) == []  # held while unproven
+    assert show(sync.verify()) == ["stale", "replay 4 max None"]
+    # the same engine: batch 4 again with its digest, then what followed
+    assert replay(sync, [4, 5, 6]) == ["apply 5 r", "apply 6 r", "ready"]
+    assert sync.state is READY and sync.next_seq == 7 and sync.counters.restarts == 0
+    assert sync.counters.replay_overlap == 2  # the held 5 and 6, already replayed
+
+
+def test_a_restarted_engine_is_found_out_and_its_ledger_dropped():
+    sync = ready_with_replay(4)
+    sync.suspect("connect refused")
+    assert show(sync.verify()) == ["stale", "replay 4 max None"]
+    # the new process published two batches: the replay does not reach sequence 4
+    assert replay(sync, [0, 1], life=1) == [
+        "syncing", "drop", "replay 0 max None"]
+    assert sync.counters.restarts == 1
+    assert replay(sync, [0, 1], life=1) == ["apply 0 r", "apply 1 r", "ready"]
+    # ... or it published more: another batch at sequence 4
+    sync = ready_with_replay(4)
+    sync.suspect("probe failed")
+    sync.verify()
+    assert replay(sync, [4, 5], life=1)[:2] == ["syncing", "drop"]
+    assert "engine restarted" in sync.reason
+
+
+def test_suspicion_without_replay_starts_over_and_partial_resumes_partial():
+    sync = TargetSync(has_replay=False)
+    sync.start()
+    live(sync, 0, 1)
+    assert show(sync.suspect("probe failed")) == ["stale"]
+    assert live(sync, 2) == []
+    assert show(sync.verify()) == ["syncing", "drop", "partial", "apply 2"]
+    sync = partial_with_replay(3, 6)
+    sync.suspect("probe failed")
+    sync.verify()
+    assert replay(sync, [6, 7]) == ["apply 7 r", "partial"]
+
+
+def test_nothing_to_suspect_and_suspicions_during_a_replay_wait_for_it():
+    sync = TargetSync(has_replay=True)
+    sync.start()  # history replay pending
+    assert sync.suspect("probe failed") == []
+    assert replay(sync, [0, 1]) == ["apply 0 r", "apply 1 r", "ready", "stale"]
+    assert show(sync.verify())[-1] == "replay 1 max None"
+    empty = TargetSync(has_replay=True)
+    empty.start()
+    replay(empty, [])  # nothing ever published: nothing the ledger could claim
+    assert empty.suspect("probe failed") == [] and empty.verify() == []
+    assert empty.state is READY
+
+
+def test_a_refused_proof_is_partial_and_too_much_held_starts_over(monkeypatch):
+    sync = ready_with_replay(2)
+    sync.suspect("probe failed")
+    sync.verify()
+    assert show(sync.on_replay_result([], ended=False, refused=True)) == ["partial", "drop"]
+    monkeypatch.setattr("cortex.events.sync.SUSPECT_HOLD_MAX", 2)
+    sync = ready_with_replay(2)
+    sync.suspect("probe failed")
+    assert live(sync, 3, 4) == []
+    assert live(sync, 5) == ["syncing", "drop", "replay 0 max None"]

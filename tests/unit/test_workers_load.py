@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cortex.workers.load import LoadParseError, RankLoad, parse_sglang_loads, parse_vllm_metrics
+from cortex.workers.load import (
+    LoadParseError,
+    RankLoad,
+    parse_sglang_loads,
+    parse_vllm_metrics,
+    vllm_process_start,
+)
 
 # Shaped like vLLM 0.33's exposition with two DP engines (prometheus_client text format).
 VLLM_DP2 = """\
@@ -228,3 +234,14 @@ def test_sglang_fuzz(body: bytes) -> None:
     except LoadParseError:
         return
     assert loads and all(load.running >= 0 and load.waiting >= 0 for load in loads.values())
+
+
+def test_vllm_process_start_is_the_engines_identity():
+    text = ("# HELP process_start_time_seconds Start time\n"
+            "# TYPE process_start_time_seconds gauge\n"
+            "process_start_time_seconds 1.79621198288e+09\n"
+            'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n')
+    assert vllm_process_start(text) == 1.79621198288e+09
+    assert vllm_process_start("vllm:num_requests_running 0\n") is None
+    assert vllm_process_start("\nprocess_start_time_seconds nan\n") is None
+    assert vllm_process_start("\nprocess_start_time_seconds junk") is None

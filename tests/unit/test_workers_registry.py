@@ -165,15 +165,19 @@ def test_upstream_connect_failures_count_with_probe_failures(registry, events) -
     healthy(registry, spec())
     events.clear()
     registry.upstream_connect_failed("a", "connection refused")
+    # unhealthy at once (a crashed or restarting engine), until a probe succeeds again
+    assert not registry.is_live("a") and events == [("health", "a")]
     registry.upstream_connect_failed("a", "connection refused")
-    assert registry.is_live("a") and events == []  # still healthy by its last probe
+    assert events == [("health", "a")]  # no change: still unhealthy, breaker closed
+    registry.probe_result("a", None)
+    assert registry.is_live("a")
     registry.upstream_ok("a")  # a good exchange ends the run
     registry.upstream_connect_failed("a", "refused")
     registry.probe_result("a", "timeout")  # probe and upstream failures in one run
     assert registry.status("a").breaker is BreakerState.CLOSED
     registry.upstream_connect_failed("a", "refused")
     assert registry.status("a").breaker is BreakerState.OPEN
-    assert events == [("health", "a"), ("health", "a")]
+    assert events == [("health", "a")] * 4
     assert registry.counters("a").upstream_failures == 4
 
 
@@ -412,3 +416,15 @@ class RegistryMachine(RuleBasedStateMachine):
 TestRegistryMachine = RegistryMachine.TestCase
 TestRegistryMachine.settings = hypothesis_settings(max_examples=100, stateful_step_count=40,
                                                    deadline=None)
+
+
+def test_a_new_engine_process_behind_the_url_is_a_restart(registry, events) -> None:
+    healthy(registry, spec())
+    events.clear()
+    registry.load_result("a", {0: RankLoad(0, 0)}, instance=100.0)
+    registry.load_result("a", {0: RankLoad(0, 0)}, instance=100.0)
+    registry.load_result("a", {0: RankLoad(0, 0)})  # an engine that does not say
+    assert ("restarted", "a") not in events
+    registry.load_result("a", {0: RankLoad(0, 0)}, instance=250.5)
+    assert events[-1] == ("restarted", "a")
+    assert "engine restarted" in registry.status("a").last_error
