@@ -117,7 +117,8 @@ async def run_gateway(config: CortexConfig, *,
     counters: dict[int, IngestCounters] = {}
     observer = MetricsObserver(metrics, registry)
     gateway = Gateway(pools, upstream, retries=config.upstream.retries_before_first_byte,
-                      observer=observer, pd=config.pd, admission=config.admission)
+                      observer=observer, pd=config.pd, admission=config.admission,
+                      client_dp_rank=config.scheduler.client_dp_rank)
     handler = access_logged(gateway.handle) if config.log.access_log else gateway.handle
     server = HttpServer(handler, config.server.limits)
 

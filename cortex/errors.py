@@ -44,6 +44,16 @@ class NotFound(CortexError):
     http_status = 404
 
 
+class MethodNotAllowed(CortexError):
+    """The path exists but not for this method; ``allow`` lists the methods it takes."""
+
+    http_status = 405
+
+    def __init__(self, message: str, *, allow: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.allow = allow
+
+
 class Unauthorized(CortexError):
     """An admin or debug endpoint was called without the right bearer token."""
 

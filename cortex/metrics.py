@@ -155,9 +155,10 @@ class CortexMetrics:
         self._exact = CounterFamily("cortex_cached_tokens_exact_total",
                                     "Requests whose predicted cached tokens equal the reported",
                                     ("model",))
-        self._upstream_errors = CounterFamily("cortex_upstream_errors_total",
-                                              "Failed upstream exchanges by worker and phase",
-                                              ("worker", "phase"))
+        self._upstream_errors = CounterFamily(
+            "cortex_upstream_errors_total",
+            "Failed upstream exchanges by worker, phase and the worker's status (429, 5xx; "
+            "none: no status, e.g. refused, timed out, broken)", ("worker", "phase", "status"))
         self._retries = CounterFamily("cortex_retries_total",
                                       "Requests sent to another worker after a failure before "
                                       "the first byte, by the phase that failed", ("phase",))
@@ -212,10 +213,13 @@ class CortexMetrics:
         if predicted == reported:
             self._exact.inc(labels)
 
-    def record_upstream_error(self, worker: str, phase: str) -> None:
+    def record_upstream_error(self, worker: str, phase: str, status: int | None = None) -> None:
+        """``status``: the worker's failing answer (429 or 5xx), ``None`` without one."""
         if phase not in PHASES:
             raise ValueError(f"unknown upstream phase {phase!r}; one of {PHASES}")
-        self._upstream_errors.inc((worker, phase))
+        if status is not None and not (status == 429 or 500 <= status <= 599):
+            raise ValueError(f"{status} is not a failing status")
+        self._upstream_errors.inc((worker, phase, "none" if status is None else str(status)))
 
     def record_retry(self, phase: str) -> None:
         if phase not in RETRY_PHASES:
@@ -224,8 +228,9 @@ class CortexMetrics:
 
     def forget_worker(self, worker: str) -> None:
         """Drop a removed worker's upstream-error series."""
-        for phase in PHASES:
-            self._upstream_errors.remove((worker, phase))
+        for labels in [labels for labels in self._upstream_errors.values
+                       if labels[0] == worker]:
+            self._upstream_errors.remove(labels)
 
     # ------------------------------------------------------------- scrape-time sources
 

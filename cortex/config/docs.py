@@ -35,6 +35,9 @@ SECTIONS: dict[str, str] = {
 DOCS: dict[str, str] = {
     "scheduler.route_on_partial": "route on a PARTIAL ledger (history lost: its hits are "
                                   "true, some blocks may be missing) as if it were READY",
+    "scheduler.client_dp_rank": "let clients pick the DP rank (routed_dp_rank in the body, "
+                                "x-data-parallel-rank header) when Cortex does not; default: "
+                                "Cortex decides and strips them",
     "control.worker_hosts": "networks (CIDR) and host names that workers added through the "
                             "admin API may use, comma-separated; \"*\": any host",
     "admission.max_waiting": "requests that may wait for capacity per model; more get 429",

@@ -173,6 +173,7 @@ class SchedulerConfig:
     bounds: BoundedLoad = field(default_factory=BoundedLoad)
     seed: int | None = None  # RNG seed of the power-of-two-choices fallback; None: random
     route_on_partial: bool = False  # route exact on PARTIAL ledgers (true lower bounds)
+    client_dp_rank: bool = False  # honour a client's routed_dp_rank / x-data-parallel-rank
 
     def __post_init__(self) -> None:
         problems = []

@@ -19,7 +19,7 @@ import re
 
 import msgspec
 
-from cortex.errors import BadRequest, ConfigError, CortexError, PayloadTooLarge
+from cortex.errors import BadRequest, ConfigError, CortexError, MethodNotAllowed, PayloadTooLarge
 from cortex.front.messages import HttpResponse, json_response
 
 
@@ -77,4 +77,6 @@ def error_response(exc: CortexError) -> HttpResponse:
     headers = None
     if exc.retry_after_s is not None:
         headers = [(b"retry-after", b"%d" % max(1, math.ceil(exc.retry_after_s)))]
+    if isinstance(exc, MethodNotAllowed):
+        headers = [(b"allow", ", ".join(exc.allow).encode())]
     return json_response(exc.http_status, msgspec.json.encode(error_payload(exc)), headers)

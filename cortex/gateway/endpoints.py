@@ -10,7 +10,11 @@ Rules:
 * Data-parallel rank (engine-endpoints.md §4): SGLang takes ``routed_dp_rank`` in the body
   (the body is re-encoded only then); vLLM takes the ``x-data-parallel-rank`` header (vLLM's
   ``_get_data_parallel_rank`` reads it case-insensitively). ``rank`` ``None``: the engine's
-  own DP balancer chooses.
+  own DP balancer chooses. Cortex owns that decision: a client's own ``routed_dp_rank`` /
+  ``x-data-parallel-rank`` is stripped, unless the operator lets clients choose
+  (``scheduler.client_dp_rank``; Cortex's rank, when it has one, still wins).
+* Engines: chat and completions are served by both engines; ``/generate`` is SGLang's native
+  API only (``SERVED_BY``): a request goes only to workers whose engine serves its endpoint.
 * Decision headers on the response: ``x-cortex-cache-hit-tokens``,
   ``x-cortex-assigned-worker``, ``x-cortex-match-mode`` (the ``Mode`` value), plus
   ``x-cortex-dp-rank`` when a rank was set and ``x-cortex-attempts`` after retries.
@@ -50,6 +54,9 @@ class Endpoint(enum.Enum):
 
 
 ENDPOINTS = {endpoint.value.encode(): endpoint for endpoint in Endpoint}
+ENGINES = frozenset({"vllm", "sglang"})
+SERVED_BY = {Endpoint.CHAT: ENGINES, Endpoint.COMPLETIONS: ENGINES,
+             Endpoint.GENERATE: frozenset({"sglang"})}
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -89,17 +96,24 @@ def request_prompt(
     return generate_prompt(body)
 
 
-def forwarded_headers(headers: Headers) -> Headers:
-    """The client's headers minus ``x-cortex-*``, hop-by-hop and framing headers."""
+def forwarded_headers(headers: Headers, client_dp_rank: bool = False) -> Headers:
+    """The client's headers minus ``x-cortex-*``, hop-by-hop and framing headers, and minus
+    its ``x-data-parallel-rank`` unless clients may choose the rank."""
     return [(name, value) for name, value in headers
-            if name not in _DROPPED_REQUEST_HEADERS and not name.startswith(b"x-cortex-")]
+            if name not in _DROPPED_REQUEST_HEADERS and not name.startswith(b"x-cortex-")
+            and (client_dp_rank or name != b"x-data-parallel-rank")]
 
 
 def with_dp_rank(
-    engine: str, body: dict[str, Any], raw: bytes, headers: Headers, rank: int | None
+    engine: str, body: dict[str, Any], raw: bytes, headers: Headers, rank: int | None,
+    client_dp_rank: bool = False,
 ) -> tuple[bytes, Headers]:
-    """Body and headers to send so the engine serves the request on DP ``rank``."""
+    """Body and headers to send so the engine serves the request on DP ``rank`` (``None``:
+    the engine chooses, or the client when it may)."""
     if rank is None:
+        if "routed_dp_rank" in body and not client_dp_rank:
+            return _json_encoder.encode({k: v for k, v in body.items()
+                                         if k != "routed_dp_rank"}), headers
         return raw, headers
     if engine == "sglang":
         return _json_encoder.encode({**body, "routed_dp_rank": rank}), headers

@@ -17,7 +17,10 @@ from cortex.gateway.exits import Exits
 from cortex.upstream.response import UpstreamResponse
 from cortex.upstream.sse import CachedTokensSniffer
 
-RETRY_STATUSES = frozenset({502, 503, 504})
+def retryable_status(status: int) -> bool:
+    """A worker's answer that another worker may serve better: overloaded (429) or failed
+    (5xx). Only before anything reached the client, within the retry budget."""
+    return status == 429 or 500 <= status <= 599
 
 
 @dataclass(slots=True)
@@ -35,7 +38,9 @@ class Leg:
 
 
 class RetryableStatus(Exception):
-    """A worker answered 502/503/504 before anything reached the client: try another."""
+    """A worker answered 429 or 5xx before anything reached the client: try another."""
+
+    phase = "head"
 
     def __init__(self, status: int) -> None:
         super().__init__(f"worker answered {status}")

@@ -40,11 +40,16 @@ class MetricsObserver(RouteObserver):
         phase = getattr(error, "phase", "head")
         if phase == "body" and not after_first_byte:
             phase = "head"
-        self.metrics.record_upstream_error(worker, phase)
+        status = getattr(error, "status", None)
+        self.metrics.record_upstream_error(worker, phase, status)
         if retried:
             self.metrics.record_retry(phase)
-        if phase == "connect" and worker in self.registry:
+        if worker not in self.registry:
+            return
+        if phase == "connect":
             self.registry.upstream_connect_failed(worker, str(error))
+        elif status != 429:  # an overloaded worker answered: load, not a failure
+            self.registry.upstream_answer_failed(worker, str(error))
 
     def cached_tokens(self, model: str, route: Route, predicted: int, reported: int) -> None:
         self.metrics.record_cached_tokens(model, predicted, reported, route.prompt_tokens)

@@ -42,11 +42,19 @@ from typing import Any
 import msgspec
 
 from cortex.control.readiness import Readiness, assess
-from cortex.errors import BadRequest, CortexError, NotFound, NoWorkerAvailable, UpstreamError
+from cortex.errors import (
+    BadRequest,
+    CortexError,
+    MethodNotAllowed,
+    NotFound,
+    NoWorkerAvailable,
+    UpstreamError,
+)
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.gateway.admission import Admission
 from cortex.gateway.endpoints import (
     ENDPOINTS,
+    SERVED_BY,
     Endpoint,
     body_model,
     decision_headers,
@@ -56,7 +64,7 @@ from cortex.gateway.endpoints import (
     with_dp_rank,
 )
 from cortex.gateway.exits import Exits
-from cortex.gateway.legs import RETRY_STATUSES, Leg, LegBody, RetryableStatus
+from cortex.gateway.legs import Leg, LegBody, RetryableStatus, retryable_status
 from cortex.gateway.observer import RouteObserver
 from cortex.gateway.pool import ModelPool, Route
 from cortex.gateway.settings import AdmissionSettings
@@ -66,6 +74,7 @@ from cortex.pd.plan import PdSettings
 from cortex.profile.segment_cache import Lookup
 from cortex.profile.trio_tokenize import OFFLOAD_MIN_CHARS, encode_offloaded
 from cortex.upstream.connection import NOT_READY
+from cortex.upstream.errors import UpstreamBroken
 from cortex.upstream.pool import UpstreamPool
 from cortex.upstream.sse import CachedTokensSniffer
 
@@ -88,8 +97,10 @@ class Gateway:
         readiness: Callable[[], Readiness] | None = None,
         pd: PdSettings | None = None,
         admission: AdmissionSettings | None = None,
+        client_dp_rank: bool = False,
     ) -> None:
         self.pools = pools
+        self.client_dp_rank = client_dp_rank  # clients may pick the DP rank (else stripped)
         self.upstream = upstream
         self.retries = retries
         self.observer = observer or RouteObserver()
@@ -106,7 +117,8 @@ class Gateway:
         endpoint = ENDPOINTS.get(path)
         if endpoint is not None:
             if request.method != b"POST":
-                raise NotFound(f"{path.decode(errors='replace')} accepts POST only")
+                raise MethodNotAllowed(f"{path.decode(errors='replace')} accepts POST only",
+                                       allow=("POST",))
             return await self.generate(endpoint, request)
         if request.method == b"GET":
             if path == b"/v1/models":
@@ -145,13 +157,14 @@ class Gateway:
                     if type(token_ids) is Lookup:  # a long new text: off the trio thread
                         token_ids = await encode_offloaded(pool.tokenizer, token_ids)
                     tokenize_s = perf_counter() - tokenize_start
-        headers = forwarded_headers(request.headers)
+        headers = forwarded_headers(request.headers, self.client_dp_rank)
+        unable = _not_serving(pool, endpoint)
         try:
             if self.pd.enabled(pool):
                 return await self.pd.serve(pool, endpoint, request, body, headers, token_ids,
                                            prompt, started, tokenize_s)
             return await self._serve_single(pool, endpoint, request, body, headers, token_ids,
-                                            prompt, started, tokenize_s)
+                                            prompt, started, tokenize_s, unable)
         except NoWorkerAvailable:
             self.observer.no_worker(pool.model)
             raise
@@ -167,8 +180,10 @@ class Gateway:
         prompt: Any,
         started: float,
         tokenize_s: float | None = None,
+        unable: tuple[str, ...] = (),
     ) -> HttpResponse:
-        failed: list[str] = []
+        """``unable``: workers whose engine does not serve ``endpoint`` (never tried)."""
+        failed: list[str] = list(unable)
         last_error: CortexError | None = None
         record_decision: Callable[[], None] | None = None  # recorded after the answer, or on exit
         try:
@@ -220,7 +235,8 @@ class Gateway:
         attempt: int,
     ) -> HttpResponse:
         worker = route.worker
-        raw, sent_headers = with_dp_rank(worker.engine, body, request.body, headers, route.rank)
+        raw, sent_headers = with_dp_rank(worker.engine, body, request.body, headers, route.rank,
+                                         self.client_dp_rank)
         stack = Exits()
         try:
             stack.enter_context(route.hold)
@@ -229,6 +245,9 @@ class Gateway:
         except BaseException:
             await stack.aclose()
             raise
+        if retryable_status(leg.response.status):  # the last attempt's failure: relayed, counted
+            self.observer.upstream_failed(worker.name, RetryableStatus(leg.response.status),
+                                          retried=False)
         decision = route.decision
         extra = decision_headers(worker.name, decision.mode.value,
                                  decision.predicted_cached_tokens, route.rank, attempt)
@@ -271,7 +290,10 @@ class Gateway:
         failure can still be retried). The exchange is closed by ``stack``."""
         response = await stack.enter_async_context(self.upstream.request(
             origin, b"POST", target, headers, raw))
-        if retry_statuses and response.status in RETRY_STATUSES:
+        if not 100 <= response.status <= 599:  # not HTTP: never relayed as it came
+            raise UpstreamBroken(f"answered status {response.status}", origin=origin,
+                                 phase="head", response_started=True)
+        if retry_statuses and retryable_status(response.status):
             raise RetryableStatus(response.status)
         chunks = response.body_chunks()
         first = response.chunk_now()  # a small answer came whole with its head: no await
@@ -369,3 +391,14 @@ def _client_headers(leg: Leg, *, with_length: bool) -> list[tuple[bytes, bytes]]
             if name not in _DROPPED_RESPONSE_HEADERS and not name.startswith(b"x-cortex-")
             and (with_length or name != b"content-length")]
 
+
+def _not_serving(pool: ModelPool, endpoint: Endpoint) -> tuple[str, ...]:
+    """The pool's workers whose engine does not serve ``endpoint`` (``SERVED_BY``); a clear
+    404 when none does."""
+    engines = SERVED_BY[endpoint]
+    unable = tuple(name for name, spec in pool.workers.items() if spec.engine not in engines)
+    if unable and len(unable) == len(pool.workers):
+        kinds = " or ".join(sorted(engines))
+        raise NotFound(f"POST {endpoint.value} is served by {kinds} engines only, and no "
+                       f"worker of model {pool.model!r} is one; use /v1/completions")
+    return unable

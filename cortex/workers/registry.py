@@ -10,9 +10,10 @@ Rules and invariants:
   explicit report — never silently with the clock.
 * A new worker is not healthy until its first probe succeeds (``last_ok_at`` is ``None``).
 * Reports: ``probe_result`` (monitor), ``load_result`` / ``load_failed`` (monitor),
-  ``upstream_connect_failed`` / ``upstream_ok`` (data plane). Failures of probes and upstream
-  connections count alike toward opening the breaker, and either makes the worker unhealthy
-  at once (a refused connection is the first sign of a crashed or restarting engine: it gets
+  ``upstream_connect_failed`` / ``upstream_answer_failed`` / ``upstream_ok`` (data plane).
+  Failures of probes, upstream connections and upstream answers (a 5xx, a broken or timed-out
+  exchange, a stream dying midway) count alike toward opening the breaker; a failed probe or
+  connection also makes the worker unhealthy at once (a refused connection is the first sign of a crashed or restarting engine: it gets
   no new request, and its ledger is suspect, until a probe succeeds again). Reports about a
   worker that is no longer registered are ignored (a probe can finish just after its worker
   was removed).
@@ -245,6 +246,19 @@ class WorkerRegistry:
         entry.last_error = error
         before = entry.health_key()
         entry.healthy = False
+        if entry.breaker.record_failure():
+            entry.counters.breaker_opens += 1
+        self._health_changed(name, entry, before)
+        self.forget_load(name)  # after "health": the worker left the pool first
+
+    def upstream_answer_failed(self, name: str, error: str) -> None:
+        """An exchange with ``name`` failed after connecting (5xx, broken, timed out)."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return
+        entry.counters.upstream_failures += 1
+        entry.last_error = error
+        before = entry.health_key()
         if entry.breaker.record_failure():
             entry.counters.breaker_opens += 1
         self._health_changed(name, entry, before)

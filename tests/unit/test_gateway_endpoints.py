@@ -43,6 +43,19 @@ def test_dp_rank_goes_in_the_body_for_sglang_and_a_header_for_vllm():
     assert with_dp_rank("vllm", body, raw, [], None) == (raw, [])
 
 
+def test_a_clients_own_dp_rank_is_stripped_unless_clients_may_choose():
+    body = {"text": "hi", "routed_dp_rank": 1}
+    raw = json.dumps(body).encode()
+    sent, _ = with_dp_rank("sglang", body, raw, [], None)
+    assert json.loads(sent) == {"text": "hi"}
+    assert with_dp_rank("sglang", body, raw, [], None, client_dp_rank=True) == (raw, [])
+    sent, _ = with_dp_rank("sglang", body, raw, [], 0, client_dp_rank=True)
+    assert json.loads(sent)["routed_dp_rank"] == 0  # Cortex's own rank wins
+    header = [(b"x-data-parallel-rank", b"1"), (b"accept", b"*/*")]
+    assert forwarded_headers(header) == [(b"accept", b"*/*")]
+    assert forwarded_headers(header, client_dp_rank=True) == header
+
+
 def test_decision_headers_name_worker_mode_and_hit():
     assert decision_headers("w1", "exact_kv_events", 64, None, 1) == [
         (b"x-cortex-assigned-worker", b"w1"), (b"x-cortex-match-mode", b"exact_kv_events"),

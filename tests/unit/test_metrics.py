@@ -187,19 +187,29 @@ def test_cached_tokens_predicted_vs_reported():
     assert value(m, "cortex_cached_tokens_error_bucket", model="m", le="0.0") == 2
 
 
-def test_upstream_errors_and_retries_use_fixed_phases():
+def test_upstream_errors_and_retries_use_fixed_phases_and_failing_statuses():
     m = CortexMetrics()
     m.record_upstream_error("w0", "connect")
     m.record_upstream_error("w0", "body")
+    m.record_upstream_error("w0", "head", 503)
+    m.record_upstream_error("w0", "head", 429)
     m.record_retry("connect")
-    assert value(m, "cortex_upstream_errors_total", worker="w0", phase="connect") == 1
+    assert value(m, "cortex_upstream_errors_total", worker="w0", phase="connect",
+                 status="none") == 1
+    assert value(m, "cortex_upstream_errors_total", worker="w0", phase="head",
+                 status="503") == 1
     assert value(m, "cortex_retries_total", phase="connect") == 1
     with pytest.raises(ValueError):
         m.record_upstream_error("w0", "connection refused by peer")
     with pytest.raises(ValueError):
+        m.record_upstream_error("w0", "head", 200)  # only failing answers are errors
+    with pytest.raises(ValueError):
         m.record_retry("body")  # never retried after the first byte
     m.forget_worker("w0")
-    assert value(m, "cortex_upstream_errors_total", worker="w0", phase="connect") is None
+    assert value(m, "cortex_upstream_errors_total", worker="w0", phase="connect",
+                 status="none") is None
+    assert value(m, "cortex_upstream_errors_total", worker="w0", phase="head",
+                 status="429") is None
     assert set(PHASES) == {"acquire", "connect", "send", "head", "body"}
 
 
