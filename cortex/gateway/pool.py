@@ -14,6 +14,10 @@ Rules:
 * ``route_on_partial``: a worker whose ledger is PARTIAL (true but incomplete: history lost
   beyond repair) is routed on as if READY — its hits are real, it may miss some. Off by
   default; readiness still reports the PARTIAL state (``ledger_state``).
+* DP ranks are trusted one by one: a worker with some ranks READY is routed exactly on those
+  (its view is READY, the matches of its untrusted ranks are left out and a DP rank is only
+  ever picked among the trusted ones); one PARTIAL or STALE rank no longer turns exact routing
+  off for the others. Readiness still reports the least trusted rank (``ledger_state``).
 * ``policy`` other than ``"cortex"`` routes without the ledger (comparison baselines).
 * ``route`` decides and returns a ``Route`` whose ``hold`` (in-flight accounting) the caller
   enters for the life of the upstream exchange. ``exclude`` names workers that already failed
@@ -126,6 +130,8 @@ class ModelPool:
         self.workers: dict[str, WorkerSpec] = {}
         self._families: tuple[EngineFamily, ...] = ()  # of the workers (``_membership_changed``)
         self.targets: dict[str, tuple[int, ...]] = {}
+        self._untrusted: dict[str, frozenset[int]] = {}  # worker -> ranks not routed exactly
+        self._untrusted_any: frozenset[int] = frozenset()  # all of them (per-request filter)
         self._figures: dict[str, WorkerFigures] = {}
         self._capacity_listeners: list[Callable[[str], None]] = []
         self.reports: dict[str, WorkerReport] = {}  # what each worker said about itself
@@ -191,6 +197,8 @@ class ModelPool:
         self.workers.pop(name, None)
         self._membership_changed()
         self.targets.pop(name, None)
+        if self._untrusted.pop(name, None) is not None:
+            self._untrusted_any = frozenset().union(*self._untrusted.values())
         self._figures.pop(name, None)
         self.pending.untrack(name)
 
@@ -212,9 +220,7 @@ class ModelPool:
         if spec is None:
             return
         figures = self._figures.get(name, WorkerFigures())
-        state = self.ledger_state(name)
-        if state is TargetState.PARTIAL and self.route_on_partial:
-            state = TargetState.READY  # a lower bound: misses possible, never a false hit
+        state = self._routing_state(name)
         rate = figures.prefill_tokens_per_s
         if rate is None and spec.weight != 1.0:
             rate = spec.weight * self.default_prefill_tokens_per_s
@@ -233,6 +239,32 @@ class ModelPool:
             return None
         states = [self.book.state(target) for target in targets]
         return max(states, key=_DISTRUST.__getitem__)
+
+    def _routing_state(self, name: str) -> TargetState | None:
+        """The state the worker is routed by: READY when some rank is trusted (the others are
+        left out of its matches), else its least trusted rank's. Keeps ``_untrusted``."""
+        targets = self.targets.get(name, ())
+        state = self.ledger_state(name)
+        untrusted = frozenset()
+        if state is not None and len(targets) > 1 and not self._trusted(state):
+            untrusted = frozenset(t for t in targets if not self._trusted(self.book.state(t)))
+            if len(untrusted) < len(targets):
+                state = TargetState.READY
+            else:
+                untrusted = frozenset()
+        if untrusted != self._untrusted.get(name, frozenset()):
+            if untrusted:
+                self._untrusted[name] = untrusted
+            else:
+                self._untrusted.pop(name, None)
+            self._untrusted_any = frozenset().union(*self._untrusted.values())
+        if state is TargetState.PARTIAL and self.route_on_partial:
+            state = TargetState.READY  # a lower bound: misses possible, never a false hit
+        return state
+
+    def _trusted(self, state: TargetState) -> bool:
+        return state is TargetState.READY or (state is TargetState.PARTIAL
+                                              and self.route_on_partial)
 
     def views(self) -> tuple[WorkerView, ...]:
         return self.pending.views()
@@ -274,6 +306,10 @@ class ModelPool:
             token_count = len(token_ids)
             if self.fixed is None:
                 target_blocks = self._match(keys, block_size)
+                if self._untrusted_any:  # some worker's other DP ranks are trusted: drop these
+                    untrusted = self._untrusted_any
+                    target_blocks = {t: b for t, b in target_blocks.items()
+                                     if t not in untrusted}
         request = RequestFacts(keys, token_count, block_size)
         if self.fixed is None:
             decision = self.scheduler.decide(request, views, target_blocks, role)

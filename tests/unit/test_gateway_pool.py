@@ -161,3 +161,29 @@ def test_a_partial_ledger_is_routed_on_only_when_configured():
         pool.refresh(f"a{route_on_partial}")
         assert pool.ledger_state(f"a{route_on_partial}") is TargetState.PARTIAL
         assert pool.decide(TOKENS, PROMPT).decision.mode is mode
+
+
+def test_one_untrusted_dp_rank_leaves_the_others_routed_exactly():
+    """Issue 22 §12: a PARTIAL rank used to turn exact routing off for every rank."""
+    book = LedgerBook()
+    pool = pool_with(book)
+    targets = add(pool, book, "b", dp=3, port=2)
+    store(book, targets[0], 2)  # on a rank about to go PARTIAL: never credited then
+    store(book, targets[1], 3)
+    book.set_state(targets[0], TargetState.PARTIAL, "history lost")
+    pool.refresh("b")
+    assert pool.views()[0].ledger_state is TargetState.READY
+    assert pool.ledger_state("b") is TargetState.PARTIAL  # what readiness reports
+    route = pool.decide(TOKENS, PROMPT)
+    assert (route.rank, route.decision.predicted_cached_tokens) == (1, 3 * BLOCK)
+    book.set_state(targets[1], TargetState.STALE, "gap")
+    pool.refresh("b")
+    route = pool.decide(TOKENS, PROMPT)  # only rank 2 trusted: no hit, the engine chooses
+    assert (route.rank, route.decision.predicted_cached_tokens) == (None, 0)
+    book.set_state(targets[2], TargetState.SYNCING, "replaying")
+    pool.refresh("b")  # no rank trusted: the worker is as untrusted as its worst rank
+    assert pool.views()[0].ledger_state is TargetState.PARTIAL
+    for target in targets:
+        book.set_state(target, TargetState.READY)
+    pool.refresh("b")
+    assert pool.decide(TOKENS, PROMPT).decision.predicted_cached_tokens == 3 * BLOCK
