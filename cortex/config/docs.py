@@ -125,6 +125,8 @@ DOCS: dict[str, str] = {
     "ledger.warm_start_max_bytes": "largest peer snapshot accepted, bytes",
     "ingest.dedupe_window": "recent batches remembered per publisher to tell duplicates "
                             "from restarts",
+    "ingest.history_retry_s": "seconds before asking again for a history replay that got no "
+                              "reply (doubling, up to 60)",
     "health.interval_s": "seconds between two health probes of a worker",
     "health.timeout_s": "seconds a health probe may take",
     "health.failures_to_open": "consecutive failures that open a worker's circuit breaker",

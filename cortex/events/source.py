@@ -41,6 +41,8 @@ class IngestSettings:
     rcvhwm: int = 200_000
     # Recently accepted batches remembered per publisher to tell duplicates from restarts.
     dedupe_window: int = 4096
+    # Wait before asking again for a history replay that got no reply; doubles up to 60 s.
+    history_retry_s: float = 2.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -54,6 +56,8 @@ class IngestSettings:
             problems.append("rcvhwm must be >= 0 (0 = unlimited)")
         if self.dedupe_window < 1:
             problems.append("dedupe_window must be >= 1")
+        if not self.history_retry_s > 0:
+            problems.append("history_retry_s must be > 0")
         if problems:
             raise ConfigError(problems)
 

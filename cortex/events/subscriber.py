@@ -16,7 +16,10 @@ Per source, one trio task (``run_source``):
   ``max_messages_per_turn`` replayed batches while decoding and applying them;
 * takes the worker's health signals through its ``SourceHandle`` (``suspect`` when the engine
   was unreachable, ``verify`` when it answers again: ``TargetSync``'s rules), executed in the
-  task between messages, waking it when it waits on the socket.
+  task between messages, waking it when it waits on the socket;
+* asks again for a history replay that got no reply (``TargetSync.history_refused``) after
+  ``settings.history_retry_s``, doubling the wait up to ``RETRY_MAX_S`` while it stays
+  refused.
 
 Malformed frames, undecodable payloads, foreign topics and foreign DP ranks are counted in the
 target's ``IngestCounters`` and never end the task. The ledger itself is the single-owner
@@ -28,6 +31,7 @@ target's ``IngestCounters`` and never end the task. The ledger itself is the sin
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -58,6 +62,8 @@ from cortex.events.sync import (
 from cortex.ledger.state import TargetState
 
 log = logging.getLogger("cortex.events")
+
+RETRY_MAX_S = 60.0  # the longest wait between two asks for a refused history replay
 
 
 class AppliedBatch(Protocol):
@@ -171,6 +177,8 @@ class _SourceIngest:
         )
         self._signals: deque[Callable[[], list[Action]]] = deque()
         self._waiting: trio.CancelScope | None = None  # set while the pump awaits the socket
+        self._retry_delay = settings.history_retry_s
+        self._retry_at: float | None = None  # when to ask again for a refused history
 
     def signal(self, step: Callable[[], list[Action]]) -> None:
         """Run ``step`` (a ``TargetSync`` input) in the task, before its next message."""
@@ -203,6 +211,8 @@ class _SourceIngest:
         while True:
             while self._signals:
                 await self.execute(self._signals.popleft()())
+            if await self._retry_due():
+                continue
             processed = 0
             while processed < budget:
                 frames = zmq_trio.try_recv_multipart(sub)
@@ -213,9 +223,28 @@ class _SourceIngest:
             if processed:
                 await trio.sleep(0)
             elif not self._signals:
-                with trio.CancelScope() as self._waiting:
+                deadline = math.inf if self._retry_at is None else self._retry_at
+                with trio.CancelScope(deadline=deadline) as self._waiting:
                     await zmq_trio.wait_for(sub, zmq.POLLIN)
                 self._waiting = None
+
+    async def _retry_due(self) -> bool:
+        """Ask again for a refused history replay when its wait is over (True: asked)."""
+        if not self.sync.history_refused:
+            self._retry_at, self._retry_delay = None, self.settings.history_retry_s
+            return False
+        now = trio.current_time()
+        if self._retry_at is None:
+            self._retry_at = now + self._retry_delay
+            return False
+        if now < self._retry_at:
+            return False
+        log.info("%s rank %d: asking again for the history replay that got no reply",
+                 self.source.worker, self.source.rank)
+        self._retry_at = None
+        self._retry_delay = min(self._retry_delay * 2, RETRY_MAX_S)
+        await self.execute(self.sync.retry_history())
+        return True
 
     async def on_frames(self, frames: list[bytes]) -> None:
         c = self.counters

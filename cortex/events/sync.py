@@ -16,7 +16,10 @@ Rules (``has_replay`` = the target has a replay endpoint):
     (nothing was ever published) → apply the items → READY, expect the next number;
   - items start after 0 (buffer no longer reaches back), are not contiguous, or came without
     end marker in time → apply the contiguous run from the first item → PARTIAL;
-  - refused (no reply at all) → PARTIAL, no expectation (the next live batch is accepted).
+  - refused (no reply at all) → PARTIAL, no expectation (the next live batch is accepted);
+    ``history_refused`` then asks the shell to try again later (``retry_history``: drop,
+    SYNCING, replay from 0 — with backoff, the shell's), and a first live batch numbered 0
+    proves the stream complete by itself: READY (the ledger was empty since the start).
   Then the held live batches are processed as if they had just arrived: batches the replay
   already covered are dropped by sequence number; a gap among them is repaired as below.
 * Warm start (``start_from_snapshot(seq, digest)``): the shell has just loaded a peer replica's
@@ -196,6 +199,7 @@ class TargetSync:
         self._replayed_upto: int | None = None  # highest seq applied from a replay
         self._suspected: TargetState | None = None  # the state before a suspected restart
         self._suspicion_due: str | None = None  # a suspicion that arrived during a replay
+        self._history_refused = False  # the last history replay got no reply: try again
 
     # --- read-only view ---------------------------------------------------------------
 
@@ -220,6 +224,12 @@ class TargetSync:
         return self._seq.next_seq
 
     @property
+    def history_refused(self) -> bool:
+        """The history replay got no reply and nothing proved the ledger complete since: the
+        shell should ``retry_history`` later."""
+        return self._history_refused
+
+    @property
     def resume_point(self) -> tuple[int, bytes] | None:
         """``(seq, digest)`` of the last applied batch when the ledger is READY and follows the
         stream up to it with nothing pending: what a snapshot of the target records (a peer
@@ -238,6 +248,7 @@ class TargetSync:
         self._held = []
         self._replayed_upto = None
         self._suspected = self._suspicion_due = None
+        self._history_refused = False
         self._set(SYNCING, "started: history unknown", out, force=True)
         out.append(DropEntries("start: history unknown"))
         if self.has_replay:
@@ -260,6 +271,16 @@ class TargetSync:
         request = RequestReplay(seq, None)
         self._pending = _PendingReplay(_Purpose.SNAPSHOT, request, resume=READY, digest=digest)
         out.append(request)
+        return out
+
+    def retry_history(self) -> list[Action]:
+        """Ask again for the history a refused replay did not give: start over (drop, SYNCING,
+        replay from 0; live batches held). Nothing to do unless ``history_refused``."""
+        if not self._history_refused or self._pending is not None or self._suspected:
+            return []
+        held, self._held = self._held, []
+        out = self.start()
+        self._held = held
         return out
 
     def suspect(self, why: str) -> list[Action]:
@@ -353,6 +374,10 @@ class TargetSync:
                     self._set(READY, "first batch is sequence 0", out)
                 else:
                     self._set(PARTIAL, f"joined at sequence {msg.seq} without replay", out)
+            elif self._history_refused and msg.seq == 0 and self._state is PARTIAL:
+                # nothing applied since the refused replay emptied the ledger: whole after all
+                self._set(READY, "history replay refused, but the stream starts at sequence 0",
+                          out)
             self._apply_live(msg, out)
         elif kind is VerdictKind.DUPLICATE:
             if self._replayed_upto is not None and msg.seq <= self._replayed_upto:
@@ -443,6 +468,7 @@ class TargetSync:
     ) -> None:
         if refused:
             self.counters.replay_refused += 1
+            self._history_refused = True
             self._set(PARTIAL, "history replay refused (no reply in time)", out)
             return
         first = items[0].seq if items else None
@@ -550,6 +576,8 @@ class TargetSync:
         self, state: TargetState, reason: str, out: list[Action], *, force: bool = False
     ) -> None:
         self._reason = reason
+        if state is READY:
+            self._history_refused = False  # proved complete: nothing to fetch again
         if state is not self._state or force:
             self._state = state
             out.append(SetState(state, reason))

@@ -12,6 +12,7 @@ whose arrival proves they were processed (ZeroMQ keeps order per connection).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -392,3 +393,29 @@ async def test_busy_stream_does_not_starve_the_event_loop(ctx, vllm):
     assert counters.messages == n
     assert max(steps) <= 2 * per_turn
     assert len({s for s in samples if 0 < s < n}) >= n // (2 * per_turn)
+
+
+async def test_a_refused_history_is_asked_again_until_it_comes(ctx, fx):
+    """Issue 22 §11: a replay endpoint nobody answered at start left the ledger PARTIAL for
+    good; it is asked again (with backoff) and the history, once it comes, makes it READY."""
+    retry = dataclasses.replace(SETTINGS, history_retry_s=0.3)
+    async with publisher(ctx, fx, replay_mode=ReplayMode.SILENT) as pub:
+        for payload in fx.payloads[:6]:
+            pub.publish(payload, deliver=False)
+        async with ingesting(ctx, pub, fx, settings=retry) as ing:
+            await ing.until(lambda: ing.state is PARTIAL)
+            pub.replay_mode = ReplayMode.ANSWER  # the engine's replay answers now
+            await ing.until_applied(6, READY)
+            assert ing.counters.replay_refused >= 1
+            assert ing.held() == {"A1": None, "A2": "A1"}
+
+
+async def test_a_stream_from_zero_proves_itself_whole_when_the_replay_is_silent(ctx, fx):
+    """Cortex started before the engine published anything, its replay silent: the first live
+    batch is sequence 0, so nothing was missed: READY without any replay."""
+    async with publisher(ctx, fx, replay_mode=ReplayMode.SILENT) as pub:
+        async with ingesting(ctx, pub, fx) as ing:
+            await ing.until(lambda: ing.state is PARTIAL)
+            await pub.wait_subscribed()
+            pub.publish(fx.payloads[0])
+            await ing.until_applied(1, READY)

@@ -510,3 +510,23 @@ def test_a_refused_proof_is_partial_and_too_much_held_starts_over(monkeypatch):
     sync.suspect("probe failed")
     assert live(sync, 3, 4) == []
     assert live(sync, 5) == ["syncing", "drop", "replay 0 max None"]
+
+
+# --- a refused history replay (issue 22 §11: PARTIAL for good) --------------------------------
+
+def test_a_refused_history_is_retried_and_a_stream_from_zero_is_whole():
+    sync = TargetSync(has_replay=True)
+    sync.start()
+    assert show(sync.on_replay_result([], ended=False, refused=True)) == ["partial"]
+    assert sync.history_refused
+    assert live(sync, 0, 1) == ["ready", "apply 0", "apply 1"]  # the stream starts at 0
+    assert not sync.history_refused and sync.retry_history() == []
+    later = TargetSync(has_replay=True)
+    later.start()
+    later.on_replay_result([], ended=False, refused=True)
+    assert live(later, 5) == ["apply 5"]  # joined late: still PARTIAL, still to fetch
+    assert later.history_refused and later.state is PARTIAL
+    assert show(later.retry_history()) == ["syncing", "drop", "replay 0 max None"]
+    assert live(later, 6) == []  # held during the replay
+    assert replay(later, range(7)) == [f"apply {i} r" for i in range(7)] + ["ready"]
+    assert not later.history_refused and later.next_seq == 7
