@@ -27,6 +27,7 @@ import gc
 import logging
 import random
 import signal
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -84,6 +85,14 @@ def build_pools(
     """One pool per configured model (and per model a worker names without a profile)."""
     specs = [model.profile_spec() for model in config.models if not model.passthrough]
     profiles = load_profiles(specs)
+    failed = profiles.load_errors()
+    stop = [f"models ({model.name}): profile not loaded: {failed[model.name]} (models.required"
+            " = false would start without exact routing for it)"
+            for model in config.models if model.name in failed and model.required]
+    if stop:
+        raise ConfigError(stop)
+    for model, reason in sorted(failed.items()):
+        log.error("model %s: profile not loaded, routed by load only: %s", model, reason)
     scheduler = config.scheduler
     rng = random.Random(scheduler.seed)
     pools: dict[str, ModelPool] = {}
@@ -231,15 +240,36 @@ def serve(config: CortexConfig, reload: Callable[[], CortexConfig] | None = None
             await nursery.start(run_watchdog, notifier)
     try:
         trio.run(main)
-    except ConfigError as error:
-        for problem in error.problems:
-            print(f"cortex: {problem}", flush=True)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    except (ConfigError, KeyboardInterrupt, BaseExceptionGroup) as error:
+        code = _exit_code(error)
+        if code is None:
+            raise
+        return code
     finally:
         notifier.close()
     return 0
+
+
+def _exit_code(error: BaseException) -> int | None:
+    """2 after printing configuration problems (also when a nursery wrapped them in a group),
+    130 for Ctrl-C; ``None``: not an ending of ours (re-raised)."""
+    leaves = [error]
+    if isinstance(error, BaseExceptionGroup):
+        ours, rest = error.split((ConfigError, KeyboardInterrupt))
+        if ours is None or rest is not None:
+            return None
+        leaves = _flatten(ours)
+    if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+        return 130
+    for leaf in leaves:
+        for problem in leaf.problems:  # type: ignore[attr-defined]
+            print(f"cortex: {problem}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _flatten(group: BaseExceptionGroup) -> list[BaseException]:
+    return [leaf for error in group.exceptions
+            for leaf in (_flatten(error) if isinstance(error, BaseExceptionGroup) else [error])]
 
 
 async def _reload_on_sighup(running: Running, reload: Callable[[], CortexConfig],

@@ -102,7 +102,10 @@ def load_or_report(args: argparse.Namespace, extra_checks: bool = False) -> Cort
     try:
         config = load_config(args, os.environ)
     except ConfigError as error:
-        _report(error.problems)
+        problems = list(error.problems)
+        if extra_checks and isinstance(error.partial, CortexConfig):  # one pass: files too
+            problems += file_checks(error.partial)
+        _report(problems)
         return None
     problems = file_checks(config) if extra_checks else []
     if problems:
@@ -112,7 +115,8 @@ def load_or_report(args: argparse.Namespace, extra_checks: bool = False) -> Cort
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    config = load_or_report(args)
+    # --dry-run checks what a start reads (files, model profiles) as check-config does
+    config = load_or_report(args, extra_checks=args.dry_run)
     if config is None:
         return USAGE_ERROR
     if args.print_config:

@@ -15,11 +15,13 @@ class CortexError(Exception):
 
 
 class ConfigError(CortexError):
-    """The configuration cannot be used; ``problems`` lists every problem found at once."""
+    """The configuration cannot be used; ``problems`` lists every problem found at once.
+    ``partial``: what of the configuration did build (``load_config``), for further checks."""
 
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = list(problems)
+        self.partial: object | None = None
 
 
 class DecodeError(CortexError):

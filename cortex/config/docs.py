@@ -142,6 +142,8 @@ DOCS: dict[str, str] = {
                          "passthrough)",
     "models.chat_template": "a .jinja chat template, an HF tokenizer_config.json or a model "
                             "directory (default: the tokenizer's directory, as engines read it)",
+    "models.required": "a profile that cannot be loaded stops the start; false: start anyway "
+                       "and route this model by load only (logged as an error)",
     "models.add_bos": "prepend BOS to text tokenized with special tokens (default: as the "
                       "tokenizer's post-processor / add_bos_token does)",
     "models.bos_token": "BOS token string, a single token (default: tokenizer_config.json's)",

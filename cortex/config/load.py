@@ -44,7 +44,9 @@ def load_config(
     if config is not None:
         problems.extend(cross_checks(config))
     if problems or config is None:
-        raise ConfigError(problems or ["configuration could not be built"])
+        error = ConfigError(problems or ["configuration could not be built"])
+        error.partial = config  # what did build: the caller may check its files as well
+        raise error
     return config
 
 
@@ -62,5 +64,7 @@ def _name_workers(raw: dict[str, Any]) -> None:
                     netloc = urlsplit(text).netloc
                 except ValueError:
                     netloc = ""
-                if netloc:
-                    entry["name"] = Text(netloc, "the url") if isinstance(url, Text) else netloc
+                # a malformed url still names its worker, so the url's own problem is
+                # reported (not "name is required")
+                name = netloc or text
+                entry["name"] = Text(name, "the url") if isinstance(url, Text) else name

@@ -138,6 +138,7 @@ class ModelConfig:
     version: str = ""
     passthrough: bool = False  # another component schedules this pool: Cortex only proxies
     segment_cache_bytes: int = 64 << 20
+    required: bool = True  # a profile that cannot load stops the start (false: by load only)
 
     def __post_init__(self) -> None:
         label = f"model {self.name or '?'}"

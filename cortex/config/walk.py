@@ -12,7 +12,8 @@ Rules:
 * ``build`` never stops at the first problem: it appends every problem (unknown key with a
   "did you mean", wrong type with its key path, a section's own ``ConfigError`` problems,
   ``validate()`` problems) to ``problems`` and returns ``None`` for a part it could not build,
-  whose parent then keeps its default so that its other fields are still checked.
+  whose parent then keeps its default so that its other fields are still checked; a list
+  keeps the entries that did build, so checks across entries still see them.
 * ``scalar_keys`` lists every scalar key (a path of field names) with its type and default: the
   environment variables and flags are generated from it, so each key has both.
 """
@@ -125,8 +126,8 @@ def build(cls: type, raw: Any, key: str, problems: list[str]) -> Any:
     for name, spec in specs.items():
         if name in raw:
             ok, value = convert(raw[name], hints[name], _join(key, name), problems)
-            if ok:
-                kwargs[name] = value
+            if ok or isinstance(value, tuple):  # (a list keeps its good entries for the
+                kwargs[name] = value  # other checks; its problems are reported already)
             elif _field_default(spec) is _MISSING:
                 missing.append(name)
         elif _field_default(spec) is _MISSING:
@@ -164,7 +165,8 @@ def convert(value: Any, tp: Any, key: str, problems: list[str]) -> tuple[bool, A
             return False, None
         built = [build(item, entry, f"{key}[{index}]", problems)
                  for index, entry in enumerate(value)]
-        return (True, tuple(built)) if all(entry is not None for entry in built) else (False, None)
+        good = tuple(entry for entry in built if entry is not None)
+        return len(good) == len(built), good
     if is_section(tp):
         built = build(tp, value, key, problems)
         return built is not None, built

@@ -41,6 +41,10 @@ class ProfileSet:
     def profile(self, model: str) -> ModelProfile | None:
         return self._profiles.get(model)
 
+    def load_errors(self) -> dict[str, str]:
+        """Model -> why its profile could not be loaded."""
+        return dict(self._load_errors)
+
     @property
     def models(self) -> list[str]:
         return sorted({*self._profiles, *self._load_errors})

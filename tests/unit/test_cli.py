@@ -203,3 +203,46 @@ def test_check_config_loads_each_profile_as_serve_would(capsys):
     assert main(["check-config", "--model", good.replace(ds.BOS, "<no-such-token>")]) == 2
     err = capsys.readouterr().err
     assert "models[0] (m): bos_token" in err and "<no-such-token>" in err
+
+
+def test_check_config_reports_every_problem_of_a_file_in_one_pass(capsys, tmp_path):
+    """Issue 22 §10: an unknown key, a malformed worker url without a name, a good worker, and
+    a model whose tokenizer file is missing — all reported at once, not in three passes."""
+    config = tmp_path / "cortex.toml"
+    config.write_text(f"""
+unknown_section_key = 1
+
+[[models]]
+name = "m"
+tokenizer = "{tmp_path / 'missing' / 'tokenizer.json'}"
+block_size = 16
+
+[[workers]]
+url = "http//10.0.0.1:8000"
+engine = "vllm"
+
+[[workers]]
+url = "http://10.0.0.2:8000"
+engine = "vllm"
+model = "not-configured"
+""")
+    assert main(["check-config", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key unknown_section_key" in err
+    assert "http//10.0.0.1:8000" in err and "name is required" not in err
+    assert "model 'not-configured' is not one of the configured models" in err
+    assert "models[0].tokenizer: no such file" in err
+
+
+def test_serve_does_not_start_on_a_profile_that_cannot_load(capsys, tmp_path):
+    from cortex.app import serve
+    from cortex.config import CortexConfig, ModelConfig, ServerConfig
+
+    missing = str(tmp_path / "tokenizer.json")
+    config = CortexConfig(server=ServerConfig(host="127.0.0.1", port=0),
+                          models=(ModelConfig(name="m", tokenizer=missing, block_size=16),))
+    assert serve(config) == 2
+    err = capsys.readouterr().err
+    assert "models (m): profile not loaded" in err and "tokenizer.json" in err
+    assert main(["serve", "--dry-run", "--model", f"m,tokenizer={missing},block_size=16"]) == 2
+    assert "no such file" in capsys.readouterr().err
