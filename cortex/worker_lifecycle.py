@@ -130,7 +130,13 @@ class WorkerLifecycle(AdminOps):
         return out
 
     def add(self, spec: WorkerSpec) -> None:
-        self.registry.add(spec)
+        """Register a worker; if joining its pool and ledger fails, nothing of it is left."""
+        try:
+            self.registry.add(spec)
+        except CortexError:
+            if spec.name in self.registry and spec.name not in self.targets:
+                self.registry.remove(spec.name)  # (``_removed`` releases what was taken)
+            raise
 
     def drain(self, name: str) -> None:
         pool = self.pools.get(self.model.get(name, ""))
@@ -192,9 +198,7 @@ class WorkerLifecycle(AdminOps):
         self.model[spec.name] = model
         targets: tuple[int, ...] = ()
         if spec.events is not None and not pool.passthrough:
-            family = _FAMILIES[spec.engine]
-            targets = tuple(self.book.register(spec.name, rank, family, model)
-                            for rank in range(spec.dp_size))
+            targets = self._register_targets(spec, model)
             for target in targets:
                 self.worker_of_target[target] = spec.name
                 self.counters.setdefault(target, IngestCounters())
@@ -202,6 +206,20 @@ class WorkerLifecycle(AdminOps):
         pool.set_worker(spec, targets)
         self._figures(spec.name)  # not live until its first good probe
         self._start_ingestion(spec)
+
+    def _register_targets(self, spec: WorkerSpec, model: str) -> tuple[int, ...]:
+        """One ledger target per DP rank, all or none (``ConfigError`` when they run out)."""
+        family = _FAMILIES[spec.engine]
+        targets: list[int] = []
+        try:
+            for rank in range(spec.dp_size):
+                targets.append(self.book.register(spec.name, rank, family, model))
+        except CortexError as error:
+            for target in targets:
+                self.book.unregister(target)
+            self.model.pop(spec.name, None)
+            raise ConfigError([f"worker {spec.name}: dp_size {spec.dp_size}: {error}"]) from None
+        return tuple(targets)
 
     async def _check_report(self, spec: WorkerSpec, pool: ModelPool) -> None:
         """Read what the worker says about itself: model, page size and prefix caching

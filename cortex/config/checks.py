@@ -24,6 +24,7 @@ from collections import Counter
 from cortex.config.tree import CortexConfig
 from cortex.errors import ConfigError
 from cortex.events.source import rank_endpoint
+from cortex.workers.spec import engine_address
 
 ANY_HOSTS = ("0.0.0.0", "::", "")
 
@@ -45,7 +46,7 @@ def cross_checks(config: CortexConfig) -> list[str]:
     for name, count in Counter(model.name for model in config.models).items():
         if count > 1:
             problems.append(f"models: name {name!r} is configured {count} times")
-    for url, count in Counter(worker.url.rstrip("/") for worker in config.workers).items():
+    for url, count in Counter(engine_address(worker.url) for worker in config.workers).items():
         if count > 1:
             problems.append(f"workers: url {url} is used by {count} workers")
     problems.extend(_endpoint_problems(config))

@@ -49,7 +49,7 @@ from cortex.scheduling.view import WorkerView
 from cortex.workers.breaker import BreakerState, CircuitBreaker
 from cortex.workers.health import HealthSettings, WorkerCounters
 from cortex.workers.load import RankLoad
-from cortex.workers.spec import WorkerSpec
+from cortex.workers.spec import WorkerSpec, engine_address
 
 ChangeKind = Literal["added", "removed", "health", "load", "draining", "restarted"]
 Listener = Callable[[ChangeKind, str], None]
@@ -111,7 +111,8 @@ class WorkerRegistry:
             problems.append(f"worker {spec.name} is already registered")
         elif not problems:
             twin = next((entry.spec.name for entry in self._entries.values()
-                         if entry.spec.origin == spec.origin), None)
+                         if engine_address(entry.spec.url) == engine_address(spec.url)),
+                        None)
             if twin is not None:
                 problems.append(f"worker {spec.name}: {spec.url} is already worker {twin}")
         if problems:

@@ -11,11 +11,19 @@ Rules:
   ``/v1/models``".
 * ``role`` and ``bootstrap_port`` matter for PD (SGLang prefill workers advertise a bootstrap port).
 * ``validate()`` returns every problem at once (empty list = fine); the config and admin API
-  raise ``ConfigError`` with them.
+  raise ``ConfigError`` with them. Every field has bounds (an admin API is input too): a name
+  of 1-128 visible ASCII characters (it goes into response headers and metric labels),
+  ``dp_size`` at most ``MAX_DP_SIZE`` (each rank is a ledger target and metric series), a
+  finite ``weight`` in (0, 1e6], ``model`` and ``topic`` at most 256 characters.
+* ``engine_address(url)``: two workers name one engine when their addresses are equal: the
+  origin with ``localhost`` and ``[::1]`` read as ``127.0.0.1`` (host names are never
+  resolved: SSRF rules).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
@@ -24,6 +32,11 @@ from urllib.parse import urlsplit
 from cortex.scheduling.view import Role
 
 Engine = Literal["vllm", "sglang"]
+MAX_DP_SIZE = 1024
+MAX_NAME = 128
+MAX_TEXT = 256
+MAX_WEIGHT = 1e6
+_NAME = re.compile(r"[\x21-\x7e]+")  # visible ASCII: safe in a header and a label
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +64,10 @@ class WorkerSpec:
         label = f"worker {self.name or '?'}"
         if not self.name:
             problems.append("worker name must not be empty")
+        elif len(self.name) > MAX_NAME or not _NAME.fullmatch(self.name):
+            label = f"worker {ascii(self.name[:40])}"
+            problems.append(f"{label}: name must be 1-{MAX_NAME} visible ASCII characters "
+                            "(no spaces, control or non-ASCII characters)")
         try:
             parts = urlsplit(self.url)
             parts.port  # noqa: B018 — raises on a bad port
@@ -65,8 +82,12 @@ class WorkerSpec:
             problems.append(f"{label}: engine must be 'vllm' or 'sglang', not {self.engine!r}")
         if not isinstance(self.role, Role):
             problems.append(f"{label}: role must be one of both, prefill, decode")
-        if self.dp_size < 1:
-            problems.append(f"{label}: dp_size must be >= 1")
+        if not 1 <= self.dp_size <= MAX_DP_SIZE:
+            problems.append(f"{label}: dp_size must be in [1, {MAX_DP_SIZE}]")
+        for field_name in ("model", "topic"):
+            value = getattr(self, field_name)
+            if value is not None and len(value) > MAX_TEXT:
+                problems.append(f"{label}: {field_name} longer than {MAX_TEXT} characters")
         for field_name in ("events", "replay"):
             value = getattr(self, field_name)
             if value is not None and not value.startswith(("tcp://", "ipc://")):
@@ -75,9 +96,16 @@ class WorkerSpec:
             problems.append(f"{label}: a replay endpoint needs an events endpoint")
         if self.bootstrap_port is not None and not 0 < self.bootstrap_port < 65536:
             problems.append(f"{label}: bootstrap_port out of range")
-        if not self.weight > 0:
-            problems.append(f"{label}: weight must be > 0")
+        if not (math.isfinite(self.weight) and 0 < self.weight <= MAX_WEIGHT):
+            problems.append(f"{label}: weight must be a number in (0, {MAX_WEIGHT:g}]")
         return problems
+
+
+@lru_cache(maxsize=4096)
+def engine_address(url: str) -> str:
+    """The engine a worker url names, for telling two workers on one engine apart."""
+    origin = _origin_of(url)
+    return origin.replace("://localhost:", "://127.0.0.1:").replace("://[::1]:", "://127.0.0.1:")
 
 
 @lru_cache(maxsize=4096)
