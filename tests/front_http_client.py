@@ -4,6 +4,8 @@ different code than the one producing it)."""
 
 from __future__ import annotations
 
+import socket
+import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -42,6 +44,17 @@ class RawClient:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+    async def abort(self) -> None:
+        """Leave for good: close with a reset (SO_LINGER 0), as a crashed client's kernel or
+        a client that cancels its request does — not a half-close the server must serve."""
+        self.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                      struct.pack("ii", 1, 0))
+        await self.stream.aclose()
+
+    async def half_close(self) -> None:
+        """``shutdown(SHUT_WR)``: nothing more to send, still reading (legal in HTTP/1.1)."""
+        await self.stream.send_eof()
 
     async def _fill(self) -> bool:
         if self.eof:

@@ -61,6 +61,9 @@ DOCS: dict[str, str] = {
     "server.limits.client_watch_after_s": "seconds into a response from which a client that "
                                           "leaves is noticed and its work cancelled (0: at "
                                           "once)",
+    "server.limits.eof_is_gone": "a client's end of stream aborts its request (default: only "
+                                 "a reset or failed write does; a client may half-close after "
+                                 "sending and still read the answer)",
     "control.host": "address of the control plane (non-loopback needs allow_remote "
                     "when an admin token is set)",
     "control.port": "TCP port of the control plane (0: any free port)",

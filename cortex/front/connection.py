@@ -29,9 +29,13 @@ Running the handler and answering:
   runs or its body streams, a watcher task (one per connection, parked otherwise) reads
   instead, at most one read (64 KiB) ahead of what the main task last asked for, then TCP
   back-pressure holds the client. So pipelined requests wait (parsed, or still in the socket)
-  for the next cycle, and end of stream or a reset — the client is gone — cancels the handler
-  or the body streaming (trio ``Cancelled``). A client that half-closes counts as gone. The
-  body iterator's ``aclose()`` always runs. When the response is done the watcher is woken
+  for the next cycle, and a reset — the client is gone — cancels the handler or the body
+  streaming (trio ``Cancelled``), as does a write that fails. End of stream alone is not a
+  disconnect: a client may half-close after sending its request (``shutdown(SHUT_WR)``,
+  legal in HTTP/1.1) and still read the answer, so the request is answered (then the
+  connection closes); a client that closed for good is found out by the first write that
+  fails (``limits.eof_is_gone`` restores end of stream as gone, for clients known never to
+  half-close). The body iterator's ``aclose()`` always runs. When the response is done the watcher is woken
   out of its wait with ``notify_closing`` (no cancel scope) and parks again. A short answer is
   sent before the watcher would start and costs no task switch for it (waking the watcher at
   every response's start cost 8–20% of the server's CPU per request at 64 connections); a
@@ -226,10 +230,11 @@ class HttpConnection:
             if data:
                 self._ahead += len(data)
                 parser.feed(data)
-            else:
+            else:  # end of stream: no more requests, but the client may still be reading
                 self._eof = True
-                self._peer_closed = True
-                self._scope.cancel()
+                if transport.reset or self._shared.limits.eof_is_gone:  # gone for good
+                    self._peer_closed = True
+                    self._scope.cancel()
                 return
 
     async def _cycle(self) -> bool:
@@ -378,8 +383,10 @@ class HttpConnection:
         deadlines = shared.deadlines
         watch_after_s = shared.limits.client_watch_after_s
         watch_later = deadlines.running and watch_after_s > 0
-        if self._eof:
+        if self._eof and (self._transport.reset or shared.limits.eof_is_gone):
             self._scope.cancel()  # the client left before its request was handled
+        elif self._eof:  # half-closed after its request: answered, nothing more to read
+            keep_alive = False
         else:
             self._responding = True
             if watch_later:

@@ -26,6 +26,11 @@ class ServerLimits:
     # work cancelled) from this long into the response; 0: from its start (two more task
     # switches per request, which a short answer never needs: it is sent before this).
     client_watch_after_s: float = 0.1
+    # A client's end of stream alone (it half-closed after sending: legal in HTTP/1.1) does
+    # not abort its request; only a reset or a failed write does. True: end of stream counts
+    # as gone too (work cancelled sooner for clients that close, wrong for those that
+    # half-close).
+    eof_is_gone: bool = False
 
     def __post_init__(self) -> None:
         problems = [f"server limit {name} must be > 0" for name in (

@@ -6,7 +6,8 @@ moves bytes.
 Both transports have the same contract:
 
 * ``read_now()`` — bytes that can be had without waiting, ``b""`` at end of stream or after a
-  reset (the client is gone), ``None`` if nothing is there. A socket read is one ``recv``
+  reset, ``None`` if nothing is there; ``reset`` then tells a reset (the client is gone for
+  good) from an end of stream (it may have only half-closed, and still read). A socket read is one ``recv``
   (no checkpoint, no trip through trio's scheduler).
 * ``await wait()`` — waits until there may be something; returns bytes it received itself
   (``b""`` at the end) or ``None`` (then ``read_now`` again). It is a checkpoint and can be
@@ -36,11 +37,12 @@ _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 class SocketTransport:
     """Reads and writes the stdlib socket of a trio ``SocketStream`` directly."""
 
-    __slots__ = ("_sock", "_stream")
+    __slots__ = ("_sock", "_stream", "reset")
 
     def __init__(self, stream: trio.SocketStream, sock: socket.socket) -> None:
         self._stream = stream
         self._sock = sock
+        self.reset = False
 
     def read_now(self) -> bytes | None:
         try:
@@ -48,6 +50,7 @@ class SocketTransport:
         except BlockingIOError:
             return None
         except OSError:
+            self.reset = True
             return b""  # reset (or closed): the client is gone
 
     async def wait(self) -> bytes | None:
@@ -82,6 +85,7 @@ class StreamTransport:
         self._scope: trio.CancelScope | None = None
         self._busy = False  # a task is inside receive_some
         self._done = trio.lowlevel.ParkingLot()
+        self.reset = False
 
     def read_now(self) -> bytes | None:
         return self._pending.pop(0) if self._pending else None
@@ -98,6 +102,7 @@ class StreamTransport:
                 try:
                     return await self._stream.receive_some(READ_SIZE)
                 except trio.BrokenResourceError:
+                    self.reset = True
                     return b""
         finally:
             self._scope = None

@@ -180,7 +180,7 @@ async def test_client_leaving_while_the_handler_runs_cancels_it():
             await client.send(build_request(b"POST", b"/v1/chat/completions", b"{}"))
             await script.handler_started.wait()
             assert served.server.in_flight == 1
-            await client.aclose()
+            await client.abort()  # a real disconnect (a reset)
             await script.handler_finally.wait()
             assert script.handler_cancelled
             await trio.testing.wait_all_tasks_blocked()
@@ -205,7 +205,7 @@ async def test_a_client_leaving_is_noticed_from_client_watch_after_s_into_the_re
             client = await served.connect()
             await client.send(build_request(b"POST", b"/v1/chat/completions", b"{}"))
             await script.handler_started.wait()
-            await client.aclose()
+            await client.abort()  # a real disconnect (a reset)
             await script.handler_finally.wait()
             assert script.handler_cancelled
             assert trio.current_time() - started_at[0] >= watch_after_s
@@ -231,7 +231,7 @@ async def test_client_leaving_a_later_request_on_a_kept_connection_still_cancels
                 assert (await client.request(b"POST", b"/fast", b"{}")).status == 200
             await client.send(build_request(b"POST", b"/slow", b"{}"))
             await script.handler_started.wait()
-            await client.aclose()
+            await client.abort()  # a real disconnect (a reset)
             await script.handler_finally.wait()
             assert script.handler_cancelled
             await trio.testing.wait_all_tasks_blocked()
@@ -261,7 +261,7 @@ async def test_client_leaving_while_the_body_streams_cancels_and_closes_it():
             await client.send(build_request(b"GET", b"/stream"))
             await client.read_head()
             assert await client.read_chunk() == b"first"
-            await client.aclose()
+            await client.abort()  # a real disconnect (a reset)
             await script.body_closed.wait()
             assert script.body_cancelled
             await trio.testing.wait_all_tasks_blocked()
@@ -502,3 +502,38 @@ async def test_body_shorter_than_its_content_length_closes_after_the_head():
             assert status == 200 and (b"content-length", b"10") in headers
             assert await client.read_until_eof() == b"abc"  # cut: the client sees 3 of 10
             assert served.counters.handler_errors == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_client_that_half_closes_after_sending_still_gets_its_whole_answer(stream):
+    """Issue 22 §4: ``shutdown(SHUT_WR)`` after the request is legal HTTP/1.1; the answer (a
+    slow whole one, or a long stream) still comes, then the connection closes. With
+    ``eof_is_gone`` the old behaviour: the request is abandoned."""
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(40):
+            await trio.sleep(0.01)
+            yield b"event %d\n" % i
+
+    async def handler(request: HttpRequest) -> HttpResponse:
+        if stream:
+            return HttpResponse(200, [], chunks())
+        await trio.sleep(0.4)  # longer than client_watch_after_s
+        return json_response(200, b'{"done":true}')
+
+    with trio.fail_after(TIMEOUT):
+        async with serving(handler) as served:
+            client = await served.connect()
+            await client.send(build_request(b"POST", b"/v1/completions", b"{}"))
+            await client.half_close()
+            response = await client.read_response()
+            assert response.status == 200
+            assert response.body.count(b"event") == 40 if stream else b"done" in response.body
+            assert await client.read_until_eof() == b""  # then the server closes
+            assert served.counters.client_gone == 0
+        async with serving(handler, eof_is_gone=True) as served:
+            client = await served.connect()
+            await client.send(build_request(b"POST", b"/v1/completions", b"{}"))
+            await client.half_close()
+            await client.read_until_eof()  # whatever was sent before, then the close
+            await trio.testing.wait_all_tasks_blocked()
+            assert served.counters.client_gone == 1

@@ -17,6 +17,7 @@ from cortex.workers.spec import WorkerSpec
 # any text TOML can hold (lone surrogates cannot be written in UTF-8 at all)
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 SOME_TEXT = TEXT.filter(bool)  # "" spells None for an optional string
+NAME_TEXT = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=12)
 SECONDS = st.floats(min_value=0.0, allow_nan=False, allow_infinity=True)
 
 models = st.builds(
@@ -31,12 +32,12 @@ def workers(draw, index: int) -> WorkerSpec:
     port = draw(st.integers(1, 60000))  # room for a DP rank offset on the event ports
     events = draw(st.none() | st.just(f"tcp://10.0.0.{index}:{port}"))
     return WorkerSpec(
-        name=f"w{index}-{draw(TEXT)}", url=f"http://10.0.0.{index}:{port}",
+        name=f"w{index}-{draw(NAME_TEXT)}", url=f"http://10.0.0.{index}:{port}",
         engine=draw(st.sampled_from(["vllm", "sglang"])), role=draw(st.sampled_from(Role)),
         dp_size=draw(st.integers(1, 64)), events=events,
         replay=None if events is None else draw(st.none() | st.just(f"tcp://10.1.0.{index}:{port}")),
         topic=draw(TEXT), bootstrap_port=draw(st.none() | st.integers(1, 65535)),
-        weight=draw(st.floats(min_value=1e-9, max_value=1e9)))
+        weight=draw(st.floats(min_value=1e-9, max_value=1e6)))
 
 
 @st.composite
