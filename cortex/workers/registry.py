@@ -239,30 +239,27 @@ class WorkerRegistry:
             self.forget_load(name)  # after "health": the worker left the pool first
 
     def upstream_connect_failed(self, name: str, error: str) -> None:
-        """The data plane could not open a connection to ``name``."""
-        entry = self._entries.get(name)
-        if entry is None:
-            return
-        entry.counters.upstream_failures += 1
-        entry.last_error = error
-        before = entry.health_key()
-        entry.healthy = False
-        if entry.breaker.record_failure():
-            entry.counters.breaker_opens += 1
-        self._health_changed(name, entry, before)
-        self.forget_load(name)  # after "health": the worker left the pool first
+        """The data plane could not open a connection to ``name``: unhealthy at once."""
+        self._upstream_failed(name, error, refused=True)
 
     def upstream_answer_failed(self, name: str, error: str) -> None:
         """An exchange with ``name`` failed after connecting (5xx, broken, timed out)."""
+        self._upstream_failed(name, error, refused=False)
+
+    def _upstream_failed(self, name: str, error: str, refused: bool) -> None:
         entry = self._entries.get(name)
         if entry is None:
             return
         entry.counters.upstream_failures += 1
         entry.last_error = error
         before = entry.health_key()
+        if refused:
+            entry.healthy = False
         if entry.breaker.record_failure():
             entry.counters.breaker_opens += 1
         self._health_changed(name, entry, before)
+        if refused:
+            self.forget_load(name)  # after "health": the worker left the pool first
 
     def upstream_ok(self, name: str) -> None:
         """The data plane exchanged a response with ``name``: ends a run of failures."""
