@@ -6,6 +6,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: test test-fast test-real engines demo build bench debug-build clean dist dist-smoke
 
+# Independent steps (Cortex's venv and Cython build, the engines' venv and models, the binary)
+# run side by side; each step's output is kept together.
+MAKEFLAGS += --jobs=2 --output-sync=target
+
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip "setuptools>=70" wheel "Cython>=3.0.10"
