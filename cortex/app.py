@@ -103,7 +103,8 @@ def build_pools(
             watermarks=scheduler.watermarks, bounds=scheduler.bounds,
             rng=random.Random(rng.getrandbits(64)),
             segment_cache_bytes=model.segment_cache_bytes,
-            route_on_partial=scheduler.route_on_partial)
+            route_on_partial=scheduler.route_on_partial,
+            max_prompt_chars=model.max_prompt_chars)
     for worker in config.workers:
         name = model_of(worker, config)
         if name not in pools:

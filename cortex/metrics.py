@@ -73,6 +73,7 @@ REASONS = ("longest_hit", "least_cost", "over_cap", "no_hit", "p2c", "round_robi
 # so retryable — or reading the body (never retried).
 PHASES: tuple[str, ...] = get_args(Phase)
 RETRY_PHASES = tuple(phase for phase in PHASES if phase != "body")
+UNPREDICTED_REASONS = ("template_failed", "prompt_too_long")
 _MODE_VALUE = {mode: mode.value for mode in Mode}  # Enum.value is a slow descriptor
 _MODE_LABELS = {mode: (mode.value,) for mode in Mode}
 
@@ -162,12 +163,18 @@ class CortexMetrics:
         self._retries = CounterFamily("cortex_retries_total",
                                       "Requests sent to another worker after a failure before "
                                       "the first byte, by the phase that failed", ("phase",))
+        self._unpredicted = CounterFamily("cortex_unpredicted_total",
+                                          "Requests routed by load without a prediction although "
+                                          "their model routes exactly, by model and reason "
+                                          "(template_failed, prompt_too_long)",
+                                          ("model", "reason"))
         build = GaugeFamily("cortex_build_info", "Cortex build (value is always 1)", ("version",))
         build.set((__version__,), 1)
         self._families = (build, self._route, self._tokenize, self._hash, self._decisions,
                           self._no_worker, self._predicted, self._reported, self._prompt,
                           self._error,
-                          self._exact, self._upstream_errors, self._retries)
+                          self._exact, self._upstream_errors, self._retries,
+                          self._unpredicted)
         self._writers: list[Writer] = [write_process]
         if registry is not None:
             registry.register(_RegistryView(self))
@@ -220,6 +227,12 @@ class CortexMetrics:
         if status is not None and not (status == 429 or 500 <= status <= 599):
             raise ValueError(f"{status} is not a failing status")
         self._upstream_errors.inc((worker, phase, "none" if status is None else str(status)))
+
+    def record_unpredicted(self, model: str, reason: str) -> None:
+        """A request of a model that routes exactly went by load only (``reason``)."""
+        if reason not in UNPREDICTED_REASONS:
+            raise ValueError(f"unknown reason {reason!r}; one of {UNPREDICTED_REASONS}")
+        self._unpredicted.inc((model, reason))
 
     def record_retry(self, phase: str) -> None:
         if phase not in RETRY_PHASES:

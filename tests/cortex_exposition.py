@@ -92,6 +92,7 @@ def exposed_series() -> dict[str, frozenset[str]]:
     metrics.record_cached_tokens("m", 16, 16, 32)
     metrics.record_upstream_error("w0", "connect")
     metrics.record_retry("connect")
+    metrics.record_unpredicted("m", "prompt_too_long")
     series: dict[str, set[str]] = {}
     for line in metrics.render().decode().splitlines():
         if not line or line.startswith("#"):

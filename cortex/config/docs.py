@@ -145,6 +145,8 @@ DOCS: dict[str, str] = {
                          "passthrough)",
     "models.chat_template": "a .jinja chat template, an HF tokenizer_config.json or a model "
                             "directory (default: the tokenizer's directory, as engines read it)",
+    "models.max_prompt_chars": "prompts longer than this (characters of rendered text) are "
+                               "routed by load without tokenizing them (0: no limit)",
     "models.required": "a profile that cannot be loaded stops the start; false: start anyway "
                        "and route this model by load only (logged as an error)",
     "models.add_bos": "prepend BOS to text tokenized with special tokens (default: as the "

@@ -139,6 +139,7 @@ class ModelConfig:
     passthrough: bool = False  # another component schedules this pool: Cortex only proxies
     segment_cache_bytes: int = 64 << 20
     required: bool = True  # a profile that cannot load stops the start (false: by load only)
+    max_prompt_chars: int = 1 << 20  # longer prompts are routed by load, not tokenized (0: any)
 
     def __post_init__(self) -> None:
         label = f"model {self.name or '?'}"
@@ -152,6 +153,8 @@ class ModelConfig:
             problems.append(f"{label}: block_size must be in [1, {MAX_BLOCK_SIZE}]")
         if self.segment_cache_bytes < 0:
             problems.append(f"{label}: segment_cache_bytes must be >= 0")
+        if self.max_prompt_chars < 0:
+            problems.append(f"{label}: max_prompt_chars must be >= 0")
         if problems:
             raise ConfigError(problems)
 

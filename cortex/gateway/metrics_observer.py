@@ -1,10 +1,10 @@
 """The request path's reports turned into ``cortex_*`` metrics and worker-breaker input.
 
 Upstream failures are labelled with the upstream client's phase (``acquire``, ``connect``,
-``send``, ``head``, ``body``); a worker's retryable status answer (502/503/504) counts as
-``head``, and so does a body that broke before its first byte reached the client (still
-retryable). A connect failure also counts toward the worker's circuit breaker; an HTTP answer of
-any status does not.
+``send``, ``head``, ``body``) and the worker's failing status (429, 5xx) when it answered one;
+a failing status counts as ``head``, and so does a body that broke before its first byte
+reached the client (still retryable). Every failure but a 429 (load, not a fault) counts toward
+the worker's circuit breaker; a refused connection also makes it unhealthy at once.
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ class MetricsObserver(RouteObserver):
 
     def no_worker(self, model: str) -> None:
         self.metrics.record_no_worker(model)
+
+    def template_failed(self, model: str, error: Exception) -> None:
+        self.metrics.record_unpredicted(model, "template_failed")
+
+    def prompt_too_long(self, model: str, chars: int) -> None:
+        self.metrics.record_unpredicted(model, "prompt_too_long")
 
     def upstream_failed(
         self, worker: str, error: Exception, retried: bool, after_first_byte: bool = False

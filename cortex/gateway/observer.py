@@ -17,6 +17,10 @@ class RouteObserver:
     def template_failed(self, model: str, error: Exception) -> None:
         """The chat template could not render a request: it was routed on load only."""
 
+    def prompt_too_long(self, model: str, chars: int) -> None:
+        """A prompt longer than the model's ``max_prompt_chars`` was routed on load only,
+        without tokenizing it."""
+
     def decided(self, model: str, route: Route, seconds: float) -> None:
         """The first decision of a request, ``seconds`` after its body was in (its
         ``route.timings``: ``tokenize_s`` when the prompt was tokenized, ``hash_s`` when its

@@ -116,6 +116,7 @@ class ModelPool:
         clock: Callable[[], float] = time.perf_counter,
         segment_cache_bytes: int = 64 << 20,
         route_on_partial: bool = False,
+        max_prompt_chars: int = 0,
     ) -> None:
         self.model = model
         self.book = book
@@ -123,6 +124,7 @@ class ModelPool:
         self.profile = profiles.profile(model)
         self.passthrough = passthrough
         self.route_on_partial = route_on_partial
+        self.max_prompt_chars = max_prompt_chars  # longer prompts are not tokenized (0: any)
         self.clock = clock
         self.tokenizer = (None if self.profile is None or passthrough
                           else self.profile.new_cached_tokenizer(segment_cache_bytes))

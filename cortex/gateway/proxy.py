@@ -146,6 +146,10 @@ class Gateway:
                 raise
             except Exception as error:  # a template that cannot render: route on load only
                 self.observer.template_failed(pool.model, error)
+            if prompt is not None and prompt.text is not None and (
+                    0 < pool.max_prompt_chars < len(prompt.text)):
+                self.observer.prompt_too_long(pool.model, len(prompt.text))
+                prompt = None  # too costly to tokenize: routed by load, never a guess
             if prompt is not None:
                 if prompt.token_ids is not None:
                     token_ids = prompt.token_ids

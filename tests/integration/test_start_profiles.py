@@ -35,3 +35,19 @@ async def test_an_optional_one_starts_degraded_and_says_so(tmp_path, caplog):
         assert running.pools["m"].exact_off is not None
         nursery.cancel_scope.cancel()
     assert "model m: profile not loaded, routed by load only" in caplog.text
+
+
+async def test_a_prompt_too_long_to_tokenize_cheaply_is_routed_by_load_and_counted():
+    """Issue 22 §6: one 10 MB chat cost 10.6 s of CPU; past ``max_prompt_chars`` the prompt is
+    not tokenized: routed by load (a miss at worst, never a guessed hit), counted."""
+    from tests.gateway_cluster import gateway_cluster
+
+    async with gateway_cluster(("vllm-0.33",)) as cluster:
+        cluster.running.pools["deepseek"].max_prompt_chars = 2000
+        short = await cluster.chat([{"role": "user", "content": "short"}])
+        assert short.status == 200
+        long = await cluster.chat([{"role": "user", "content": "word " * 1000}])
+        assert long.status == 200
+        assert long.header(b"x-cortex-cache-hit-tokens") == b"0"
+        text = cluster.running.metrics.render().decode()
+        assert 'cortex_unpredicted_total{model="deepseek",reason="prompt_too_long"} 1' in text
