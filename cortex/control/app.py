@@ -38,7 +38,14 @@ from typing import Any
 from cortex.control.admin import AdminOps, WorkerHostPolicy, parse_worker_spec, spec_as_json
 from cortex.control.auth import BearerAuth
 from cortex.control.readiness import Readiness
-from cortex.errors import BadRequest, ConfigError, CortexError, NotFound, PayloadTooLarge
+from cortex.errors import (
+    BadRequest,
+    ConfigError,
+    CortexError,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+)
 from cortex.metrics import CONTENT_TYPE, CortexMetrics, LedgerFigures
 
 log = logging.getLogger(__name__)
@@ -51,14 +58,6 @@ Headers = list[tuple[bytes, bytes]]
 ADMIN_MAX_BODY_BYTES = 64 * 1024
 _JSON = (b"content-type", b"application/json")
 _METRICS_TYPE = CONTENT_TYPE.encode()
-
-
-class MethodNotAllowed(CortexError):
-    http_status = 405
-
-    def __init__(self, allowed: tuple[str, ...]) -> None:
-        super().__init__(f"method not allowed; allowed: {', '.join(allowed)}")
-        self.allowed = allowed
 
 
 class _Reply:
@@ -83,7 +82,7 @@ def _error(error: CortexError) -> _Reply:
     if status == 401:
         reply.headers.append((b"www-authenticate", b'Bearer realm="cortex-admin"'))
     if isinstance(error, MethodNotAllowed):
-        reply.headers.append((b"allow", ", ".join(error.allowed).encode()))
+        reply.headers.append((b"allow", ", ".join(error.allow).encode()))
     return reply
 
 
@@ -119,6 +118,10 @@ class ControlApp:
             reply = await self._route(scope, receive)
         except CortexError as error:
             reply = _error(error)
+            if reply.status == 401:  # who knocks without the token, never the token itself
+                client = scope.get("client")
+                log.warning("control plane: 401 for %s %s from %s", scope["method"],
+                            scope["path"], f"{client[0]}:{client[1]}" if client else "?")
         except Exception:
             log.exception("control plane: bug while serving %s %s", scope["method"],
                           scope["path"])
@@ -202,7 +205,8 @@ class ControlApp:
 
 def _allow(method: str, *allowed: str) -> None:
     if method not in allowed:
-        raise MethodNotAllowed(allowed)
+        raise MethodNotAllowed(f"method not allowed; allowed: {', '.join(allowed)}",
+                               allow=allowed)
 
 
 def _header(scope: Scope, name: bytes, default: bytes | None = None) -> bytes | None:
