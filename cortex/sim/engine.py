@@ -157,7 +157,9 @@ class SimEngine:
         faults: SimFaults | None = None,
         kv_endpoints: SimEndpointConfig = SimEndpointConfig(),
         hashing: SimHashConfig = SimHashConfig(),
-        limits: ServerLimits = ServerLimits(),
+        # uvicorn (vLLM, SGLang) takes a client's end of stream for a disconnect: so does the
+        # simulator, so an aborted upstream exchange (Cortex closing it) cancels the request
+        limits: ServerLimits = ServerLimits(eof_is_gone=True),
         topic: str = "",
         rng: random.Random | None = None,
         max_model_len: int = 131_072,

@@ -230,7 +230,7 @@ async def test_client_leaving_during_prefill_aborts_both_legs(flavor):
             with trio.fail_after(10):  # decode waits for the room on the prefill's bootstrap
                 while not engine(cluster, "e1").pd.waiting:  # type: ignore[union-attr]
                     await trio.sleep(0.01)
-        await client.aclose()
+        await client.abort()  # a real disconnect: a half-close would still be answered
         await all_clean(cluster)  # SGLang's default 300 s wait would otherwise hold decode
 
 

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 import trio
 
+from cortex.front.limits import ServerLimits
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.front.server import HttpServer
 from cortex.upstream.pool import PoolStats, UpstreamPool
@@ -50,7 +51,7 @@ class Engine:
 
 async def test_keep_alive_streaming_and_cancellation_against_the_lean_server():
     engine = Engine()
-    server = HttpServer(engine.handle)
+    server = HttpServer(engine.handle, ServerLimits(eof_is_gone=True))  # an engine's rule
     pool = UpstreamPool()
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:

@@ -42,7 +42,7 @@ def test_validate_lists_every_problem():
     joined = " | ".join(problems)
     for part in ("service must not be empty", "A records need http_port",
                  "events_port or events_offset", "interval_s and timeout_s must be > 0",
-                 "nameserver 'dns.local'", "dp_size must be >= 1"):
+                 "nameserver 'dns.local'", "dp_size must be in [1, 1024]"):
         assert part in joined
     assert DnsService("x.svc", record="SRV", replay_port=1).validate() == [
         "discovery x.svc: worker x.svc-10.0.0.1-1: a replay endpoint needs an events endpoint"]
