@@ -54,6 +54,7 @@ from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.gateway.admission import Admission
 from cortex.gateway.endpoints import (
     ENDPOINTS,
+    ENGINES,
     SERVED_BY,
     Endpoint,
     body_model,
@@ -400,6 +401,8 @@ def _not_serving(pool: ModelPool, endpoint: Endpoint) -> tuple[str, ...]:
     """The pool's workers whose engine does not serve ``endpoint`` (``SERVED_BY``); a clear
     404 when none does."""
     engines = SERVED_BY[endpoint]
+    if engines is ENGINES:  # chat, completions: every worker (no scan on the hot path)
+        return ()
     unable = tuple(name for name, spec in pool.workers.items() if spec.engine not in engines)
     if unable and len(unable) == len(pool.workers):
         kinds = " or ".join(sorted(engines))
