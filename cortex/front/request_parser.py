@@ -15,7 +15,11 @@ Rules (the same as the h11 server had, where llhttp and h11 differ it is said):
   that carry it: the read in which it began counts whole unless a previous request also ended
   in it (then only its parsed fields count), so a pipelined head may pass the limit by less
   than one read before it is refused. A declared ``content-length`` over ``max_body_bytes`` →
-  413 at once (before any ``100 Continue``); a chunked body → 413 the moment it passes it.
+  413 at once (before any ``100 Continue``); a chunked body → 413 the moment it passes it,
+  or the moment a chunk's declared size would take it past (``ffffffffffffffff`` is refused
+  when its size line is in, not when the body deadline passes). llhttp does not say a chunk's
+  size, so the size line is read back from the last bytes fed (``_CHUNK_TAIL`` of them):
+  a size line longer than that (extensions) is checked only by the bytes that follow.
 * Malformed input → 400 (``BadRequest``), never anything else: what llhttp refuses (bad request
   line or method, a method it does not know, bare CR or LF, obs-fold, invalid header bytes,
   bad chunk framing, both ``content-length`` and ``transfer-encoding`` — request smuggling),
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
     from cortex.front.server import ServerCounters
 
 _VERSIONS = {"1.1": b"1.1", "1.0": b"1.0"}
+_CHUNK_TAIL = 256  # bytes of a chunked body kept to read a chunk's size line back
 _TRAILING_SPACE = (32, 9)  # a header value's last byte: space, tab
 
 
@@ -99,6 +104,10 @@ class RequestParser:
         self._keep_alive = True
         self._resume_body: bytes | None = None  # framing of an upgrade request's body
         self._priming = False  # a fresh parser reads the synthetic head of a resumed body
+        # chunked body: the last bytes fed, and the chunk whose size line is not checked yet
+        self._chunk_tail: bytes | None = None  # None: not in a chunked body
+        self._chunk_unchecked = False  # a chunk's size line was read by llhttp, not by us
+        self._chunk_data = 0  # data bytes of the current chunk seen so far
 
     def feed(self, data: bytes) -> None:
         """Parses ``data``; updates ``requests``, ``error`` and the state flags."""
@@ -145,6 +154,8 @@ class RequestParser:
         else:
             if self.in_message and not self.head_done:
                 self._measure_unfinished_head(len(data), was_in_head, completed)
+            elif self._chunk_tail is not None:
+                self._check_chunk_size(data)
             return
         # Outside the ``except`` block: a callback error of the fresh parser must not have the
         # upgrade as its context (httptools puts the callback's own exception there, and a
@@ -159,6 +170,35 @@ class RequestParser:
         if max(self._head_read, self._head_size) > self._limits.max_header_bytes:
             self._fail(HeaderFieldsTooLarge(
                 f"request head larger than {self._limits.max_header_bytes} bytes"))
+
+    def _check_chunk_size(self, data: bytes) -> None:
+        """After a read inside a chunked body: a chunk whose size line came in this read is
+        refused now if its declared size would take the body past the limit."""
+        before = self._chunk_tail or b""
+        self._chunk_tail = (data if len(data) >= _CHUNK_TAIL
+                            else before + data)[-_CHUNK_TAIL:]
+        if not self._chunk_unchecked:
+            return
+        self._chunk_unchecked = False
+        # llhttp read the size line (and its CRLF) in this read; the chunk's data follows it
+        end = len(data) - self._chunk_data
+        start = data.rfind(b"\n", 0, end - 1) + 1
+        if start > 0:
+            line = data[start:end]
+        else:  # the line began in an earlier read
+            line = before + data[:end]
+            start = line.rfind(b"\n", 0, len(line) - 1) + 1
+            if start == 0:
+                return  # longer than the tail kept: the data will tell
+            line = line[start:]
+        try:
+            size = int(line.split(b";", 1)[0].strip(b" \t\r\n"), 16)
+        except ValueError:
+            return  # (llhttp accepted it, so this cannot happen; the data would tell)
+        limit = self._limits.max_body_bytes
+        if self.body_bytes - self._chunk_data + size > limit:
+            self._fail(PayloadTooLarge(
+                f"request body larger than {limit} bytes (a chunk of {size} bytes declared)"))
 
     def _fail(self, error: CortexError) -> None:
         counters = self._counters
@@ -253,6 +293,8 @@ class RequestParser:
             raise _Refusal(PayloadTooLarge(
                 f"request body larger than {self._limits.max_body_bytes} bytes"))
         self._keep_alive = keep_alive
+        if chunked:
+            self._chunk_tail = b""  # (the head's last bytes come with the read: see feed)
         if parser.should_upgrade() and (chunked or (length is not None and int(length) > 0)):
             # llhttp skips the body of an upgrade request: a fresh parser reads it.
             self._resume_body = (b"transfer-encoding: chunked" if chunked
@@ -264,7 +306,15 @@ class RequestParser:
             raise _Refusal(PayloadTooLarge(
                 f"request body larger than {self._limits.max_body_bytes} bytes"))
         self.body_bytes = size
+        self._chunk_data += len(data)
         self._body.append(data)
+
+    def on_chunk_header(self) -> None:
+        self._chunk_unchecked = True
+        self._chunk_data = 0
+
+    def on_chunk_complete(self) -> None:
+        self._chunk_unchecked = False
 
     def on_message_complete(self) -> None:
         if self._resume_body is not None:
@@ -277,6 +327,8 @@ class RequestParser:
         self._completed += 1
         self.in_message = False
         self.head_done = False
+        self._chunk_tail = None
+        self._chunk_unchecked = False
         if not self._keep_alive:
             self.stopped = True  # the connection ends after this request: ignore the rest
             raise _Stop
@@ -289,6 +341,8 @@ class RequestParser:
             self._resume_body = None
             self._priming = True
             self._parser.feed_data(b"PUT / HTTP/1.1\r\nhost: x\r\n" + framing + b"\r\n\r\n")
+            if self._chunk_tail is not None:
+                self._chunk_tail = b"\n"  # the body starts a line
         if not self.stopped and offset < len(data):
             self.feed(data[offset:])
 

@@ -191,6 +191,38 @@ def test_a_chunked_body_is_413_the_moment_it_passes_the_limit():
     assert type(parser.error) is PayloadTooLarge
 
 
+@pytest.mark.parametrize("size_line", [b"ffffffffffffffff", b"65", b"0065;name=value", b"65;a;b=\"c\""])
+def test_a_chunk_declared_past_the_limit_is_413_as_soon_as_its_size_line_is_in(size_line):
+    """Not when the body deadline passes (408 after a minute): whatever the read boundaries,
+    the read that completes the size line gets the 413."""
+    head = b"POST / HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+    raw = head + b"a\r\n" + b"x" * 10 + b"\r\n" + size_line + b"\r\n" + b"y" * 5
+    line_end = raw.index(size_line) + len(size_line) + 2
+    for cut in range(1, len(raw)):
+        for reads in ((raw[:cut], raw[cut:]),
+                      tuple(raw[i:i + 7] for i in range(0, len(raw), 7))):
+            parser = RequestParser(ServerLimits(max_body_bytes=100), ServerCounters(), None)
+            fed = 0
+            for data in reads:
+                parser.feed(data)
+                fed += len(data)
+                refused = type(parser.error) is PayloadTooLarge
+                assert refused == (fed >= line_end), (cut, fed)
+                if refused:
+                    break
+            else:
+                raise AssertionError(f"never refused ({cut})")
+
+
+def test_chunks_within_the_limit_are_read_whatever_their_sizes_and_boundaries():
+    head = b"POST / HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+    raw = (head + b"0000000032;ext=" + b"e" * 300 + b"\r\n" + b"y" * 50 + b"\r\n"
+           + b"32\r\n" + b"z" * 50 + b"\r\n0\r\n\r\n")
+    for cut in range(1, len(raw), 3):
+        parser = parse(raw[:cut], raw[cut:], max_body_bytes=100)
+        assert parser.error is None and requests(parser) == [
+            (b"POST", b"/", b"y" * 50 + b"z" * 50, True)], cut
+
 def test_expect_100_continue_only_on_http_11_and_body_state():
     head = b"POST / HTTP/1.1\r\nhost: t\r\nexpect: 100-Continue\r\ncontent-length: 4\r\n\r\n"
     parser = parse(head)
