@@ -47,7 +47,7 @@ from cortex.gateway.metrics_observer import MetricsObserver
 from cortex.gateway.pool import ModelPool
 from cortex.gateway.proxy import Gateway
 from cortex.ledger.book import LedgerBook
-from cortex.logs import access_logged
+from cortex.logs import log_exchange
 from cortex.metrics import CortexMetrics, ledger_figures
 from cortex.profile.profile_set import ProfileSet, load_profiles
 from cortex.systemd import Notifier, run_watchdog
@@ -129,8 +129,8 @@ async def run_gateway(config: CortexConfig, *,
     gateway = Gateway(pools, upstream, retries=config.upstream.retries_before_first_byte,
                       observer=observer, pd=config.pd, admission=config.admission,
                       client_dp_rank=config.scheduler.client_dp_rank)
-    handler = access_logged(gateway.handle) if config.log.access_log else gateway.handle
-    server = HttpServer(handler, config.server.limits)
+    server = HttpServer(gateway.handle, config.server.limits,
+                        on_exchange=log_exchange if config.log.access_log else None)
 
     async def fetch(origin: str, path: str, timeout_s: float) -> tuple[int, bytes]:
         with trio.fail_after(timeout_s):

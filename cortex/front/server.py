@@ -19,6 +19,8 @@ Rules:
   in ``cortex.wait_deadlines``), started before the first connection and stopped after the
   last.
 * Counters are plain ints (``ServerCounters``), read by the metrics layer.
+* ``on_exchange`` (optional) is told what each request came to, once it is over: the access
+  log's source (``cortex.front.exchange``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 import trio
 
 from cortex.front.connection import HttpConnection
+from cortex.front.exchange import ExchangeHook
 from cortex.front.limits import ServerLimits
 from cortex.front.messages import Handler
 from cortex.wait_deadlines import WaitDeadlines
@@ -73,15 +76,19 @@ class ServerShared:
     idle_connections: set[HttpConnection] = field(default_factory=set)  # woken by drain()
     # idle keep-alive deadlines; running while HttpServer.serve runs (else: cancel scopes)
     deadlines: WaitDeadlines = field(default_factory=WaitDeadlines)
+    on_exchange: ExchangeHook | None = None  # told what each request came to
 
 
 class HttpServer:
     """Serves ``handler`` over HTTP/1.1 on one port; ``serve`` runs it, ``drain`` stops it."""
 
     def __init__(self, handler: Handler, limits: ServerLimits = ServerLimits(),
-                 server_header: bytes = b"cortex") -> None:
+                 server_header: bytes = b"cortex", *,
+                 on_exchange: ExchangeHook | None = None) -> None:
+        """``on_exchange``: told what each request came to (``cortex.front.exchange``)."""
         self.counters = ServerCounters()
-        self._shared = ServerShared(handler, limits, self.counters, server_header)
+        self._shared = ServerShared(handler, limits, self.counters, server_header,
+                                    on_exchange=on_exchange)
         self._limiter = trio.CapacityLimiter(limits.max_connections)
         self._accept_scope = trio.CancelScope()
         self._drain_deadline: float | None = None

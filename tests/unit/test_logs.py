@@ -11,8 +11,8 @@ import pytest
 
 from cortex import logs
 from cortex.config.tree import LogConfig
-from cortex.errors import NotFound
-from cortex.front.messages import HttpRequest, HttpResponse
+from cortex.front.exchange import Exchange
+from cortex.front.messages import HttpRequest
 
 TOKEN = "s3cr3t-admin-token-value"
 
@@ -41,15 +41,6 @@ def captured():
 
 def lines(stream: io.StringIO) -> list[dict]:
     return [json.loads(line) for line in stream.getvalue().splitlines()]
-
-
-def run(coroutine):
-    """Drive a coroutine that never suspends (the handlers here do no I/O)."""
-    try:
-        coroutine.send(None)
-    except StopIteration as done:
-        return done.value
-    raise AssertionError("the coroutine suspended")
 
 
 def in_context(fn, *args):
@@ -135,43 +126,50 @@ def test_plain_text_format_masks_too(captured):
     assert line.endswith(" error cortex.test [r1] token ***")
 
 
+def exchange(request: HttpRequest | None, status: int | None, headers=(), *,
+             outcome: str = "complete", body_bytes: int = 2, head_ms: float | None = 1.0,
+             total_ms: float = 5.0) -> Exchange:
+    return Exchange(request, ("127.0.0.1", 5555), status, list(headers), body_bytes, outcome,
+                    100.0, None if head_ms is None else 100.0 + head_ms / 1000,
+                    100.0 + total_ms / 1000)
+
+
 def test_access_log_one_record_per_request_when_enabled(captured):
     stream = captured(access_log=True, level="error")  # the access log ignores the level
-
-    async def ok(request: HttpRequest) -> HttpResponse:
-        logs.request_started(request)
-        return HttpResponse(200, [(b"x-cortex-assigned-worker", b"gpu0"),
-                                  (b"x-cortex-match-mode", b"exact_kv_events"),
-                                  (b"x-cortex-cache-hit-tokens", b"64")], b"{}")
-
-    async def missing(request: HttpRequest) -> HttpResponse:
-        raise NotFound("no route")
-
     request = HttpRequest(b"POST", b"/v1/chat/completions?x=1",
                           [(b"x-request-id", b"req-9"), (b"authorization", TOKEN.encode())],
                           b'{"secret": "body"}', ("127.0.0.1", 5555))
-    run(logs.access_logged(ok)(request))
-    with pytest.raises(NotFound):
-        run(logs.access_logged(missing)(HttpRequest(b"GET", b"/nope", [])))
-    first, second = lines(stream)
+
+    def handle() -> None:
+        logs.request_started(request)
+        logs.log_exchange(exchange(request, 200, [(b"x-cortex-assigned-worker", b"gpu0"),
+                                                  (b"x-cortex-match-mode", b"exact_kv_events"),
+                                                  (b"x-cortex-cache-hit-tokens", b"64")]))
+
+    in_context(handle)
+    logs.log_exchange(exchange(HttpRequest(b"GET", b"/nope", []), 404, outcome="refused"))
+    logs.log_exchange(exchange(HttpRequest(b"POST", b"/v1/completions", []), None,
+                               outcome="client_gone", body_bytes=0, head_ms=None))
+    logs.log_exchange(exchange(None, 400, outcome="refused"))
+    first, second, third, fourth = lines(stream)
     assert first["logger"] == "cortex.access"
-    assert (first["method"], first["path"], first["status"]) == (
-        "POST", "/v1/chat/completions", 200)
+    assert (first["method"], first["path"], first["status"], first["outcome"]) == (
+        "POST", "/v1/chat/completions", 200, "complete")
     assert (first["worker"], first["match_mode"], first["cache_hit_tokens"]) == (
         "gpu0", "exact_kv_events", "64")
     assert first["request_id"] == "req-9" and first["client"] == "127.0.0.1:5555"
-    assert first["duration_ms"] >= 0
-    assert (second["path"], second["status"], second["worker"]) == ("/nope", 404, None)
+    assert (first["duration_ms"], first["head_ms"], first["bytes"]) == (5.0, 1.0, 2)
+    assert (second["path"], second["status"], second["worker"], second["outcome"]) == (
+        "/nope", 404, None, "refused")
+    assert (third["status"], third["outcome"], third["head_ms"], third["bytes"]) == (
+        0, "client_gone", None, 0)
+    assert (fourth["method"], fourth["path"], fourth["status"]) == ("-", "-", 400)
     assert TOKEN not in stream.getvalue() and "body" not in stream.getvalue()
 
 
 def test_access_log_off_writes_nothing(captured):
     stream = captured(access_log=False)
-
-    async def ok(request: HttpRequest) -> HttpResponse:
-        return HttpResponse(204)
-
-    run(logs.access_logged(ok)(HttpRequest(b"GET", b"/", [])))
+    logs.log_exchange(exchange(HttpRequest(b"GET", b"/", []), 204))
     assert stream.getvalue() == ""
 
 
