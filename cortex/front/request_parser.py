@@ -323,6 +323,7 @@ class RequestParser:
         request = HttpRequest(self._method, self._target, self._headers,
                               body[0] if len(body) == 1 else b"".join(body), self._client,
                               self._version)
+        self._body = []  # the request owns it now (an idle connection keeps no body)
         self.requests.append((request, self._keep_alive))
         self._completed += 1
         self.in_message = False
