@@ -6,8 +6,10 @@ Order of start (each step done before the next begins, via ``nursery.start``):
 2. the worker registry with the configured workers, then those of ``discovery`` (DNS, first
    answer applied; added and drained like admin changes) — each worker's KV-event ingestion
    (one subscriber per DP rank) starts when it is added and stops when it is removed;
-3. the health/load monitor (a worker is routable after its first good probe);
-4. the control plane (hypercorn, loopback by default) and the data plane (lean llhttp server).
+3. the health/load monitor (a worker is routable after its first good probe), and the task
+   that gives freed memory back to the system (``cortex.memory_trim``);
+4. the control plane (hypercorn, loopback by default) and the data plane (lean llhttp server);
+   then one INFO line sums the start up: listeners, models, workers (``serve_summary``).
 
 Once both planes listen, everything built so far (the tokenizer's tables, chat templates,
 configuration, compiled code) is moved out of the cyclic collector's generations
@@ -48,6 +50,7 @@ from cortex.gateway.pool import ModelPool
 from cortex.gateway.proxy import Gateway
 from cortex.ledger.book import LedgerBook
 from cortex.logs import log_exchange
+from cortex.memory_trim import run_memory_trim
 from cortex.metrics import CortexMetrics, ledger_figures
 from cortex.profile.profile_set import ProfileSet, load_profiles
 from cortex.systemd import Notifier, run_watchdog
@@ -158,6 +161,7 @@ async def run_gateway(config: CortexConfig, *,
                                         owned=owned))
         await nursery.start(run_monitor, registry, fetch, settings)
         metrics.watch_ledger(lambda: ledger_figures(book))
+        await nursery.start(run_memory_trim, config.server.memory_trim_s)
         metrics.watch_workers(lambda: [v for pool in pools.values() for v in pool.views()])
         metrics.watch_ingest(lambda: [(book.info(t).worker, book.info(t).rank, c)
                                       for t, c in list(counters.items())])

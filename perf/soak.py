@@ -93,8 +93,9 @@ def slope_per_min(samples: list[tuple[float, int]]) -> float | None:
     return cov / var * 60.0
 
 
-def start_cortex(engines: list[SimEngine], tmpdir: str, segment_cache_bytes: int | None
-                 ) -> tuple[subprocess.Popen[bytes], int, int]:
+def start_cortex(engines: list[SimEngine], tmpdir: str, segment_cache_bytes: int | None,
+                 extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], int, int]:
+    """``extra``: more ``cortex serve`` arguments."""
     port, control = _free_port(), _free_port()
     cache = "" if segment_cache_bytes is None else f",segment_cache_bytes={segment_cache_bytes}"
     argv = [sys.executable, "-m", "cortex", "serve", "--server-host", HOST,
@@ -108,6 +109,7 @@ def start_cortex(engines: list[SimEngine], tmpdir: str, segment_cache_bytes: int
         kind = "vllm" if "vllm" in engine.wire.name else "sglang"
         argv += ["--worker", f"{engine.url},name={engine.name},engine={kind},model={MODEL},"
                              f"events={endpoints.pub},replay={endpoints.replay}"]
+    argv += extra
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORTEX_")}
     log = open(os.path.join(tmpdir, "cortex.log"), "wb")  # noqa: SIM115 (the child owns it)
     try:

@@ -49,6 +49,8 @@ DOCS: dict[str, str] = {
                                      "holds all but this many prompt tokens",
     "server.host": "address the data plane listens on",
     "server.port": "TCP port of the data plane (0: any free port)",
+    "server.memory_trim_s": "seconds between two returns of freed memory to the system "
+                            "(glibc malloc_trim, after floods; 0: never)",
     "server.limits.max_connections": "open client connections; more wait in the listen backlog",
     "server.limits.max_header_bytes": "bytes of request line + header block",
     "server.limits.max_header_count": "header lines per request",

@@ -49,11 +49,14 @@ class ServerConfig:
     port: int = 8080
     limits: ServerLimits = field(default_factory=ServerLimits)
 
+    memory_trim_s: float = 30.0  # freed memory given back to the system this often (0: never)
     def __post_init__(self) -> None:
         problems = _port_problems(self.port)
         if not self.host:
             problems.append("host must not be empty")
         if problems:
+        if not (self.memory_trim_s == 0 or 1 <= self.memory_trim_s <= 86400):
+            problems.append("memory_trim_s must be 0 (never) or in [1, 86400] seconds")
             raise ConfigError(problems)
 
 

@@ -77,6 +77,13 @@ def _soak(result: dict) -> None:
     assert result["rss_slope_bytes_per_min"]["all"] is not None
 
 
+def _flood(result: dict) -> None:
+    assert result["events"]["batches"] > 0 and result["events"]["seconds"] > 0
+    assert sum(result["bodies"]["statuses"].values()) == result["bodies"]["requests"]
+    assert set(result["bodies"]["statuses"]) <= {200, 413}  # answered, or refused by size
+    assert result["rss_mib"]["before"] > 0 and result["rss_mib"]["ratio_after_bodies"] > 0
+
+
 CHECKS = {
     "bench_cpu_ab.py": _cpu_ab,
     "bench_http.py": _http,
@@ -86,6 +93,7 @@ CHECKS = {
     "bench_request_steps.py": _request_steps,
     "bench_scheduler.py": _scheduler,
     "bench_tokenize.py": _tokenize,
+    "flood_rss.py": _flood,
     "soak.py": _soak,
 }
 

@@ -1,0 +1,203 @@
+"""Floods, then Cortex's memory: does RSS come back once a flood is over?
+
+Cortex runs as its own process (``python -m cortex serve``) in front of one simulated vLLM
+engine (real HTTP, real ZeroMQ KV events with replay) that runs in this process. After a
+warm-up (``--warmup`` chat requests) RSS is sampled (``before``); then each flood, and RSS
+again once Cortex has taken all of it in and ``--settle-s`` seconds passed:
+
+* ``events``: ``--batches`` small KV-event batches from the engine's publisher, as fast as it
+  sends: each stores one new block and removes the block stored ``--live`` batches earlier
+  (an engine churning its cache), then the last ``--live`` are removed, so the ledger ends
+  where it started. Done when Cortex's ``cortex_events_batches_applied_total`` (plus gaps it
+  had to repair) accounts for every batch.
+* ``bodies``: ``--big-bodies`` chat requests of ``--big-body-mib`` MiB each (one user message
+  of plain text), one after another; each answered before the next (a 413 for a body over
+  ``server.limits.max_body_bytes``, else a load-routed answer: the prompt is over
+  ``models.max_prompt_chars``).
+
+Figures (JSON on stdout): RSS (MiB) before, after each flood, and the ratio to ``before``;
+each flood's size, duration and Cortex's CPU seconds for it. The target (issue 22 §6): after any flood, RSS
+within 10% of its pre-flood value.
+
+Cortex runs with ``--server-memory-trim-s`` (``--memory-trim-s``, 2 s here so that the
+settle time covers one; 0 shows the process without it).
+
+Usage: ``python perf/flood_rss.py [--batches 300000] [--big-bodies 10] [--memory-trim-s S]
+[--quick]``
+(``--quick``: 20,000 batches, 2 bodies of 4 MiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from benchkit import machine_info  # noqa: E402
+from soak import TIMING, cpu_seconds, rss_bytes, start_cortex, wait_ready  # noqa: E402
+
+from cortex.events.model import BlockRemoved, BlockStored  # noqa: E402
+from cortex.sim.engine import SimEngine  # noqa: E402
+from cortex.sim.wire import encode_batch  # noqa: E402
+from tests.front_http_client import RawClient, chat_request  # noqa: E402
+from tests.gateway_cluster import BLOCK, MODEL, model_profile  # noqa: E402
+
+MIB = 1 << 20
+COUNTED = re.compile(rb"^cortex_events_(gaps|gaps_repaired|gaps_unrepaired|replays|restarts)"
+                     rb"_total\{[^}]*\} (\S+)$", re.MULTILINE)
+APPLIED = re.compile(rb"^cortex_events_(batches_applied|gaps_repaired)_total\{[^}]*\} (\S+)$",
+                     re.MULTILINE)
+
+
+async def scrape(control: int) -> bytes:
+    client = await RawClient.connect(control)
+    try:
+        return (await client.request(b"GET", b"/metrics")).body
+    finally:
+        await client.aclose()
+
+
+async def chat(port: int, text: str) -> int:
+    body = json.dumps({"model": MODEL, "max_tokens": 4,
+                       "messages": [{"role": "user", "content": text}]}).encode()
+    client = await RawClient.connect(port)
+    try:
+        await client.send(chat_request(body))
+        return (await client.read_response()).status
+    finally:
+        await client.aclose()
+
+
+async def settled_rss(pid: int, settle_s: float) -> int:
+    await trio.sleep(settle_s)
+    return rss_bytes(pid)
+
+
+async def event_flood(engine: SimEngine, control: int, batches: int, live: int) -> dict:
+    publisher = engine.kv.publisher(0)
+    base = random.Random("flood").getrandbits(48) << 12
+    tokens = list(range(BLOCK))
+    started = time.perf_counter()
+
+    def batch(events: list) -> None:
+        publisher.publish(encode_batch(engine.wire, time.time(), events, None))
+
+    for i in range(batches):
+        events: list = [BlockStored([base + i], None, tokens, BLOCK)]
+        if i >= live:
+            events.append(BlockRemoved([base + i - live]))
+        batch(events)
+        if i % 1000 == 999:
+            await trio.sleep(0)  # the sender task runs
+    for i in range(max(batches - live, 0), batches):
+        batch([BlockRemoved([base + i])])
+    published = batches + min(live, batches)
+    # every batch applied (or covered by a repaired gap): poll Cortex's counters
+    while True:
+        metrics = await scrape(control)
+        applied = sum(float(value) for _, value in APPLIED.findall(metrics))
+        if applied >= published:
+            break
+        await trio.sleep(0.5)
+    counted = {name.decode(): int(float(value)) for name, value in COUNTED.findall(metrics)}
+    return {"batches": published, "seconds": round(time.perf_counter() - started, 1),
+            "cortex_counted": counted}
+
+
+async def body_flood(port: int, count: int, mib: float) -> dict:
+    text = ("lorem ipsum dolor sit amet " * int(mib * MIB / 27 + 1))[: int(mib * MIB)]
+    statuses: dict[int, int] = {}
+    started = time.perf_counter()
+    for _ in range(count):
+        status = await chat(port, text)
+        statuses[status] = statuses.get(status, 0) + 1
+    return {"requests": count, "mib_each": mib, "statuses": statuses,
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+async def flood(args: argparse.Namespace) -> dict:
+    tmpdir = tempfile.TemporaryDirectory(prefix="cortex-flood-")
+    result: dict = {}
+    async with trio.open_nursery() as nursery:
+        engine = SimEngine("e0", "vllm-0.33", model_profile(), block_size=BLOCK,
+                           capacity_blocks=4096, timing=TIMING,
+                           rng=random.Random("flood/e0"))
+        await nursery.start(engine.run)
+        process, port, control = start_cortex(
+            [engine], tmpdir.name, None, ("--server-memory-trim-s", str(args.memory_trim_s)))
+        try:
+            await wait_ready(process, control, tmpdir.name)
+            for i in range(args.warmup):
+                await chat(port, f"warm-up question {i}: " + "tell me more. " * 50)
+            before = await settled_rss(process.pid, args.settle_s)
+            result["rss_mib"] = {"before": round(before / MIB, 1)}
+            cpu = cpu_seconds(process.pid)
+            result["events"] = await event_flood(engine, control, args.batches, args.live)
+            result["events"]["cortex_cpu_s"] = round(cpu_seconds(process.pid) - cpu, 1)
+            after_events = await settled_rss(process.pid, args.settle_s)
+            cpu = cpu_seconds(process.pid)
+            result["bodies"] = await body_flood(port, args.big_bodies, args.big_body_mib)
+            result["bodies"]["cortex_cpu_s"] = round(cpu_seconds(process.pid) - cpu, 1)
+            after_bodies = await settled_rss(process.pid, args.settle_s)
+            result["rss_mib"].update(
+                after_events=round(after_events / MIB, 1),
+                after_bodies=round(after_bodies / MIB, 1),
+                ratio_after_events=round(after_events / before, 3),
+                ratio_after_bodies=round(after_bodies / before, 3))
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(timeout=15)
+            tmpdir.cleanup()
+        nursery.cancel_scope.cancel()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, default=300_000)
+    parser.add_argument("--live", type=int, default=1_000)
+    parser.add_argument("--big-bodies", type=int, default=10)
+    parser.add_argument("--big-body-mib", type=float, default=10.0)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--memory-trim-s", type=float, default=2.0,
+                        help="Cortex's server.memory_trim_s (0: never give memory back)")
+    parser.add_argument("--settle-s", type=float, default=5.0,
+                        help="seconds after a flood before RSS is read (> --memory-trim-s)")
+    parser.add_argument("--quick", action="store_true", help="20,000 batches, 2 bodies of 4 MiB")
+    args = parser.parse_args()
+    if args.quick:
+        args.batches, args.big_bodies, args.big_body_mib, args.warmup = 20_000, 2, 4.0, 20
+    started = time.time()
+    try:
+        result = trio.run(flood, args)
+    except RuntimeError as error:
+        print(f"flood_rss: {error}", file=sys.stderr)
+        return 1
+    result["machine"] = {**machine_info(), "loadavg": os.getloadavg()}
+    result["started_unix"] = round(started)
+    result["command"] = " ".join(["python", "perf/flood_rss.py", *sys.argv[1:]])
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
