@@ -51,7 +51,9 @@ def block_keys(token_ids, Py_ssize_t block_size, uint64_t seed, parent_key=None,
     cdef bint has_parent = parent_key is not None
     cdef uint64_t key = <uint64_t>parent_key if has_parent else 0
     cdef array keys = clone(_KEYS_TEMPLATE, n_blocks, False)
-    cdef uint64_t* out = keys.data.as_ulonglongs
+    # array('Q') stores unsigned long long (8 bytes, asserted above); uint64_t may be another
+    # C type of the same width (unsigned long on LP64 Linux), so the pointer keeps the array's.
+    cdef unsigned long long* out = keys.data.as_ulonglongs
     if n_blocks == 0:
         return keys
     cdef uint32_t* tokens = <uint32_t*>PyMem_Malloc(4 * <size_t>n_tokens)
