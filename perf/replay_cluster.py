@@ -13,13 +13,15 @@
 * ``start_sglang_router(...)``: ``perf/peers.py``'s launcher (``--policy cache_aware``).
 
 Every engine starts with an empty cache: each router gets a fresh cluster. ``Procs.stop()``
-ends exactly the process groups started here.
+ends exactly the process groups started here, then removes the run's folder (the processes'
+logs, the chat template, the gateway's spec): a start failure quotes the log's tail first.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -75,7 +77,7 @@ def pd_roles(flavors: list[str]) -> list[str]:
 
 @dataclass
 class Procs:
-    """Every process of one run, stopped together."""
+    """Every process of one run, stopped together; ``tmpdir`` lives until ``stop()``."""
 
     running: list[peers.Running] = field(default_factory=list)
     tmpdir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="cortex-replay-"))
@@ -90,6 +92,7 @@ class Procs:
         for proc in reversed(self.running):
             proc.stop()
         self.running.clear()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def template(self) -> str:
         path = os.path.join(self.tmpdir, "chat.jinja")

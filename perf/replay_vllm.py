@@ -55,6 +55,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     try:
         log(f"starting {p.engines} vLLM servers ({p.family}, {p.num_blocks} blocks, "
-            f"max_model_len {length}; logs in {logs}) ...")
+            f"max_model_len {length}; logs in {logs}, removed at the end) ...")
         servers = [VllmServer(f"vllm{i}", options, env, logs) for i in range(p.engines)]
         start_all(servers, timeout_s=600.0)  # kills them all if one fails
         rate = p.prefill_tokens_per_s or calibrate(servers[0], text)
@@ -319,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in servers:
             server.stop()
+        shutil.rmtree(logs, ignore_errors=True)  # a failed start raised with the log's tail
     result["wall_s"] = round(time.monotonic() - began, 1)
     result["load_average_end"] = os.getloadavg()
     log(table(result))

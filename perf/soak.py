@@ -145,7 +145,12 @@ async def wait_ready(process: subprocess.Popen[bytes], control: int, tmpdir: str
 
 async def soak(duration_s: float, clients: int, sample_s: float,
                segment_cache_bytes: int | None = None) -> dict[str, object]:
-    tmpdir = tempfile.mkdtemp(prefix="cortex-soak-")
+    with tempfile.TemporaryDirectory(prefix="cortex-soak-") as tmpdir:  # Cortex's log
+        return await _soak(tmpdir, duration_s, clients, sample_s, segment_cache_bytes)
+
+
+async def _soak(tmpdir: str, duration_s: float, clients: int, sample_s: float,
+                segment_cache_bytes: int | None) -> dict[str, object]:
     async with trio.open_nursery() as nursery:
         engines = []
         for i, flavor in enumerate(FLAVORS):

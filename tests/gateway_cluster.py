@@ -9,8 +9,10 @@ listeners, never on a timer).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -47,11 +49,19 @@ SYSTEM_TEXT = "You are Cortex's test assistant. " * 30  # ~210 tokens: 13 full b
 
 @cache
 def template_path() -> str:
+    """The test chat template as a file, written once per process and removed when the
+    process exits (processes given its path must not outlive this one)."""
     folder = tempfile.mkdtemp(prefix="cortex-test-template-")
+    atexit.register(_remove_folder, folder, os.getpid())
     path = os.path.join(folder, "chat.jinja")
     with open(path, "w") as f:
         f.write(ds.TEMPLATE)
     return path
+
+
+def _remove_folder(folder: str, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:  # not in a forked child that inherited the exit handler
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @cache
