@@ -25,6 +25,7 @@ from cortex.front.limits import ServerLimits
 from cortex.gateway.settings import AdmissionSettings
 from cortex.ledger.book import LedgerSettings
 from cortex.pd.plan import PdSettings
+from cortex.profile.builtin import NAMES as BUILTIN_PROFILES
 from cortex.scheduling.cost import BoundedLoad, CostConfig
 from cortex.scheduling.watermark import Watermarks
 from cortex.upstream.limits import PoolLimits
@@ -48,15 +49,15 @@ class ServerConfig:
     host: str = "0.0.0.0"
     port: int = 8080
     limits: ServerLimits = field(default_factory=ServerLimits)
-
     memory_trim_s: float = 30.0  # freed memory given back to the system this often (0: never)
+
     def __post_init__(self) -> None:
         problems = _port_problems(self.port)
         if not self.host:
             problems.append("host must not be empty")
-        if problems:
         if not (self.memory_trim_s == 0 or 1 <= self.memory_trim_s <= 86400):
             problems.append("memory_trim_s must be 0 (never) or in [1, 86400] seconds")
+        if problems:
             raise ConfigError(problems)
 
 
@@ -129,10 +130,13 @@ class ModelConfig:
     """One served model: where its profile's files are, or ``passthrough`` (proxy only)."""
 
     name: str
-    # tokenizer.json, or the model directory holding it (required unless passthrough); its
-    # directory's tokenizer_config.json gives the template's special tokens, BOS handling and
-    # (unless chat_template is set) the chat template, as the engines read them
+    # tokenizer.json, or the model directory holding it (required unless passthrough or
+    # builtin); its directory's tokenizer_config.json gives the template's special tokens, BOS
+    # handling and (unless chat_template is set) the chat template, as the engines read them
     tokenizer: str | None = None
+    # a profile Cortex carries instead of tokenizer (cortex.profile.builtin): "deepseek", the
+    # tokenizer and chat template `cortex sim` serves by default
+    builtin: str | None = None
     block_size: int | None = None  # the engine's KV block / page size in tokens
     chat_template: str | None = None  # .jinja file, HF tokenizer_config.json or model dir
     add_bos: bool | None = None  # None: as the tokenizer does it
@@ -147,8 +151,13 @@ class ModelConfig:
     def __post_init__(self) -> None:
         label = f"model {self.name or '?'}"
         problems = [] if self.name else ["model name must not be empty"]
+        if self.builtin is not None and self.builtin not in BUILTIN_PROFILES:
+            problems.append(f"{label}: builtin {self.builtin!r} is not a built-in profile "
+                            f"(known: {', '.join(BUILTIN_PROFILES)})")
+        if self.builtin is not None and self.tokenizer is not None:
+            problems.append(f"{label}: tokenizer and builtin both set: name one of them")
         if not self.passthrough:
-            if self.tokenizer is None:
+            if self.tokenizer is None and self.builtin is None:
                 problems.append(f"{label}: tokenizer is required (or set passthrough = true)")
             if self.block_size is None:
                 problems.append(f"{label}: block_size is required (or set passthrough = true)")
@@ -165,12 +174,14 @@ class ModelConfig:
         """What ``cortex.profile.model_profile.load_profile`` needs (not for passthrough)."""
         from cortex.profile.model_profile import ProfileSpec
 
-        if self.passthrough or self.tokenizer is None or self.block_size is None:
+        if self.passthrough or (self.tokenizer is None and self.builtin is None) or (
+                self.block_size is None):
             raise ConfigError([f"model {self.name}: a passthrough model has no profile"])
         return ProfileSpec(
             model=self.name, tokenizer_path=self.tokenizer, block_size=self.block_size,
             chat_template_path=self.chat_template, add_bos=self.add_bos,
-            bos_token=self.bos_token, eos_token=self.eos_token, version=self.version)
+            bos_token=self.bos_token, eos_token=self.eos_token, version=self.version,
+            builtin=self.builtin)
 
 
 @dataclass(frozen=True, slots=True)

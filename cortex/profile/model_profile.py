@@ -13,9 +13,13 @@ Rules:
   in any of their written forms) become template variables, and its chat template(s) are used
   when no ``chat_template_path`` is given. What config states explicitly (``bos_token``,
   ``eos_token``, ``add_bos``, ``chat_template_path``) wins over the directory.
+* ``builtin`` names a profile Cortex carries (``cortex.profile.builtin``) instead of
+  ``tokenizer_path`` (one of the two, never both): its ``tokenizer.json`` is read as any other
+  (with its directory's settings) and its chat template is used unless ``chat_template_path``
+  is given.
 * The chat template comes from ``chat_template_path`` (a ``.jinja`` file, an HF
-  ``tokenizer_config.json`` or a model directory) or else from the tokenizer's directory; named
-  templates are picked per request (``ChatTemplates``).
+  ``tokenizer_config.json`` or a model directory), else the builtin's, else the tokenizer's
+  directory's; named templates are picked per request (``ChatTemplates``).
 * ``add_bos`` (text tokenized "with special tokens": completions and ``/generate`` text): when
   not stated, what the tokenizer itself does — the ids ``tokenizer.json``'s post-processor puts
   around a text, or, for a ``tokenizer.json`` without one, BOS/EOS per ``add_bos_token`` /
@@ -45,6 +49,7 @@ import xxhash
 from tokenizers import Tokenizer
 
 from cortex.errors import CortexError
+from cortex.profile.builtin import builtin_files
 from cortex.profile.chat_template import ChatTemplate, ChatTemplates
 from cortex.profile.fast_pieces import FastPieceEncoder
 from cortex.profile.hf_settings import (
@@ -72,16 +77,18 @@ class ProfileError(CortexError):
 @dataclass(frozen=True, slots=True)
 class ProfileSpec:
     """What config names for one model (paths are files or directories on disk); ``None``
-    for ``add_bos`` / ``bos_token`` / ``eos_token``: as the model's files say."""
+    for ``add_bos`` / ``bos_token`` / ``eos_token``: as the model's files say. ``builtin``
+    (a ``cortex.profile.builtin`` name) stands in for ``tokenizer_path`` (then ``None``)."""
 
     model: str
-    tokenizer_path: str
+    tokenizer_path: str | None
     block_size: int
     chat_template_path: str | None = None
     add_bos: bool | None = None
     bos_token: str | None = None
     eos_token: str | None = None
     version: str = ""
+    builtin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +143,10 @@ def load_profile(spec: ProfileSpec) -> ModelProfile:
     if not isinstance(spec.block_size, int) or not 0 < spec.block_size <= MAX_BLOCK_SIZE:
         problems.append(f"block_size must be an integer in [1, {MAX_BLOCK_SIZE}]")
 
-    tokenizer_file, settings = _model_files(spec.tokenizer_path, problems)
-    tokenizer_bytes = _read(tokenizer_file, "tokenizer", problems)
+    tokenizer_path, builtin_template = _tokenizer_source(spec, problems)
+    tokenizer_file, settings = _model_files(tokenizer_path, problems)
+    tokenizer_bytes = None if tokenizer_file is None else _read(tokenizer_file, "tokenizer",
+                                                                problems)
     tokenizer: Tokenizer | None = None
     segmenter: Segmenter | None = None
     if tokenizer_bytes is not None:
@@ -160,8 +169,9 @@ def load_profile(spec: ProfileSpec) -> ModelProfile:
     bos_token, eos_token = tokens.get("bos_token"), tokens.get("eos_token")
     bos_id = _single_token(tokenizer, bos_token, "bos_token", [])
 
-    sources = _template_sources(spec, settings, problems)
-    origin = spec.chat_template_path or settings.templates_from
+    sources = _template_sources(spec, settings, builtin_template, problems)
+    origin = spec.chat_template_path or (
+        f"builtin {spec.builtin}" if builtin_template is not None else settings.templates_from)
     templates = _compile(sources, tokens, origin, problems)
 
     add_bos = spec.add_bos
@@ -218,19 +228,39 @@ def check_worker(
     return "; ".join(reasons) or None
 
 
-def _model_files(path: str, problems: list[str]) -> tuple[str, HfSettings]:
+def _tokenizer_source(spec: ProfileSpec, problems: list[str]) -> tuple[str | None, str | None]:
+    """The tokenizer path to read and the builtin's chat template (``None``: no builtin)."""
+    if spec.builtin is None:
+        if not spec.tokenizer_path:
+            problems.append("no tokenizer: tokenizer_path or builtin is required")
+            return None, None
+        return spec.tokenizer_path, None
+    if spec.tokenizer_path:
+        problems.append(f"builtin {spec.builtin!r} and tokenizer {spec.tokenizer_path} both "
+                        "given: name one of them")
+        return None, None
+    files = builtin_files(spec.builtin, problems)
+    return (None, None) if files is None else (files.tokenizer_path, files.chat_template)
+
+
+def _model_files(path: str | None, problems: list[str]) -> tuple[str | None, HfSettings]:
     """``tokenizer.json``'s path and the settings of the directory it sits in."""
+    if path is None:
+        return None, HfSettings()
     if os.path.isdir(path):
         return os.path.join(path, TOKENIZER_FILE), read_hf_settings(Path(path), problems)
     return path, read_hf_settings(Path(path).parent, problems)
 
 
 def _template_sources(
-    spec: ProfileSpec, settings: HfSettings, problems: list[str]
+    spec: ProfileSpec, settings: HfSettings, builtin_template: str | None, problems: list[str]
 ) -> dict[str, str]:
-    """The model's templates by name: the configured file's, else the tokenizer directory's."""
+    """The model's templates by name: the configured file's, else the builtin's, else the
+    tokenizer directory's."""
     path = spec.chat_template_path
     if path is None:
+        if builtin_template is not None:
+            return {"default": builtin_template}
         return settings.chat_templates
     if os.path.isdir(path):
         templates = read_hf_settings(Path(path), problems).chat_templates
