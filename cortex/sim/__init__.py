@@ -15,7 +15,8 @@ HTTP side (``cortex sim``):
 * ``tokenize`` — prompt token ids the way an engine computes them (one full encode).
 * ``bodies`` — JSON/SSE/Prometheus bodies in the engines' shapes.
 * ``http_engine`` — the routes of a vLLM or SGLang server, with fault switches.
-* ``engine`` — ``SimEngine``: KV side + HTTP side as one service; ``cli`` — ``cortex sim``.
+* ``engine`` — ``SimEngine``: KV side + HTTP side as one service; ``cli`` — ``cortex sim``;
+  ``serve_line`` — the ``cortex serve`` command line for running engines.
 * ``pd`` — prefill/decode roles (SGLang bootstrap rooms, vLLM ``kv_transfer_params``);
   ``pd_transfer`` — the KV hand-over between them over TCP.
 """

