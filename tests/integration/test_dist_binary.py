@@ -1,7 +1,9 @@
 """Smoke test of the one-file executable ``dist/cortex`` (``make dist``), as an operator runs
 it: ``--version``; ``check-config`` on the example configuration; ``cortex sim`` plus
 ``cortex serve`` from the binary answering a routed chat request with its ``x-cortex-*``
-headers (a cache hit predicted exactly), then a graceful SIGTERM.
+headers (a cache hit predicted exactly), then a graceful SIGTERM; and the README's "Quick start
+without a GPU" exactly as written, with the binary as ``cortex`` (``tests/readme_quick_start``):
+no profile files named, so the built-in DeepSeek profile must be inside the binary.
 
 Skipped, with the reason, when the binary has not been built or is older than the sources it
 was built from (a stale binary would test yesterday's code); with ``CORTEX_DIST_REQUIRED=1``
@@ -25,6 +27,7 @@ from tests import deepseek_profile as ds
 from tests.front_http_client import RawClient
 from tests.gateway_cluster import SYSTEM_TEXT, template_path
 from tests.integration.test_cli_serve_sim import read_line, request
+from tests.readme_quick_start import check_cache_hit_on_second_send, run_quick_start
 
 ROOT = Path(__file__).resolve().parents[2]
 BINARY = Path(os.environ.get("CORTEX_DIST_BINARY") or ROOT / "dist" / "cortex")
@@ -142,3 +145,8 @@ async def test_sim_and_serve_from_the_binary_route_a_chat_request():
             if process is not None and process.returncode is None:
                 process.kill()
                 await process.wait()
+
+
+async def test_the_readme_quick_start_with_the_binary():
+    # two one-file binaries unpack themselves first
+    check_cache_hit_on_second_send(await run_quick_start(BINARY.resolve(), timeout_s=240))
