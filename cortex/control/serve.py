@@ -16,6 +16,7 @@ Rules:
   listens on loopback unless configured otherwise.
 * Hypercorn logs through the ``cortex.control.hypercorn`` logger; no access log (it would
   hold request lines of every scrape; nothing here ever logs a header).
+* Status lines carry the standard reason phrase (``HTTP/1.1 200 OK``; ``status_line``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from cortex.control import status_line
 from cortex.control.app import ControlApp
 
 LOGGER = "cortex.control.hypercorn"
@@ -61,6 +63,7 @@ async def serve_control(
     read_timeout_s: float = 30.0,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    status_line.install()
     config = hypercorn_config(host, port, graceful_timeout_s, idle_timeout_s, read_timeout_s)
     trigger = shutdown.wait if shutdown is not None else None
     async with trio.open_nursery() as nursery:

@@ -231,3 +231,47 @@ async def test_a_slowloris_head_is_cut_at_the_idle_timeout():
             assert closed_after is not None and closed_after < 8
             await stream.aclose()
             nursery.cancel_scope.cancel()
+
+
+async def raw_status_line(port: int, request: bytes) -> bytes:
+    """The first line of the answer to ``request``, as sent (no HTTP library between)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    received = b""
+    try:
+        await stream.send_all(request)
+        while b"\r\n" not in received:
+            chunk = await stream.receive_some(4096)
+            assert chunk, f"closed after {received!r}"
+            received += chunk
+    finally:
+        await stream.aclose()
+    return received.split(b"\r\n", 1)[0]
+
+
+async def test_status_lines_carry_the_standard_reason_phrase():
+    app, *_ = build()
+    with trio.fail_after(TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(partial(serve_control, app, "127.0.0.1", 0))
+            get = b"GET %s HTTP/1.1\r\nhost: c\r\n\r\n"
+            asks = [
+                (get % b"/health/live", b"HTTP/1.1 200 OK"),
+                (get % b"/health/ready", b"HTTP/1.1 503 Service Unavailable"),  # no workers
+                (get % b"/admin/workers", b"HTTP/1.1 401 Unauthorized"),
+                (get % b"/nowhere", b"HTTP/1.1 404 Not Found"),
+                (b"GET /metrics HTTP/1.1\r\nbroken header\r\n\r\n",  # hypercorn's own answer
+                 b"HTTP/1.1 400 Bad Request"),
+            ]
+            for request, line in asks:
+                assert await raw_status_line(port, request) == line
+            nursery.cancel_scope.cancel()
+
+
+async def test_other_h11_users_keep_their_own_reasons():
+    """Only hypercorn's HTTP/1.1 module sees the reason-filling view of h11."""
+    app, *_ = build()
+    with trio.fail_after(TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(serve_control, app, "127.0.0.1", 0))
+            assert h11.Response(status_code=200, headers=[]).reason == b""
+            nursery.cancel_scope.cancel()
