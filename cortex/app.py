@@ -53,6 +53,7 @@ from cortex.logs import log_exchange
 from cortex.memory_trim import run_memory_trim
 from cortex.metrics import CortexMetrics, ledger_figures
 from cortex.profile.profile_set import ProfileSet, load_profiles
+from cortex.serve_summary import serve_summary
 from cortex.systemd import Notifier, run_watchdog
 from cortex.upstream.pool import UpstreamPool
 from cortex.worker_lifecycle import WorkerLifecycle, model_of
@@ -160,8 +161,8 @@ async def run_gateway(config: CortexConfig, *,
             await nursery.start(partial(run_dns_discovery, service, workers, registry,
                                         owned=owned))
         await nursery.start(run_monitor, registry, fetch, settings)
-        metrics.watch_ledger(lambda: ledger_figures(book))
         await nursery.start(run_memory_trim, config.server.memory_trim_s)
+        metrics.watch_ledger(lambda: ledger_figures(book))
         metrics.watch_workers(lambda: [v for pool in pools.values() for v in pool.views()])
         metrics.watch_ingest(lambda: [(book.info(t).worker, book.info(t).rank, c)
                                       for t, c in list(counters.items())])
@@ -182,6 +183,7 @@ async def run_gateway(config: CortexConfig, *,
         control_port = await nursery.start(partial(serve_control, control, config.control.host,
                                                    config.control.port))
         _, data_port = await nursery.start(server.serve, config.server.host, config.server.port)
+        log.info("%s", serve_summary(config, registry.specs(), data_port, control_port))
         task_status.started(Running(data_port, control_port, book, registry, pools, server,
                                     metrics, gateway, counters, reload_workers=workers.reload))
         await _until_signal(server, config.server.limits.drain_timeout_s)
