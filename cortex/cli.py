@@ -9,6 +9,8 @@ Rules:
   key, each with its ``CORTEX_*`` environment twin, all listed by ``--help`` with defaults.
 * Exit codes: 0 ok; 2 configuration or usage error, with every problem on its own stderr line;
   what a command returns otherwise (``serve``: the app's code).
+* An unknown flag is refused by its command's parser (that command's usage line), with the
+  closest flag it knows as a "did you mean" (``cortex serve --confg x``: ``--config``).
 * ``--print-config`` prints the effective merged configuration as TOML, secrets masked; given
   without a command (``cortex --print-config [config flags]``) it means ``serve --print-config``.
 * Heavy or optional modules (``cortex.app``, ``cortex.sim.cli``, trio) are imported inside the
@@ -25,6 +27,8 @@ from collections.abc import Sequence
 
 import cortex
 from cortex.config import CortexConfig
+from cortex.config.sources import iter_flags
+from cortex.config.walk import suggest
 from cortex.errors import ConfigError
 
 USAGE_ERROR = 2
@@ -40,10 +44,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_sim_missing(argparse.Namespace())
     parser = build_parser(with_sim=with_sim)
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            refuse_unknown(args.command_parser, unknown, known=[*iter_flags(parser)])
     except SystemExit as exit_:  # --help, --version, usage errors: argparse's own code
         return exit_.code if isinstance(exit_.code, int) else USAGE_ERROR
     return args.run(args)
+
+
+def refuse_unknown(command: argparse.ArgumentParser, unknown: list[str],
+                   known: list[str]) -> None:
+    """``command``'s usage error for arguments it does not take (exits 2), each unknown flag
+    with the closest of the command's flags (or ``known``, the top level's) as a "did you
+    mean"."""
+    choices = [*iter_flags(command), *known]
+    hints = [suggest(arg.split("=", 1)[0], choices).strip()
+             for arg in unknown if arg.startswith("--")]
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    command.error(" ".join([message, *filter(None, hints)]))
 
 
 def build_parser(with_sim: bool = False) -> argparse.ArgumentParser:
@@ -64,7 +82,7 @@ def build_parser(with_sim: bool = False) -> argparse.ArgumentParser:
     serve.add_argument("--dry-run", action="store_true",
                        help="validate the configuration and exit without serving")
     add_config_arguments(serve)
-    serve.set_defaults(run=run_serve)
+    serve.set_defaults(run=run_serve, command_parser=serve)
 
     check = commands.add_parser(
         "check-config", help="validate the configuration, print every problem",
@@ -77,11 +95,11 @@ def build_parser(with_sim: bool = False) -> argparse.ArgumentParser:
                        help="skip the disk: do not check that the tokenizer, template and "
                             "token files exist, nor load the model profiles")
     add_config_arguments(check)
-    check.set_defaults(run=run_check_config)
+    check.set_defaults(run=run_check_config, command_parser=check)
 
     sim = commands.add_parser("sim", help="simulated SGLang / vLLM engines (no GPU)",
                               allow_abbrev=False)
-    sim.set_defaults(run=run_sim_missing)
+    sim.set_defaults(run=run_sim_missing, command_parser=sim)
     if with_sim:
         from cortex.sim.cli import add_sim_arguments, run_sim
 
@@ -91,7 +109,7 @@ def build_parser(with_sim: bool = False) -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="simulated cluster feeding the ledger, with faults")
     demo.add_argument("--seconds", type=float, default=8.0, help="length of the traffic phase")
     demo.add_argument("--seed", type=int, default=7)
-    demo.set_defaults(run=run_demo)
+    demo.set_defaults(run=run_demo, command_parser=demo)
     return parser
 
 

@@ -246,3 +246,24 @@ def test_serve_does_not_start_on_a_profile_that_cannot_load(capsys, tmp_path):
     assert "models (m): profile not loaded" in err and "tokenizer.json" in err
     assert main(["serve", "--dry-run", "--model", f"m,tokenizer={missing},block_size=16"]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "command", "hint"), [
+    (["serve", "--confg", "x.toml"], "serve", "--config"),
+    (["check-config", "--server-prot=8080"], "check-config", "--server-port"),
+    (["demo", "--secnds", "3"], "demo", "--seconds"),
+])
+def test_a_misspelt_flag_is_refused_by_its_command_with_a_did_you_mean(capsys, argv, command,
+                                                                       hint):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"usage: cortex {command} " in err  # the command's usage, not the top level's
+    assert f"cortex {command}: error: unrecognized arguments: {' '.join(argv[1:])}" in err
+    assert f"(did you mean {hint}?)" in err
+
+
+def test_an_unknown_flag_far_from_every_flag_gets_no_hint(capsys):
+    assert main(["serve", "--zzzzzz"]) == 2
+    err = capsys.readouterr().err
+    assert "cortex serve: error: unrecognized arguments: --zzzzzz" in err
+    assert "did you mean" not in err
