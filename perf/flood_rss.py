@@ -34,8 +34,6 @@ import json
 import os
 import random
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +46,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from benchkit import machine_info  # noqa: E402
-from soak import TIMING, cpu_seconds, rss_bytes, start_cortex, wait_ready  # noqa: E402
+from soak import TIMING, cpu_seconds, rss_bytes, start_cortex, stop_cortex, wait_ready  # noqa: E402
 
 from cortex.events.model import BlockRemoved, BlockStored  # noqa: E402
 from cortex.sim.engine import SimEngine  # noqa: E402
@@ -159,13 +157,7 @@ async def flood(args: argparse.Namespace) -> dict:
                 ratio_after_events=round(after_events / before, 3),
                 ratio_after_bodies=round(after_bodies / before, 3))
         finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(timeout=15)
+            stop_cortex(process)
             tmpdir.cleanup()
         nursery.cancel_scope.cancel()
     return result

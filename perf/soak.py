@@ -120,6 +120,17 @@ def start_cortex(engines: list[SimEngine], tmpdir: str, segment_cache_bytes: int
     return process, port, control
 
 
+def stop_cortex(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to Cortex's process group, SIGKILL if it is not gone within 15 s."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=15)
+
+
 async def wait_ready(process: subprocess.Popen[bytes], control: int, tmpdir: str) -> None:
     """Poll the control plane's readiness (another process: no task_status to wait on)."""
     from tests.front_http_client import RawClient
@@ -179,13 +190,7 @@ async def _soak(tmpdir: str, duration_s: float, clients: int, sample_s: float,
             run_s = trio.current_time() - began
             cpu = cpu_seconds(process.pid) - cpu_before
         finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(timeout=15)
+            stop_cortex(process)
         nursery.cancel_scope.cancel()
     warm = [s for s in samples if s[0] >= duration_s / 5]
     figures = tally.figures()

