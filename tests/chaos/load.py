@@ -9,6 +9,8 @@ Every request runs under its own deadline (``trio.fail_after``) and ends as exac
 * ``cut`` — a 200 head, then the connection ended before the body was complete (the contract
   for a failure after the first byte: never a truncated body that looks complete);
 * ``dropped`` — the client itself left (mid-stream or while waiting for the head), on purpose;
+  a client that only half-closes after sending (``half_close``) is not leaving: it must get
+  its whole answer;
 * ``no_answer`` — the connection was refused or closed before any response head;
 * ``bad`` — anything else (a 200 with a malformed body, an error without a JSON body, ...);
 * ``hung`` — the deadline passed.
@@ -132,7 +134,8 @@ def chat_body(rng: random.Random, serial: int, *, stream: bool) -> bytes:
 async def one_request(port: int, body: bytes, *, stream: bool, deadline_s: float,
                       drop: str | None = None) -> Outcome:
     """Send one chat request and classify what came back (``drop``: ``"head"`` leaves while
-    waiting for the head, ``"stream"`` after the first body chunk)."""
+    waiting for the head, ``"stream"`` after the first body chunk, ``"half_close"`` only
+    shuts its sending side after the request and reads the answer)."""
     try:
         with trio.fail_after(deadline_s):
             try:
@@ -154,6 +157,8 @@ async def _exchange(client: RawClient, body: bytes, stream: bool, drop: str | No
         return Outcome("no_answer", None, stream, detail=f"send: {error!r}")
     if drop == "head":
         return Outcome("dropped", None, stream)
+    if drop == "half_close":
+        await client.half_close()
     try:
         status, headers, _ = await client.read_head()
     except (EOFError, OSError, trio.BrokenResourceError) as error:
@@ -201,7 +206,7 @@ async def _exchange(client: RawClient, body: bytes, stream: bool, drop: str | No
 async def client_loop(port: int, rng: random.Random, tally: Tally, stop: trio.Event,
                       availability: Availability | None, *, deadline_s: float,
                       stream_share: float = 0.5, drop_share: float = 0.0,
-                      serials: list[int] | None = None) -> None:
+                      half_close_share: float = 0.0, serials: list[int] | None = None) -> None:
     """Requests back to back until ``stop`` is set; every outcome goes into ``tally``."""
     serials = serials if serials is not None else [0]
     while not stop.is_set():
@@ -210,6 +215,8 @@ async def client_loop(port: int, rng: random.Random, tally: Tally, stop: trio.Ev
         drop = None
         if rng.random() < drop_share:
             drop = "stream" if stream and rng.random() < 0.8 else "head"
+        elif rng.random() < half_close_share:
+            drop = "half_close"
         body = chat_body(rng, serials[0], stream=stream)
         snapshot = availability.snapshot() if availability is not None else None
         began = trio.current_time()

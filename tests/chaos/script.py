@@ -9,7 +9,9 @@ them. A worker coming back counts as available only once the registry has it liv
 Faults (names are the keys of ``ChaosScript.counts``):
 
 * ``kill`` — the engine vanishes (HTTP and events), then a fresh engine starts on its ports;
-* ``hang`` / ``fail_503`` / ``unhealthy`` — HTTP faults of the simulated engine (outages);
+* ``hang`` / ``fail_503`` / ``fail_500`` / ``fail_429`` / ``unhealthy`` — HTTP faults of the
+  simulated engine (outages: a failing answer before the first byte is retried on another
+  worker, so a client never sees it while another worker stays up);
 * ``slow`` — an extra delay before every response head; ``die_mid_stream`` — streamed
   responses break after a few events;
 * ``kv_restart`` — the engine's KV side restarts (cache emptied silently, sequence back to 0);
@@ -30,7 +32,7 @@ from cortex.sim.faults import FaultProbabilities
 from tests.chaos.cluster import ChaosCluster
 from tests.chaos.load import Availability
 
-OUTAGES = ("kill", "hang", "fail_503", "unhealthy")
+OUTAGES = ("kill", "hang", "fail_503", "fail_500", "fail_429", "unhealthy")
 HARMLESS = ("slow", "die_mid_stream", "kv_restart", "drop", "duplicate", "reorder", "stall")
 
 
@@ -111,7 +113,16 @@ class ChaosScript:
         await self._back_up(name)
 
     async def _fail_503(self, name: str, duration: float) -> None:
-        await self._engine_fault(name, duration, {"fail_status": 503}, {"fail_status": None})
+        await self._fail(name, duration, 503)
+
+    async def _fail_500(self, name: str, duration: float) -> None:
+        await self._fail(name, duration, 500)
+
+    async def _fail_429(self, name: str, duration: float) -> None:
+        await self._fail(name, duration, 429)
+
+    async def _fail(self, name: str, duration: float, status: int) -> None:
+        await self._engine_fault(name, duration, {"fail_status": status}, {"fail_status": None})
         await self._back_up(name)
 
     async def _unhealthy(self, name: str, duration: float) -> None:

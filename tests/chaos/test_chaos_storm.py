@@ -1,7 +1,8 @@
 """Chaos storm (issue 7 §3): sustained load through Cortex over four simulated engines (two
 vLLM, two SGLang) while a seeded script kills and restarts engines, hangs them, fails and slows
-their responses, breaks streams mid-way, marks them unhealthy, restarts their KV side, drops,
-duplicates and reorders event batches and stalls event streams; some clients leave mid-stream.
+their responses (503, 500, 429), breaks streams mid-way, marks them unhealthy, restarts their KV
+side, drops, duplicates and reorders event batches and stalls event streams; some clients leave
+mid-stream, some half-close after sending (and must still get their whole answer).
 
 Pass criteria, asserted after the storm:
 
@@ -33,7 +34,7 @@ import trio
 import cortex
 from tests.chaos.cluster import ChaosCluster, chaos_cluster
 from tests.chaos.load import Availability, Tally, chat_body, client_loop, one_request
-from tests.chaos.script import ChaosScript
+from tests.chaos.script import OUTAGES, ChaosScript
 
 STORM_S = float(os.environ.get("CORTEX_CHAOS_STORM_S", "12"))
 SEED = int(os.environ.get("CORTEX_CHAOS_SEED", "7"))
@@ -148,7 +149,8 @@ async def test_chaos_storm() -> None:
             for i in range(CLIENTS):
                 nursery.start_soon(partial(
                     client_loop, cluster.port, random.Random(f"{SEED}/{i}"), tally, stop,
-                    availability, deadline_s=DEADLINE_S, drop_share=0.05, serials=serials))
+                    availability, deadline_s=DEADLINE_S, drop_share=0.05, half_close_share=0.05,
+                    serials=serials))
             await script.run(STORM_S)
             stop.set()
         storm_s = trio.current_time() - began
@@ -199,7 +201,7 @@ async def test_chaos_storm() -> None:
         assert tally.outcomes["no_answer"] == 0 and tally.outcomes["bad"] == 0, tally.bad
         assert tally.lost == [], tally.lost
         assert tally.outcomes["ok"] > tally.sent // 2, figures
-        assert sum(script.counts[f] for f in ("kill", "hang", "fail_503", "unhealthy")) >= 4
+        assert sum(script.counts[f] for f in OUTAGES) >= 4
         assert held < HELD_BYTES_BOUND, figures
         assert rss_after - rss_before < 128 << 20, figures
         assert tasks_after <= tasks_before + 4, figures  # (a probe may be mid-fetch)
