@@ -167,6 +167,23 @@ def fuzz_chunked_body_over_the_limit(port: int) -> None:
     assert answer.status == 413 and answer.closed
 
 
+@FUZZ
+@given(size=st.integers(LIMITS.max_body_bytes + 1, 2**64 - 1), sent=st.integers(0, 64),
+       before=st.integers(0, 2048), extension=st.sampled_from([b"", b";a=b", b";x"]),
+       upper=st.booleans(), zeros=st.integers(0, 3))
+def fuzz_chunk_declared_over_the_limit(port: int, size: int, sent: int, before: int,
+                                       extension: bytes, upper: bool, zeros: int) -> None:
+    """A chunk whose size line alone says the body is too large: 413 at once, never the body
+    deadline's 408 (issue 22 §9), whatever came before it and however the size is spelt."""
+    first = b"%x\r\n%s\r\n" % (before, b"y" * before) if before else b""
+    digits = (b"%X" if upper else b"%x") % size
+    body = first + b"0" * zeros + digits + extension + b"\r\n" + b"z" * sent
+    answer = exchange(port, request(headers=[(b"transfer-encoding", b"chunked")], body=body,
+                                    length=False))
+    check("chunked", answer, must_answer=True)
+    assert answer.status == 413 and answer.closed, answer
+
+
 # --- JSON bodies ----------------------------------------------------------------------------
 
 JSON = st.recursive(
@@ -350,7 +367,8 @@ def fuzz_slowloris_body_is_cut_at_the_body_deadline(port: int) -> None:
 async def test_fuzz_framing() -> None:
     """Request lines, header blocks, chunked encodings, byte-mutated valid requests."""
     await run_fuzz(fuzz_request_line, fuzz_headers, fuzz_header_limits, fuzz_chunked,
-                   fuzz_chunked_body_over_the_limit, fuzz_mutated_requests)
+                   fuzz_chunked_body_over_the_limit, fuzz_chunk_declared_over_the_limit,
+                   fuzz_mutated_requests)
 
 
 async def test_fuzz_bodies() -> None:
