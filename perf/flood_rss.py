@@ -136,7 +136,10 @@ async def flood(args: argparse.Namespace) -> dict:
                            rng=random.Random("flood/e0"))
         await nursery.start(engine.run)
         process, port, control = start_cortex(
-            [engine], tmpdir.name, None, ("--server-memory-trim-s", str(args.memory_trim_s)))
+            [engine], tmpdir.name, None, ("--server-memory-trim-s", str(args.memory_trim_s),
+                                          # the sim tokenizes a 10-MiB prompt on its event
+                                          # loop for seconds: not a dead worker
+                                          "--health-timeout-s", "60"))
         try:
             await wait_ready(process, control, tmpdir.name)
             for i in range(args.warmup):
