@@ -75,7 +75,7 @@ from cortex.front.response_writer import ResponseWriter
 from cortex.front.transport import READ_SIZE, SocketTransport, StreamTransport, transport_for
 
 if TYPE_CHECKING:
-    from cortex.front.server import ServerShared
+    from cortex.front.shared import ServerShared
 
 log = logging.getLogger("cortex.front")
 

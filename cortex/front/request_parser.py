@@ -56,7 +56,7 @@ from cortex.front.limits import ServerLimits
 from cortex.front.messages import Headers, HttpRequest
 
 if TYPE_CHECKING:
-    from cortex.front.server import ServerCounters
+    from cortex.front.shared import ServerCounters
 
 _VERSIONS = {"1.1": b"1.1", "1.0": b"1.0"}
 _CHUNK_TAIL = 256  # bytes of a chunked body kept to read a chunk's size line back

@@ -39,7 +39,7 @@ from cortex.front.response_head import NO_BODY_STATUS, UnsendableResponse, respo
 from cortex.front.transport import SocketTransport, StreamTransport
 
 if TYPE_CHECKING:
-    from cortex.front.server import ServerShared
+    from cortex.front.shared import ServerShared
 
 log = logging.getLogger("cortex.front")
 

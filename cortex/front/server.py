@@ -18,7 +18,9 @@ Rules:
   (``limits.client_watch_after_s``), are kept by one ``WaitDeadlines`` task per server (rules
   in ``cortex.wait_deadlines``), started before the first connection and stopped after the
   last.
-* Counters are plain ints (``ServerCounters``), read by the metrics layer.
+* Counters are plain ints (``ServerCounters``), read by the metrics layer. They and the state
+  every connection shares (``ServerShared``) live in ``cortex.front.shared``, which the
+  connection's parts import instead of this module (re-exported here).
 * ``on_exchange`` (optional) is told what each request came to, once it is over: the access
   log's source (``cortex.front.exchange``).
 """
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import socket
-from dataclasses import dataclass, field
 
 import trio
 
@@ -35,48 +36,13 @@ from cortex.front.connection import HttpConnection
 from cortex.front.exchange import ExchangeHook
 from cortex.front.limits import ServerLimits
 from cortex.front.messages import Handler
-from cortex.wait_deadlines import WaitDeadlines
+from cortex.front.shared import ServerCounters, ServerShared
 
 __all__ = ["HttpServer", "ServerCounters", "ServerShared"]
 
 log = logging.getLogger("cortex.front")
 
 _ACCEPT_BACKOFF_S = 0.1  # after an accept error such as EMFILE
-
-
-@dataclass(slots=True)
-class ServerCounters:
-    """What the server counts; plain ints, exported by the metrics layer."""
-
-    connections_opened: int = 0
-    connections_open: int = 0
-    requests: int = 0  # complete requests handed to the handler
-    bad_requests: int = 0  # malformed request line, headers, framing or chunked encoding
-    too_large: int = 0  # 413 and 431 refusals
-    header_timeouts: int = 0
-    body_timeouts: int = 0
-    client_gone: int = 0  # client left while its request was handled or its body streamed
-    handler_errors: int = 0  # 500s from bugs, and body iterators failing after the head
-    responses_by_status: dict[int, int] = field(default_factory=dict)
-
-    def count_status(self, status: int) -> None:
-        self.responses_by_status[status] = self.responses_by_status.get(status, 0) + 1
-
-
-@dataclass(slots=True)
-class ServerShared:
-    """State every connection of one server shares (owned by the trio thread)."""
-
-    handler: Handler
-    limits: ServerLimits
-    counters: ServerCounters
-    server_header: bytes
-    draining: bool = False
-    in_flight: int = 0
-    idle_connections: set[HttpConnection] = field(default_factory=set)  # woken by drain()
-    # idle keep-alive deadlines; running while HttpServer.serve runs (else: cancel scopes)
-    deadlines: WaitDeadlines = field(default_factory=WaitDeadlines)
-    on_exchange: ExchangeHook | None = None  # told what each request came to
 
 
 class HttpServer:

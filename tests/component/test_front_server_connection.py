@@ -16,7 +16,7 @@ from cortex.errors import UpstreamError
 from cortex.front.connection import HttpConnection
 from cortex.front.limits import ServerLimits
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
-from cortex.front.server import ServerCounters, ServerShared
+from cortex.front.shared import ServerCounters, ServerShared
 from tests.front_http_client import RawClient, build_request
 
 LIMITS = ServerLimits(header_timeout_s=10, body_timeout_s=30, keepalive_idle_s=75)

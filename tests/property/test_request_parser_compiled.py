@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from cortex._fast.http_request import parse_request
 from cortex.front.limits import ServerLimits
 from cortex.front.request_parser import RequestParser
-from cortex.front.server import ServerCounters
+from cortex.front.shared import ServerCounters
 
 _METHODS = [b"GET", b"POST", b"HEAD", b"PUT", b"DELETE", b"OPTIONS", b"PATCH", b"CONNECT",
             b"TRACE", b"get", b"POSTX", b"PO ST", b""]

@@ -10,7 +10,7 @@ from cortex.errors import BadRequest, PayloadTooLarge
 from cortex.front.errors_http import HeaderFieldsTooLarge
 from cortex.front.limits import ServerLimits
 from cortex.front.request_parser import RequestParser
-from cortex.front.server import ServerCounters
+from cortex.front.shared import ServerCounters
 
 
 def parse(*reads: bytes, **limits) -> RequestParser:
