@@ -13,6 +13,10 @@ HTTP side (``cortex sim``):
 
 * ``serving`` — pure timing model: FIFO queue, batch limit, prefill and decode time.
 * ``tokenize`` — prompt token ids the way an engine computes them (one full encode).
+* ``generation`` — one started request's token stream and the per-rank totals it feeds.
+* ``http_faults`` — the HTTP side's fault switches (``SimFaults``) and ``EngineCrashed``.
+* ``engine_view`` — the engine as its parts (routes, bodies, PD role) see it: protocols, so
+  they need not import ``engine``, which builds them.
 * ``bodies`` — JSON/SSE/Prometheus bodies in the engines' shapes.
 * ``http_engine`` — the routes of a vLLM or SGLang server, with fault switches.
 * ``engine`` — ``SimEngine``: KV side + HTTP side as one service; ``cli`` — ``cortex sim``;

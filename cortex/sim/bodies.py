@@ -1,6 +1,7 @@
 """JSON, SSE and Prometheus bodies of a simulated engine, in the shapes the real engines use.
 
-Pure builders (plain dicts and bytes); ``cortex.sim.http_engine`` serves them. Shapes:
+Pure builders (plain dicts and bytes) over a ``SimEngineView`` (``cortex.sim.engine_view``);
+``cortex.sim.http_engine`` serves them. Shapes:
 ``shared/protocols/engine-endpoints.md`` and the OpenAI API.
 
 * OpenAI ``usage`` always carries ``prompt_tokens_details.cached_tokens`` (vLLM with
@@ -26,12 +27,12 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-if TYPE_CHECKING:
-    from cortex.sim.engine import Generation, SimEngine
+from cortex.sim.engine_view import SimEngineView
+from cortex.sim.generation import Generation
 
 _PREFIX = {"chat": "chatcmpl", "completion": "cmpl", "generate": "gen"}
 _OBJECT = {"chat": "chat.completion", "completion": "text_completion"}
@@ -132,7 +133,7 @@ def error_body(message: str, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": "sim_fault", "code": status}}
 
 
-def models_body(engine: SimEngine) -> dict[str, Any]:
+def models_body(engine: SimEngineView) -> dict[str, Any]:
     owner = engine.family.value
     created = int(time.time())
     base = {"object": "model", "created": created, "owned_by": owner,
@@ -144,7 +145,7 @@ def models_body(engine: SimEngine) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
-def _load_fields(engine: SimEngine, rank: int) -> dict[str, Any]:
+def _load_fields(engine: SimEngineView, rank: int) -> dict[str, Any]:
     queue, counters = engine.queues[rank], engine.counters[rank]
     total = engine.kv.capacity_blocks * engine.block_size
     used = min(engine.active_tokens(rank), total)
@@ -166,7 +167,7 @@ def _load_fields(engine: SimEngine, rank: int) -> dict[str, Any]:
     }
 
 
-def loads_body(engine: SimEngine, ranks: Iterable[int]) -> dict[str, Any]:
+def loads_body(engine: SimEngineView, ranks: Iterable[int]) -> dict[str, Any]:
     now = datetime.datetime.now(datetime.timezone.utc).isoformat()
     return {
         "timestamp": now,
@@ -177,11 +178,11 @@ def loads_body(engine: SimEngine, ranks: Iterable[int]) -> dict[str, Any]:
     }
 
 
-def _kv_host(engine: SimEngine) -> str:
+def _kv_host(engine: SimEngineView) -> str:
     return engine.kv.endpoint_config.host
 
 
-def server_info_body(engine: SimEngine) -> dict[str, Any]:
+def server_info_body(engine: SimEngineView) -> dict[str, Any]:
     kv = engine.kv
     config = kv.endpoint_config
     kv_events: dict[str, Any] | None = None
@@ -232,7 +233,7 @@ def server_info_body(engine: SimEngine) -> dict[str, Any]:
     }
 
 
-def kv_event_sources_body(engine: SimEngine) -> dict[str, Any]:
+def kv_event_sources_body(engine: SimEngineView) -> dict[str, Any]:
     kv = engine.kv
     if kv.base_port is None:
         return {}
@@ -270,7 +271,7 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def vllm_metrics_text(engine: SimEngine) -> str:
+def vllm_metrics_text(engine: SimEngineView) -> str:
     """The Prometheus text exposition of the gauges and counters a gateway reads."""
     model = _label(engine.served_model_name)
     lines = []

@@ -15,11 +15,16 @@ One generation request (``engine.generation(...)``, an async context manager):
 4. on exit — finished, failed, or cancelled because the client went away — the cache hold is
    released and the request leaves the queue or batch, which starts the next waiting request.
 
-Output text is deterministic: token ``i`` is ``OUTPUT_WORDS[i % len(OUTPUT_WORDS)]``.
+Output text is deterministic: token ``i`` is ``OUTPUT_WORDS[i % len(OUTPUT_WORDS)]``
+(``cortex.sim.generation``).
 
-Faults (``SimFaults``, mutable at runtime through ``engine.faults.update`` or
-``POST /sim/faults``) are read by the HTTP side for every generation request; see
-``cortex.sim.http_engine``.
+Faults (``SimFaults``, ``cortex.sim.http_faults``; mutable at runtime through
+``engine.faults.update`` or ``POST /sim/faults``) are read by the HTTP side for every generation
+request; see ``cortex.sim.http_engine``.
+
+The engine's parts (``http_engine``, ``bodies``, ``pd``) see it as a ``SimEngineView``
+(``cortex.sim.engine_view``) and do not import this module; ``SimEngine`` must keep offering
+every member that protocol lists.
 """
 
 from __future__ import annotations
@@ -27,115 +32,23 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
 
 import trio
 
-from cortex.errors import BadRequest, CortexError
+from cortex.errors import BadRequest
 from cortex.events.model import EngineFamily
 from cortex.front.limits import ServerLimits
 from cortex.profile.model_profile import ModelProfile
+from cortex.sim.generation import Generation, RankCounters
+from cortex.sim.http_engine import SimHttpHandler
+from cortex.sim.http_faults import SimFaults
 from cortex.sim.kv_engine import SimEndpointConfig, SimHashConfig, SimKVEngine
-from cortex.sim.serving import RankQueue, TimingConfig, TokenPlan, plan
 from cortex.sim.pd import PdSimSettings, SimPd
+from cortex.sim.serving import RankQueue, TimingConfig, TokenPlan, plan
 from cortex.sim.tokenize import SimTokenizer
 from cortex.sim.wire import WireProfile, profile_named
-
-OUTPUT_WORDS = (" The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog.")
-
-
-class EngineCrashed(CortexError):
-    """The ``die_after_chunks`` fault: the engine drops a streamed response mid-way."""
-
-    http_status = 502
-
-
-@dataclass(slots=True)
-class SimFaults:
-    """Fault switches of the HTTP side (generation routes unless noted)."""
-
-    slow_s: float = 0.0  # extra delay before the response head
-    fail_status: int | None = None  # answer every generation request with this status
-    hang: bool = False  # never answer a generation request
-    die_after_chunks: int | None = None  # streaming: break the connection after N events
-    unhealthy: bool = False  # /health answers 503
-
-    def update(self, changes: Mapping[str, object]) -> None:
-        """Apply ``changes`` (JSON-like) after checking all of them; BadRequest lists problems."""
-        problems = []
-        for name, value in changes.items():
-            if name not in self.__dataclass_fields__:
-                problems.append(f"unknown fault {name!r}")
-            elif name in ("hang", "unhealthy") and not isinstance(value, bool):
-                problems.append(f"{name} must be a boolean")
-            elif name == "slow_s" and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
-            ):
-                problems.append("slow_s must be a number >= 0")
-            elif name == "fail_status" and value is not None and (
-                type(value) is not int or not 400 <= value <= 599
-            ):
-                problems.append("fail_status must be null or an HTTP status in [400, 599]")
-            elif name == "die_after_chunks" and value is not None and (
-                type(value) is not int or value < 0
-            ):
-                problems.append("die_after_chunks must be null or an integer >= 0")
-        if problems:
-            raise BadRequest("; ".join(problems))
-        for name, value in changes.items():
-            setattr(self, name, float(value) if name == "slow_s" else value)  # type: ignore
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-
-@dataclass(slots=True)
-class RankCounters:
-    """Monotonic per-rank totals (tokens), exposed on the metrics and load endpoints."""
-
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    generation_tokens: int = 0
-    aborted: int = 0
-
-
-@dataclass(slots=True)
-class Generation:
-    """One started request: its cache hit and its token timetable."""
-
-    request_id: int
-    rank: int
-    prompt_tokens: int
-    cached_tokens: int
-    plan: TokenPlan
-    produced: int = 0
-    lease: int | None = None  # the prompt's cache hold, released when the request ends
-    _counters: RankCounters = field(repr=False, default_factory=RankCounters)
-
-    def __aiter__(self) -> Generation:
-        return self
-
-    async def __anext__(self) -> tuple[int, str, int]:
-        """``(index, text, token_id)`` of the next output token, at its planned time.
-
-        A plain iterator rather than an async generator: abandoning it midway needs no
-        ``aclose``."""
-        i = self.produced
-        if i >= self.plan.output_tokens:
-            raise StopAsyncIteration
-        await trio.sleep_until(self.plan.token_at(i))
-        self.produced += 1
-        self._counters.generation_tokens += 1
-        return (i, *output_token(i))
-
-
-def output_token(index: int) -> tuple[str, int]:
-    """Text and id of output token ``index`` (ids are stand-ins, stable per word)."""
-    word = index % len(OUTPUT_WORDS)
-    return OUTPUT_WORDS[word], 1000 + word
 
 
 class SimEngine:
@@ -202,9 +115,6 @@ class SimEngine:
         self._start_signals: dict[int, trio.Event] = {}
         # prefill/decode role (cortex.sim.pd); None: an ordinary (aggregated) engine
         self.pd = None if pd_role is None else SimPd(self, pd_role, bootstrap_port, pd_settings)
-
-        from cortex.sim.http_engine import SimHttpHandler  # the routes need the engine type
-
         self.handler = SimHttpHandler(self)
 
     @property

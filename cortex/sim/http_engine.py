@@ -1,6 +1,8 @@
 """The HTTP side of a simulated engine: the routes a vLLM or SGLang server answers, same shapes.
 
-A ``Handler`` (``cortex.front.messages``) over one ``SimEngine``. Shapes follow
+A ``Handler`` (``cortex.front.messages``) over one ``SimEngine``, seen as a ``SimEngineView``
+(``cortex.sim.engine_view``: the engine builds its handler, so this module does not import
+it). Shapes follow
 ``shared/protocols/engine-endpoints.md``; ``cortex.sim.bodies`` builds the bodies.
 
 Routes (both flavors unless marked):
@@ -59,7 +61,9 @@ from cortex.events.model import EngineFamily
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.profile.request_text import split_model_name
 from cortex.sim import bodies, pd
-from cortex.sim.engine import EngineCrashed, Generation, SimEngine
+from cortex.sim.engine_view import SimEngineView
+from cortex.sim.generation import Generation
+from cortex.sim.http_faults import EngineCrashed
 from cortex.sim.tokenize import cache_read_limit
 
 DEFAULT_MAX_TOKENS = 16
@@ -77,7 +81,7 @@ Route = Callable[[HttpRequest], Awaitable[HttpResponse]]
 class SimHttpHandler:
     """``await handler(request) -> HttpResponse`` for one simulated engine."""
 
-    def __init__(self, engine: SimEngine) -> None:
+    def __init__(self, engine: SimEngineView) -> None:
         self.engine = engine
         vllm = engine.family is EngineFamily.VLLM
         routes: dict[tuple[bytes, bytes], Route] = {

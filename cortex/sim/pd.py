@@ -34,6 +34,10 @@ vLLM flavor (NixlConnector, both instances ``kv_both``):
 
 Received KV costs ``uncached / transfer_tokens_per_s`` before the first token, instead of the
 prefill time.
+
+The engine is seen as a ``SimEngineView`` (``cortex.sim.engine_view``, where ``PdLeg``, what a
+PD request hands the HTTP side, is defined too): the engine builds its role, so this module does
+not import ``cortex.sim.engine``.
 """
 
 from __future__ import annotations
@@ -42,17 +46,16 @@ import itertools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from cortex.errors import BadRequest, ConfigError
 from cortex.events.model import EngineFamily
+from cortex.sim.engine_view import PdLeg, SimEngineView
+from cortex.sim.generation import Generation
 from cortex.sim.pd_transfer import KvTransferFailed, Offer, OfferTable, fetch, serve_offers
 from cortex.sim.serving import TokenPlan
-
-if TYPE_CHECKING:
-    from cortex.sim.engine import Generation, SimEngine
 
 ROLES = ("prefill", "decode")
 SGLANG_BOOTSTRAP_PORT = 8998
@@ -142,18 +145,10 @@ def vllm_decode_params(params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-@dataclass(slots=True)
-class PdLeg:
-    """What the HTTP side serves for one PD request: its generation and extra body fields."""
-
-    generation: AbstractAsyncContextManager[Generation]
-    extra: dict[str, Any] | None = None
-
-
 class SimPd:
     """The PD role of one ``SimEngine``: its transfer listener (prefill) and request flows."""
 
-    def __init__(self, engine: SimEngine, role: str, bootstrap_port: int | None,
+    def __init__(self, engine: SimEngineView, role: str, bootstrap_port: int | None,
                  settings: PdSimSettings) -> None:
         if role not in ROLES:
             raise ConfigError([f"pd_role must be one of {ROLES}, not {role!r}"])
@@ -313,7 +308,7 @@ class SimPd:
 class _Run:
     """One request on the engine: its rank, prompt and cache options."""
 
-    engine: SimEngine
+    engine: SimEngineView
     rank: int
     token_ids: list[int]
     lora: str | None
@@ -348,11 +343,10 @@ class _Run:
 
 def _answered(gen: Generation) -> AbstractAsyncContextManager[Generation]:
     """The prefill's one token, already made: served at once."""
-    from cortex.sim.engine import Generation as _Generation
 
     @asynccontextmanager
     async def done() -> AsyncIterator[Generation]:
-        yield _Generation(gen.request_id, gen.rank, gen.prompt_tokens, gen.cached_tokens,
+        yield Generation(gen.request_id, gen.rank, gen.prompt_tokens, gen.cached_tokens,
                           TokenPlan(trio.current_time(), 0.0, 0.0, 1))
 
     return done()

@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cortex.errors import BadRequest, NotFound
 from cortex.front.messages import HttpRequest, HttpResponse
-from cortex.sim.engine import EngineCrashed, SimEngine
+from cortex.sim.engine import SimEngine
+from cortex.sim.http_faults import EngineCrashed
 from cortex.sim.serving import TimingConfig
 from tests import deepseek_profile as ds
 from tests.sim_engine_profile import SYSTEM, chat, deepseek
