@@ -21,6 +21,10 @@ Rules:
   ``aclose``s a streamed body, also when the client left before the first chunk was asked
   for), so a client that leaves aborts the engine's request and releases the accounting;
   nothing leaks on any path.
+* A PD-enabled pool's requests go to ``cortex.pd.orchestrate.PdOrchestrator``, which sees the
+  gateway through its ``PdGateway`` protocol — ``admission_for``, ``serve_on`` (one attempt
+  on one worker), ``open_leg``, ``respond``, ``observe_cached_tokens``, ``observer`` — and
+  does not import this module.
 * The body is passed through as it arrives; ``CachedTokensSniffer`` only scans for the engine's
   ``cached_tokens`` report to measure the ledger's accuracy (predicted vs reported).
 * An answer already whole when its first bytes arrive (a small JSON response) skips the
@@ -110,7 +114,7 @@ class Gateway:
         self.admission_settings = admission or AdmissionSettings()
         self.admissions: dict[str, Admission] = {}
         for pool in pools.values():  # (made here, not per request: a saturated pool waits in it)
-            self._admission(pool)
+            self.admission_for(pool)
 
     async def handle(self, request: HttpRequest) -> HttpResponse:
         request_started(request)  # the request id every log record of this request carries
@@ -198,7 +202,7 @@ class Gateway:
                 except NoWorkerAvailable as error:
                     if not error.saturated:
                         raise
-                    route = await self._admission(pool).wait_for_capacity(
+                    route = await self.admission_for(pool).wait_for_capacity(
                         partial(pool.decide, token_ids, prompt, tuple(failed)), error)
                 if attempt == 1:
                     if tokenize_s is not None:
@@ -206,7 +210,7 @@ class Gateway:
                     record_decision = partial(self.observer.decided, pool.model, route,
                                               perf_counter() - started)
                 try:
-                    response = await self._attempt(pool, route, endpoint, request, body,
+                    response = await self.serve_on(pool, route, endpoint, request, body,
                                                    headers, attempt)
                 except (UpstreamError, RetryableStatus) as error:
                     failed.append(route.worker.name)
@@ -229,7 +233,7 @@ class Gateway:
             if record_decision is not None:
                 record_decision()
 
-    async def _attempt(
+    async def serve_on(
         self,
         pool: ModelPool,
         route: Route,
@@ -239,6 +243,10 @@ class Gateway:
         headers: list[tuple[bytes, bytes]],
         attempt: int,
     ) -> HttpResponse:
+        """One attempt (number ``attempt``, from 1) of ``request`` on ``route``'s worker alone:
+        the client's response once the head and first chunk are in. Before that a failure
+        raises ``UpstreamError``, or ``RetryableStatus`` for a 502/503/504 head while
+        attempts are left; the route's hold is released then, else by the response."""
         worker = route.worker
         raw, sent_headers = with_dp_rank(worker.engine, body, request.body, headers, route.rank,
                                          self.client_dp_rank)
@@ -326,14 +334,16 @@ class Gateway:
                                                         retried=False, after_first_byte=True),
                                     on_cached_tokens, transform))
 
-    # ------------------------------------------------------------------ other routes
-
-    def _admission(self, pool: ModelPool) -> Admission:
+    def admission_for(self, pool: ModelPool) -> Admission:
+        """``pool``'s admission queue (made once per model): where a request waits while
+        every worker of the pool is saturated."""
         admission = self.admissions.get(pool.model)
         if admission is None:
             admission = self.admissions[pool.model] = Admission(self.admission_settings)
             pool.on_capacity(admission.capacity_changed)
         return admission
+
+    # ------------------------------------------------------------------ other routes
 
     def _pool_for(self, model: str | None) -> ModelPool:
         if model is None:

@@ -28,6 +28,9 @@ Rules (issue 6, protocols/pd-disaggregation.md):
   prefill route: mode, reason, timing), and the prefill engine's cached-token report, read from
   the prefill answer Cortex drains, is compared with the prediction for the prefill pick (the
   decode engine's answer reports no prefill work of its own).
+* The orchestrator sees the gateway (``cortex.gateway.proxy.Gateway``, which makes it) only
+  through ``PdGateway``: its admission queues, one attempt on one worker, opening a leg,
+  answering the client, and its observer. It does not import ``cortex.gateway.proxy``.
 """
 
 from __future__ import annotations
@@ -38,16 +41,18 @@ from functools import partial
 from time import perf_counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import trio
 
 from cortex.errors import CortexError, NoWorkerAvailable, UpstreamError
 from cortex.front.messages import HttpRequest, HttpResponse
+from cortex.gateway.admission import Admission
 from cortex.gateway.endpoints import Endpoint, decision_headers
 from cortex.gateway.exits import Exits
 from cortex.gateway.legs import Leg, RetryableStatus
+from cortex.gateway.observer import RouteObserver
 from cortex.gateway.pool import ModelPool, Route
 from cortex.pd.plan import (
     PdSettings,
@@ -65,12 +70,42 @@ from cortex.pd.plan import (
 from cortex.scheduling import Role
 from cortex.scheduling.inflight import Hold
 
-if TYPE_CHECKING:
-    from cortex.gateway.proxy import Gateway
-
 log = logging.getLogger("cortex.pd")
 
 MAX_PREFILL_ANSWER_BYTES = 64 << 20
+
+
+class PdGateway(Protocol):
+    """What the orchestrator uses of the gateway (``cortex.gateway.proxy.Gateway``)."""
+
+    observer: RouteObserver  # decisions and upstream failures are reported to it
+
+    def admission_for(self, pool: ModelPool) -> Admission:
+        """``pool``'s admission queue (a saturated pool's requests wait in it)."""
+        ...
+
+    async def serve_on(self, pool: ModelPool, route: Route, endpoint: Endpoint,
+                       request: HttpRequest, body: dict, headers: list[tuple[bytes, bytes]],
+                       attempt: int) -> HttpResponse:
+        """One attempt of ``request`` on ``route``'s worker alone (``UpstreamError`` or
+        ``RetryableStatus`` before the first byte)."""
+        ...
+
+    async def open_leg(self, stack: Exits, origin: str, target: bytes,
+                       headers: list[tuple[bytes, bytes]], raw: bytes, *,
+                       retry_statuses: bool) -> Leg:
+        """Send one request; its head and first body chunk (the exchange closed by ``stack``)."""
+        ...
+
+    def respond(self, leg: Leg, stack: Exits, extra_headers: list[tuple[bytes, bytes]],
+                worker: str, on_cached_tokens: Callable[[int], None] | None = None,
+                transform: Callable[[bytes], bytes] | None = None) -> HttpResponse:
+        """The client's response streaming ``leg``'s body."""
+        ...
+
+    def observe_cached_tokens(self, pool: ModelPool, route: Route, body: bytes) -> None:
+        """The engine's cached-token report in a whole answer, against ``route``'s prediction."""
+        ...
 
 
 @dataclass(slots=True)
@@ -104,7 +139,7 @@ class LegRefused(Exception):
 
 
 class PdOrchestrator:
-    def __init__(self, gateway: Gateway, settings: PdSettings | None = None,
+    def __init__(self, gateway: PdGateway, settings: PdSettings | None = None,
                  new_request_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> None:
         self.gateway = gateway
         self.settings = settings or PdSettings()
@@ -131,7 +166,7 @@ class PdOrchestrator:
         origin); ``tokenize_s``: its prompt's tokenization, observed with the first decision."""
         views = pool.views()
         both = {view.worker for view in views if view.role is Role.BOTH}
-        admission = self.gateway._admission(pool)
+        admission = self.gateway.admission_for(pool)
         failed_prefill: set[str] = set()
         failed_decode: set[str] = set()
         last: BaseException | None = None
@@ -154,7 +189,7 @@ class PdOrchestrator:
                 if engine == "vllm" and token_ids is not None and bypass_prefill(
                         len(token_ids), decode.decision.predicted_cached_tokens,
                         self.settings.bypass_max_uncached_tokens):
-                    response = await self.gateway._attempt(pool, decode, endpoint, request,
+                    response = await self.gateway.serve_on(pool, decode, endpoint, request,
                                                            body, headers, 1)
                     self.counters.bypassed += 1
                     return response
@@ -182,7 +217,7 @@ class PdOrchestrator:
             pd_workers = {view.worker for view in views if view.role is not Role.BOTH}
             try:
                 route = pool.decide(token_ids, prompt, exclude=pd_workers, role=Role.BOTH)
-                response = await self.gateway._attempt(pool, route, endpoint, request, body,
+                response = await self.gateway.serve_on(pool, route, endpoint, request, body,
                                                        headers, 1)
             except CortexError as error:
                 last = error
