@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-fast test-real engines demo build bench debug-build clean dist dist-smoke
+.PHONY: test test-fast test-real lint engines demo build bench debug-build clean dist dist-smoke
 
 # Independent steps (Cortex's venv and Cython build, the engines' venv and models, the binary)
 # run side by side; each step's output is kept together.
@@ -21,9 +21,13 @@ $(STAMP): pyproject.toml setup.py
 build: $(STAMP)
 	$(BIN)/python setup.py -q build_ext --inplace --parallel $(shell nproc 2>/dev/null || echo 2)
 
-# The whole suite, from a clean checkout: real vLLM servers included (`make engines` first).
-test: build engines
+# The whole suite, from a clean checkout: lint, then real vLLM servers included.
+test: lint build engines
 	CORTEX_REAL_ENGINES_REQUIRED=1 $(BIN)/python -m pytest
+
+# ruff, pinned in the test extra, with the rule set of pyproject.toml's [tool.ruff].
+lint: $(STAMP)
+	$(BIN)/ruff check cortex tests perf engines
 
 # Everything but the real engines (no vLLM environment needed; ~2/3 of the suite's time).
 test-fast: build

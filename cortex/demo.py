@@ -159,7 +159,7 @@ async def ledger_section(seconds: float = 8.0, seed: int = 7) -> bool:
     return exact
 
 
-def _replay():  # noqa: ANN202 - the perf/replay module
+def _replay():
     for path in (REPO, REPO / "perf"):
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
@@ -168,7 +168,7 @@ def _replay():  # noqa: ANN202 - the perf/replay module
     return replay
 
 
-def demo_params(seed: int = 0):  # noqa: ANN201 - replay.Params
+def demo_params(seed: int = 0):
     replay = _replay()
     return replace(replay.Params(), trace="conversation", start=0, requests=600,
                    block_tokens=32, engine_block=16, engines=6, flavors="mixed",

@@ -62,8 +62,17 @@ from cortex.metrics_text import (
 from cortex.scheduling.decision import Decision, Mode
 from cortex.upstream.errors import Phase
 
-__all__ = ["CONTENT_TYPE", "CortexMetrics", "LedgerFigures", "TargetFigures", "ledger_figures",
-           "reason_code", "REASONS", "PHASES", "RETRY_PHASES"]
+__all__ = [
+    "CONTENT_TYPE",
+    "PHASES",
+    "REASONS",
+    "RETRY_PHASES",
+    "CortexMetrics",
+    "LedgerFigures",
+    "TargetFigures",
+    "ledger_figures",
+    "reason_code",
+]
 
 # Why a decision went where it went: the scheduler's sentence, reduced to a fixed word.
 REASONS = ("longest_hit", "least_cost", "over_cap", "no_hit", "p2c", "round_robin", "ring",

@@ -75,7 +75,7 @@ class TextWriter:
 
 
 class CounterFamily:
-    __slots__ = ("name", "help", "labelnames", "values")
+    __slots__ = ("help", "labelnames", "name", "values")
     kind = "counter"
 
     def __init__(self, name: str, help_text: str, labelnames: Labels = ()) -> None:
@@ -115,7 +115,7 @@ class GaugeFamily(CounterFamily):
 
 
 class HistogramFamily:
-    __slots__ = ("name", "help", "labelnames", "bounds", "_le", "values")
+    __slots__ = ("_le", "bounds", "help", "labelnames", "name", "values")
     kind = "histogram"
 
     def __init__(self, name: str, help_text: str, bounds: Sequence[float],

@@ -31,11 +31,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import peers  # noqa: E402
-from bench_gateway import MODEL, cpu_s, drive  # noqa: E402
-from benchkit import machine_info  # noqa: E402
+import peers
+from bench_gateway import MODEL, cpu_s, drive
+from benchkit import machine_info
 
-from tests import deepseek_profile as ds  # noqa: E402
+from tests import deepseek_profile as ds
 
 
 def main() -> int:

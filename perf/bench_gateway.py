@@ -72,12 +72,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import peers  # noqa: E402
-from bench_tokenize import sentence  # noqa: E402
-from benchkit import machine_info, percentiles_us  # noqa: E402
-from gateway_report import added, targets, versus_baseline  # noqa: E402
+import peers
+from bench_tokenize import sentence
+from benchkit import machine_info, percentiles_us
+from gateway_report import added, targets, versus_baseline
 
-from tests import deepseek_profile as ds  # noqa: E402
+from tests import deepseek_profile as ds
 
 MODEL = "mock-model"
 ROUTERS = ("cortex", "cortex-passthrough", "sglang-router", "nginx")

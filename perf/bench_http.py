@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Self
 
 import h11
 import trio
@@ -40,7 +41,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchkit import machine_info, percentiles_us  # noqa: E402
+from benchkit import machine_info, percentiles_us
 
 PAYLOAD = b'{"ok":true}'
 HOST = "127.0.0.1"
@@ -154,7 +155,7 @@ class Phase:
     def __init__(self, pid: int) -> None:
         self.pid = pid
 
-    def __enter__(self) -> Phase:
+    def __enter__(self) -> Self:
         self.wall = time.perf_counter()
         self.server_cpu = _cpu_s(self.pid)
         self.client_cpu = _own_cpu_s()

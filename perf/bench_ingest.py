@@ -33,16 +33,16 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchkit import machine_info  # noqa: E402
+from benchkit import machine_info
 
-from cortex.events.counters import IngestCounters  # noqa: E402
-from cortex.events.decoder import decode_payload  # noqa: E402
-from cortex.events.frames import parse_live_frames  # noqa: E402
-from cortex.events.model import BlockRemoved, BlockStored, EngineFamily  # noqa: E402
-from cortex.events.source import EventSource, IngestSettings  # noqa: E402
-from cortex.events.subscriber import run_source  # noqa: E402
-from cortex.ledger.book import LedgerBook  # noqa: E402
-from cortex.sim.wire import encode_batch, live_frames, profile_named  # noqa: E402
+from cortex.events.counters import IngestCounters
+from cortex.events.decoder import decode_payload
+from cortex.events.frames import parse_live_frames
+from cortex.events.model import BlockRemoved, BlockStored, EngineFamily
+from cortex.events.source import EventSource, IngestSettings
+from cortex.events.subscriber import run_source
+from cortex.ledger.book import LedgerBook
+from cortex.sim.wire import encode_batch, live_frames, profile_named
 
 BLOCK = 16
 BLOCKS_PER_BATCH = 32

@@ -46,10 +46,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchkit import machine_info, percentiles_us  # noqa: E402
+from benchkit import machine_info, percentiles_us
 
-from cortex._fast.blockkeys import block_keys, namespace_seed  # noqa: E402
-from cortex._fast.ledger import BlockTree  # noqa: E402
+from cortex._fast.blockkeys import block_keys, namespace_seed
+from cortex._fast.ledger import BlockTree
 
 BLOCK = 16
 SYSTEM_BLOCKS = 32

@@ -36,20 +36,20 @@ import trio
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from cortex.app import Running, run_gateway  # noqa: E402
-from cortex.config.tree import (  # noqa: E402
+from cortex.app import Running, run_gateway
+from cortex.config.tree import (
     ControlConfig,
     CortexConfig,
     HealthConfig,
     ServerConfig,
 )
-from cortex.pd.plan import PdSettings  # noqa: E402
-from cortex.scheduling.view import Role  # noqa: E402
-from cortex.sim.serving import TimingConfig  # noqa: E402
-from cortex.workers.spec import WorkerSpec  # noqa: E402
-from tests import deepseek_profile as ds  # noqa: E402
-from tests.front_http_client import RawClient  # noqa: E402
-from tests.gateway_cluster import (  # noqa: E402
+from cortex.pd.plan import PdSettings
+from cortex.scheduling.view import Role
+from cortex.sim.serving import TimingConfig
+from cortex.workers.spec import WorkerSpec
+from tests import deepseek_profile as ds
+from tests.front_http_client import RawClient
+from tests.gateway_cluster import (
     BLOCK,
     MODEL,
     all_ready,

@@ -43,20 +43,20 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from bench_gateway import MODEL, Bodies  # noqa: E402
-from benchkit import machine_info  # noqa: E402
+from bench_gateway import MODEL, Bodies
+from benchkit import machine_info
 
-from cortex.events.model import EngineFamily  # noqa: E402
-from cortex.gateway.endpoints import Endpoint, parse_body, request_prompt  # noqa: E402
-from cortex.gateway.pool import ModelPool, WorkerFigures  # noqa: E402
-from cortex.ledger.book import LedgerBook  # noqa: E402
-from cortex.ledger.state import TargetState  # noqa: E402
-from cortex.profile.model_profile import ProfileSpec, load_profile  # noqa: E402
-from cortex.profile.profile_set import ProfileSet  # noqa: E402
-from cortex.profile.request_keys import request_block_keys  # noqa: E402
-from cortex.profile.segment_cache import OFFLOAD_MIN_CHARS, Lookup  # noqa: E402
-from cortex.workers.spec import WorkerSpec  # noqa: E402
-from tests import deepseek_profile as ds  # noqa: E402
+from cortex.events.model import EngineFamily
+from cortex.gateway.endpoints import Endpoint, parse_body, request_prompt
+from cortex.gateway.pool import ModelPool, WorkerFigures
+from cortex.ledger.book import LedgerBook
+from cortex.ledger.state import TargetState
+from cortex.profile.model_profile import ProfileSpec, load_profile
+from cortex.profile.profile_set import ProfileSet
+from cortex.profile.request_keys import request_block_keys
+from cortex.profile.segment_cache import OFFLOAD_MIN_CHARS, Lookup
+from cortex.workers.spec import WorkerSpec
+from tests import deepseek_profile as ds
 
 BLOCK = 16
 

@@ -49,7 +49,7 @@ from cortex.scheduling import (
 )
 
 sys.path.insert(0, "perf")
-from benchkit import machine_info, percentiles_us  # noqa: E402
+from benchkit import machine_info, percentiles_us
 
 BLOCK = 16
 SYSTEM_BLOCKS = 32

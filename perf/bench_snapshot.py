@@ -23,11 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchkit import machine_info  # noqa: E402
+from benchkit import machine_info
 
-from cortex.events.model import BlockStored, EngineFamily, EventBatch  # noqa: E402
-from cortex.ledger.book import LedgerBook  # noqa: E402
-from cortex.ledger.snapshot import (  # noqa: E402
+from cortex.events.model import BlockStored, EngineFamily, EventBatch
+from cortex.ledger.book import LedgerBook
+from cortex.ledger.snapshot import (
     ExportedTarget,
     StreamId,
     decode,
@@ -82,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     book = build(args.entries, args.tail_blocks)
     stream = StreamId("http://10.0.0.1:8000", 0, "vllm", "bench-model", "tcp://10.0.0.1:5557")
-    export_ms, images = best_ms(lambda: book.export_target(0), args.repeat)
+    export_ms, _images = best_ms(lambda: book.export_target(0), args.repeat)
 
     def handler() -> bytes:
         exported = ExportedTarget(stream, "w0", "ready", (123, b"d" * 16), book.export_target(0))

@@ -46,27 +46,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchkit import machine_info  # noqa: E402
+import trio.lowlevel
+from benchkit import machine_info
 
-from cortex.profile import trio_tokenize  # noqa: E402
-from cortex.profile.fast_pieces import FastPieceEncoder  # noqa: E402
-from cortex.profile.request_keys import request_block_keys  # noqa: E402
-from cortex.profile.segment_cache import SegmentCachedTokenizer  # noqa: E402
-from cortex.profile import segments
-from cortex.profile.segments import Segmenter  # noqa: E402
-from tests import deepseek_profile as ds  # noqa: E402
+from cortex.profile import (
+    segments,
+    trio_tokenize,
+)
+from cortex.profile.fast_pieces import FastPieceEncoder
+from cortex.profile.request_keys import request_block_keys
+from cortex.profile.segment_cache import SegmentCachedTokenizer
+from cortex.profile.segments import Segmenter
+from tests import deepseek_profile as ds
 
 BLOCK = 16
 TICK_S = 0.0002
 MODEL = "deepseek"
-WORDS = (
-    "the of and to in a is that for it as was with be by on not he this are or his from at "
-    "which but have an they you were her all she there would their we him been has when who "
-    "will more no if out so said what up its about into than them can only other new some "
-    "could time these two may then do first any my now such like our over man me even most "
-    "cache token router engine prefix latency worker block request model prompt kernel memory "
-    "function return value error config server client stream batch queue schedule throughput"
-).split()
+WORDS = ["the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "they", "you", "were", "her", "all", "she", "there", "would", "their", "we", "him", "been", "has", "when", "who", "will", "more", "no", "if", "out", "so", "said", "what", "up", "its", "about", "into", "than", "them", "can", "only", "other", "new", "some", "could", "time", "these", "two", "may", "then", "do", "first", "any", "my", "now", "such", "like", "our", "over", "man", "me", "even", "most", "cache", "token", "router", "engine", "prefix", "latency", "worker", "block", "request", "model", "prompt", "kernel", "memory", "function", "return", "value", "error", "config", "server", "client", "stream", "batch", "queue", "schedule", "throughput"]
 PUNCT = [".", ",", "?", "!", ":", ";", "\n", "\n\n", " (", ")", " 42", " 2025", " `x`"]
 
 
@@ -110,14 +106,14 @@ def loop_stall(
         cache = SegmentCachedTokenizer(tokenizer, segmenter, fast=fast)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ticker, done)
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
             t0 = time.perf_counter()
             for text in texts:
                 if offload:
                     await trio_tokenize.encode_array(cache, text)
                 else:
                     cache.encode_array(text)
-                    await trio.sleep(0)
+                    await trio.lowlevel.checkpoint()
             elapsed = time.perf_counter() - t0
             done.set()
         return elapsed

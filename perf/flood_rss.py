@@ -45,14 +45,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from benchkit import machine_info  # noqa: E402
-from soak import TIMING, cpu_seconds, rss_bytes, start_cortex, stop_cortex, wait_ready  # noqa: E402
+import trio.lowlevel
+from benchkit import machine_info
+from soak import TIMING, cpu_seconds, rss_bytes, start_cortex, stop_cortex, wait_ready
 
-from cortex.events.model import BlockRemoved, BlockStored  # noqa: E402
-from cortex.sim.engine import SimEngine  # noqa: E402
-from cortex.sim.wire import encode_batch  # noqa: E402
-from tests.front_http_client import RawClient, chat_request  # noqa: E402
-from tests.gateway_cluster import BLOCK, MODEL, model_profile  # noqa: E402
+from cortex.events.model import BlockRemoved, BlockStored
+from cortex.sim.engine import SimEngine
+from cortex.sim.wire import encode_batch
+from tests.front_http_client import RawClient, chat_request
+from tests.gateway_cluster import BLOCK, MODEL, model_profile
 
 MIB = 1 << 20
 COUNTED = re.compile(rb"^cortex_events_(gaps|gaps_repaired|gaps_unrepaired|replays|restarts)"
@@ -100,7 +101,7 @@ async def event_flood(engine: SimEngine, control: int, batches: int, live: int) 
             events.append(BlockRemoved([base + i - live]))
         batch(events)
         if i % 1000 == 999:
-            await trio.sleep(0)  # the sender task runs
+            await trio.lowlevel.checkpoint()  # the sender task runs
     for i in range(max(batches - live, 0), batches):
         batch([BlockRemoved([base + i])])
     published = batches + min(live, batches)

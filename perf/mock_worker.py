@@ -35,10 +35,10 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cortex.front.messages import HttpRequest, HttpResponse, json_response  # noqa: E402
-from cortex.front.server import HttpServer  # noqa: E402
-from cortex.sim.publisher import EventPublisher, bind_rank_sockets  # noqa: E402
-from cortex.sim.wire import profile_named  # noqa: E402
+from cortex.front.messages import HttpRequest, HttpResponse, json_response
+from cortex.front.server import HttpServer
+from cortex.sim.publisher import EventPublisher, bind_rank_sockets
+from cortex.sim.wire import profile_named
 
 HOST = "127.0.0.1"
 STREAM_EVENTS = 4  # content events per SSE stream
@@ -95,12 +95,12 @@ _GENERATE_PATHS = (b"/v1/chat/completions", b"/v1/completions", b"/generate")
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
-def make_handler(model: str, log_paths: bool = False):  # noqa: ANN201 (a cortex Handler)
+def make_handler(model: str, log_paths: bool = False):
     completion = _completion(model)
     events = _events(model)
     info = _info_routes(model)
 
-    async def stream():  # noqa: ANN202
+    async def stream():
         for event in events:
             yield event
 

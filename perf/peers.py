@@ -163,7 +163,7 @@ def _get_ok(port: int, path: str) -> bool:
         return False
 
 
-def _wait(running: Running, ready, what: str) -> None:  # noqa: ANN001
+def _wait(running: Running, ready, what: str) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     delay = 0.05
     while not ready():

@@ -64,14 +64,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import replay_cluster as rc  # noqa: E402
-from replay_report import markdown, summarize, table  # noqa: E402
-import trace_text as tt  # noqa: E402
-from benchkit import machine_info  # noqa: E402
+import replay_cluster as rc
+import trace_text as tt
+from benchkit import machine_info
+from replay_report import markdown, summarize, table
 
-from cortex.upstream.limits import PoolLimits  # noqa: E402
-from cortex.upstream.pool import UpstreamPool  # noqa: E402
-from tests import deepseek_profile as ds  # noqa: E402
+from cortex.upstream.limits import PoolLimits
+from cortex.upstream.pool import UpstreamPool
+from tests import deepseek_profile as ds
 
 MODEL = "trace-model"
 TRACES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthetic_trace.jsonl"}
@@ -382,7 +382,7 @@ def missing(router: str) -> str | None:
 
 
 def compare(p: Params, routers: list[str], keep_results: bool = False,
-            log=print) -> dict:  # noqa: ANN001
+            log=print) -> dict:
     records = workload(p)
     text = tt.TraceText(tt.single_token_words(ds.TOKENIZER_JSON), p.block_tokens)
     facts = slice_facts(records)
@@ -412,7 +412,7 @@ def compare(p: Params, routers: list[str], keep_results: bool = False,
 
 
 def capacity_search(p: Params, routers: list[str], scales: list[float], bound_ms: float,
-                    log=print) -> dict:  # noqa: ANN001
+                    log=print) -> dict:
     """Per router, the highest time scale whose TTFT p99 stays under ``bound_ms``."""
     out: dict = {"p99_bound_ms": bound_ms, "scales": scales, "routers": {}}
     for router in routers:
@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         routers = [r for r in routers if r != "sglang-router"]
     p = Params(**values)
-    log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    log = lambda message: print(message, file=sys.stderr, flush=True)
     if args.capacity_search:
         scales = [float(s) for s in args.capacity_search.split(",")]
         result = {"machine": machine_info(), "params": asdict(p),

@@ -33,9 +33,9 @@ REPO = PERF.parent
 sys.path.insert(0, str(PERF))
 sys.path.insert(0, str(REPO))
 
-import peers  # noqa: E402
+import peers
 
-from tests import deepseek_profile as ds  # noqa: E402
+from tests import deepseek_profile as ds
 
 START_TIMEOUT_S = 120.0
 

@@ -41,8 +41,8 @@ import trio
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from cortex.app import Running, run_gateway  # noqa: E402
-from cortex.config.tree import (  # noqa: E402
+from cortex.app import Running, run_gateway
+from cortex.config.tree import (
     ControlConfig,
     CortexConfig,
     HealthConfig,
@@ -50,12 +50,12 @@ from cortex.config.tree import (  # noqa: E402
     SchedulerConfig,
     ServerConfig,
 )
-from cortex.gateway.pool import ModelPool  # noqa: E402
-from cortex.pd import orchestrate  # noqa: E402
-from cortex.scheduling import Role  # noqa: E402
-from cortex.scheduling.cost import CostConfig  # noqa: E402
-from cortex.workers.spec import WorkerSpec  # noqa: E402
-from tests.gateway_cluster import all_ready, wait_for  # noqa: E402
+from cortex.gateway.pool import ModelPool
+from cortex.pd import orchestrate
+from cortex.scheduling import Role
+from cortex.scheduling.cost import CostConfig
+from cortex.workers.spec import WorkerSpec
+from tests.gateway_cluster import all_ready, wait_for
 
 
 def config_from(spec: dict) -> CortexConfig:

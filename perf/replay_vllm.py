@@ -69,14 +69,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import peers  # noqa: E402
-import replay as rp  # noqa: E402
-import replay_cluster as rc  # noqa: E402
-import trace_text as tt  # noqa: E402
-from benchkit import machine_info  # noqa: E402
+import peers
+import replay as rp
+import replay_cluster as rc
+import trace_text as tt
+from benchkit import machine_info
 
-from tests.real_engine.vllm_server import (  # noqa: E402
-    VllmOptions, VllmServer, engine_env, start_all)
+from tests.real_engine.vllm_server import VllmOptions, VllmServer, engine_env, start_all
 
 BLOCK = 32  # the engines' KV block and Cortex's
 ROUTERS = ("cortex", "round_robin", "sglang-router")
@@ -270,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.set_defaults(**QUICK)
     args = parser.parse_args(argv)
     p = Params(**{name: getattr(args, name) for name in asdict(Params())})
-    log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    log = lambda message: print(message, file=sys.stderr, flush=True)
     env, why = engine_env()
     if env is None:
         raise SystemExit(why)

@@ -43,13 +43,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from benchkit import machine_info  # noqa: E402
+from benchkit import machine_info
 
-from cortex.sim.engine import SimEngine  # noqa: E402
-from cortex.sim.serving import TimingConfig  # noqa: E402
-from tests import deepseek_profile as ds  # noqa: E402
-from tests.chaos.load import Tally, client_loop  # noqa: E402
-from tests.gateway_cluster import BLOCK, MODEL, model_profile, template_path  # noqa: E402
+from cortex.sim.engine import SimEngine
+from cortex.sim.serving import TimingConfig
+from tests import deepseek_profile as ds
+from tests.chaos.load import Tally, client_loop
+from tests.gateway_cluster import BLOCK, MODEL, model_profile, template_path
 
 HOST = "127.0.0.1"
 FLAVORS = ("vllm-0.33", "sglang-0.5.23", "vllm-0.33", "sglang-0.5.23")

@@ -24,15 +24,7 @@ from cortex.workers.health import WorkerCounters
 # Labels Prometheus adds at scrape time, and histogram buckets' own.
 SCRAPE_LABELS = frozenset({"job", "instance", "le"})
 
-FUNCTIONS = frozenset("""
-abs absent absent_over_time avg_over_time ceil changes clamp clamp_max clamp_min count_over_time
-day_of_month day_of_week delta deriv exp floor histogram_quantile holt_winters hour idelta
-increase irate label_join label_replace last_over_time ln log10 log2 max_over_time
-min_over_time minute month predict_linear quantile_over_time rate resets round scalar sgn sort
-sort_desc sqrt stddev_over_time stdvar_over_time sum_over_time time timestamp vector year
-sum min max avg group stddev stdvar count count_values bottomk topk quantile
-by without on ignoring group_left group_right bool and or unless offset inf nan
-""".split())
+FUNCTIONS = frozenset(["abs", "absent", "absent_over_time", "avg_over_time", "ceil", "changes", "clamp", "clamp_max", "clamp_min", "count_over_time", "day_of_month", "day_of_week", "delta", "deriv", "exp", "floor", "histogram_quantile", "holt_winters", "hour", "idelta", "increase", "irate", "label_join", "label_replace", "last_over_time", "ln", "log10", "log2", "max_over_time", "min_over_time", "minute", "month", "predict_linear", "quantile_over_time", "rate", "resets", "round", "scalar", "sgn", "sort", "sort_desc", "sqrt", "stddev_over_time", "stdvar_over_time", "sum_over_time", "time", "timestamp", "vector", "year", "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk", "quantile", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset", "inf", "nan"])
 
 
 @dataclass

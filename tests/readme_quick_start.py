@@ -29,7 +29,7 @@ import pytest
 import trio
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-BEGIN = re.compile(r"^<!-- quick-start\b.*-->$", re.M)
+BEGIN = re.compile(r"^<!-- quick-start\b.*-->$", re.MULTILINE)
 END = "<!-- /quick-start -->"
 PORTS = (8080, 8081, 30000, 30001, 5557, 5558, 5657, 5658)  # Cortex, engines, events, replay
 

@@ -9,8 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from cortex.config.checks import cross_checks
-from cortex.config.sources import (
-    CONFIG_ENV, flag_values, overlay_env, overlay_flags, read_toml)
+from cortex.config.sources import CONFIG_ENV, flag_values, overlay_env, overlay_flags, read_toml
 from cortex.config.tree import CortexConfig
 from cortex.config.walk import Text, build
 from cortex.errors import ConfigError

@@ -28,8 +28,7 @@ from typing import Any
 
 from cortex.config.docs import DOCS
 from cortex.config.tree import CortexConfig, ModelConfig
-from cortex.config.walk import (
-    ScalarKey, Text, optional_inner, scalar_keys, suggest, type_hints)
+from cortex.config.walk import ScalarKey, Text, optional_inner, scalar_keys, suggest, type_hints
 from cortex.workers.discovery import DnsService
 from cortex.workers.spec import WorkerSpec
 
@@ -165,7 +164,7 @@ def flag_values(namespace: argparse.Namespace | Mapping[str, Any] | None) -> dic
 
 def iter_flags(parser: argparse.ArgumentParser) -> Iterator[str]:
     """Every long option of ``parser`` (for tests and docs)."""
-    for action in parser._actions:  # noqa: SLF001 - argparse has no public listing
+    for action in parser._actions:
         for option in action.option_strings:
             if option.startswith("--"):
                 yield option

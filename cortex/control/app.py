@@ -61,7 +61,7 @@ _METRICS_TYPE = CONTENT_TYPE.encode()
 
 
 class _Reply:
-    __slots__ = ("status", "headers", "body")
+    __slots__ = ("body", "headers", "status")
 
     def __init__(self, status: int, body: bytes, headers: Headers | None = None) -> None:
         self.status, self.body, self.headers = status, body, headers or [_JSON]

@@ -69,7 +69,7 @@ RESTART = Verdict(VerdictKind.RESTART)
 class Sequencer:
     """Tracks ``next`` and a bounded window of accepted ``(seq, digest)`` pairs."""
 
-    __slots__ = ("_next", "_window", "_recent")
+    __slots__ = ("_next", "_recent", "_window")
 
     def __init__(self, window: int = DEFAULT_WINDOW) -> None:
         if window < 1:

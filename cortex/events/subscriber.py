@@ -39,6 +39,7 @@ from functools import partial
 from typing import Protocol, cast
 
 import trio
+import trio.lowlevel
 import zmq
 
 from cortex.errors import ConfigError, DecodeError
@@ -125,7 +126,7 @@ class SourceHandle:
     callers read its state, ``next_seq``, ``resume_point``; they must not drive it) and the
     worker's health signals, which the source's task feeds to it in order."""
 
-    __slots__ = ("sync", "_ingest")
+    __slots__ = ("_ingest", "sync")
 
     def __init__(self, ingest: _SourceIngest) -> None:
         self.sync = ingest.sync
@@ -221,7 +222,7 @@ class _SourceIngest:
                 processed += 1
                 await self.on_frames(frames)
             if processed:
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
             elif not self._signals:
                 deadline = math.inf if self._retry_at is None else self._retry_at
                 with trio.CancelScope(deadline=deadline) as self._waiting:
@@ -278,7 +279,7 @@ class _SourceIngest:
                 if action.replayed:
                     replayed += 1
                     if replayed % budget == 0:
-                        await trio.sleep(0)
+                        await trio.lowlevel.checkpoint()
             elif isinstance(action, DropEntries):
                 self.sink.drop_target_entries(self.target)
             elif isinstance(action, SetState):
@@ -329,7 +330,7 @@ class _SourceIngest:
                 continue
             items.append(self._sequenced(item.seq, item.payload))
             if n % budget == 0:
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
         return self.sync.on_replay_result(items, ended=complete, refused=outcome.refused)
 
 

@@ -67,8 +67,7 @@ import trio
 
 from cortex.errors import CortexError
 from cortex.front.errors_http import InternalServerError, RequestTimeout, error_response
-from cortex.front.exchange import (
-    CANCELLED, CLIENT_GONE, ERROR, REFUSED, Exchange, ExchangeHook)
+from cortex.front.exchange import CANCELLED, CLIENT_GONE, ERROR, REFUSED, Exchange, ExchangeHook
 from cortex.front.messages import Headers, HttpRequest
 from cortex.front.request_parser import RequestParser
 from cortex.front.response_writer import ResponseWriter

@@ -49,7 +49,7 @@ _LAST_CHUNK = b"0\r\n\r\n"
 class ResponseWriter:
     """Writes the responses of one connection (the connection decides when)."""
 
-    __slots__ = ("_send", "_shared", "status", "head_at", "body_bytes", "ending")
+    __slots__ = ("_send", "_shared", "body_bytes", "ending", "head_at", "status")
 
     def __init__(self, transport: SocketTransport | StreamTransport,
                  shared: ServerShared) -> None:
@@ -133,7 +133,7 @@ class ResponseWriter:
             if not held:
                 try:
                     ready = None if no_body else _chunk_ready(body)
-                except Exception:
+                except Exception:  # noqa: BLE001 (any failure of the body is a handler bug)
                     return await self._handler_bug(request, "response body failed",
                                                    head_sent=False)
                 self._head_out(status)
@@ -160,7 +160,7 @@ class ResponseWriter:
                                 request.path.decode("latin-1", "replace"), exc)
                     self.ending = UPSTREAM_BROKE
                     return False
-                except Exception:
+                except Exception:  # noqa: BLE001 (any failure of the body is a handler bug)
                     return await self._handler_bug(request, "response body failed",
                                                    head_sent=not held)
                 if not chunk:

@@ -49,7 +49,7 @@ class Exits:
                     await leave(manager, None, None, None)
                 else:
                     leave(manager, None, None, None)
-            except BaseException as error:  # the others still run; the first is raised
+            except BaseException as error:  # noqa: BLE001 (re-raised below) the others still run; the first is raised
                 if first is None:
                     first = error
         if first is not None:

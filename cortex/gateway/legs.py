@@ -17,6 +17,7 @@ from cortex.gateway.exits import Exits
 from cortex.upstream.response import UpstreamResponse
 from cortex.upstream.sse import CachedTokensSniffer
 
+
 def retryable_status(status: int) -> bool:
     """A worker's answer that another worker may serve better: overloaded (429) or failed
     (5xx). Only before anything reached the client, within the retry budget."""
@@ -58,8 +59,16 @@ class LegBody:
     upstream exchange and the in-flight accounting — exactly once.
     """
 
-    __slots__ = ("_leg", "_stack", "_on_failure", "_on_cached_tokens", "_transform",
-                 "_sniffer", "_started", "_closed")
+    __slots__ = (
+        "_closed",
+        "_leg",
+        "_on_cached_tokens",
+        "_on_failure",
+        "_sniffer",
+        "_stack",
+        "_started",
+        "_transform",
+    )
 
     def __init__(self, leg: Leg, stack: Exits,
                  on_failure: Callable[[UpstreamError], None],

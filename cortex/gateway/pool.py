@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cortex.events.model import EngineFamily
+from cortex.gateway.worker_report import WorkerReport
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.state import TargetState
-from cortex.gateway.worker_report import WorkerReport
 from cortex.profile.profile_set import ProfileSet
 from cortex.profile.request_keys import request_block_keys, reusable_tokens
 from cortex.profile.request_text import RequestPrompt

@@ -149,7 +149,7 @@ class Gateway:
                 prompt = request_prompt(endpoint, body, profile.chat_templates)
             except BadRequest:
                 raise
-            except Exception as error:  # a template that cannot render: route on load only
+            except Exception as error:  # noqa: BLE001 (counted) a template that cannot render: route on load only
                 self.observer.template_failed(pool.model, error)
             if prompt is not None and prompt.text is not None and (
                     0 < pool.max_prompt_chars < len(prompt.text)):

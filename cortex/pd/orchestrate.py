@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from functools import partial
-from time import perf_counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from time import perf_counter
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 

@@ -64,7 +64,7 @@ def _package_dir(package: str) -> str | None:
     if spec is None:
         return None
     if spec.submodule_search_locations:
-        return list(spec.submodule_search_locations)[0]
+        return next(iter(spec.submodule_search_locations))
     return os.path.dirname(spec.origin) if spec.origin else None
 
 

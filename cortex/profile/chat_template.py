@@ -49,7 +49,7 @@ def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None
                       sort_keys=sort_keys)
 
 
-def _strftime_now(format: str) -> str:  # noqa: A002 - the name templates call it with
+def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 

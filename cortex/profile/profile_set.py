@@ -29,7 +29,7 @@ from cortex.profile.model_profile import (
 
 
 class ProfileSet:
-    __slots__ = ("_profiles", "_load_errors", "_worker_reasons")
+    __slots__ = ("_load_errors", "_profiles", "_worker_reasons")
 
     def __init__(
         self, profiles: dict[str, ModelProfile], load_errors: dict[str, str]

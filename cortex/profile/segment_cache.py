@@ -71,8 +71,15 @@ class SegmentCachedTokenizer:
     """``encode_now`` is the compiled ``PieceCache.encode_now`` itself (an attribute, not a
     method: the request path calls it without a Python frame)."""
 
-    __slots__ = ("_tokenizer", "_segmenter", "_bos_id", "_batch_cold", "_fast", "_pieces",
-                 "encode_now")
+    __slots__ = (
+        "_batch_cold",
+        "_bos_id",
+        "_fast",
+        "_pieces",
+        "_segmenter",
+        "_tokenizer",
+        "encode_now",
+    )
 
     def __init__(
         self,

@@ -86,7 +86,7 @@ def added_tokens_from_json(tokenizer_json: Mapping[str, object]) -> list[AddedTo
     """The ``added_tokens`` of a parsed ``tokenizer.json``."""
     raw = tokenizer_json.get("added_tokens") or []
     if not isinstance(raw, list):
-        raise ValueError("tokenizer.json: added_tokens is not a list")
+        raise ValueError("tokenizer.json: added_tokens is not a list")  # noqa: TRY004 (bad file content)
     return [
         AddedToken(
             content=str(entry["content"]),

@@ -166,8 +166,7 @@ def cheapest(
             continue
         blocks = get(view.worker, 0)
         uncached = token_count - blocks * block_size
-        if uncached < 0:
-            uncached = 0
+        uncached = max(uncached, 0)
         value = cost(config, view, uncached, blocks)
         if value < best_cost or (value == best_cost and best is not None
                                  and tie_before(view.worker, best.worker, seed)):

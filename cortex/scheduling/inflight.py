@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
+from typing import Self
 
 import msgspec
 
@@ -141,7 +142,7 @@ class PendingWork:
 class Hold:
     """One request's share of a worker's pending work (see ``PendingWork.hold``)."""
 
-    __slots__ = ("_pending", "worker", "_tokens", "_requests", "_entered")
+    __slots__ = ("_entered", "_pending", "_requests", "_tokens", "worker")
 
     def __init__(self, pending: PendingWork, worker: str, prefill_tokens: int) -> None:
         self._pending = pending
@@ -150,7 +151,7 @@ class Hold:
         self._requests = 0  # what this hold has added and not yet removed
         self._entered = False
 
-    def __enter__(self) -> Hold:
+    def __enter__(self) -> Self:
         if self._entered:
             raise RuntimeError("a hold can be entered only once")
         self._entered = True

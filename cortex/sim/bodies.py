@@ -168,7 +168,7 @@ def _load_fields(engine: SimEngineView, rank: int) -> dict[str, Any]:
 
 
 def loads_body(engine: SimEngineView, ranks: Iterable[int]) -> dict[str, Any]:
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    now = datetime.datetime.now(datetime.UTC).isoformat()
     return {
         "timestamp": now,
         "version": engine.version,
@@ -292,8 +292,8 @@ def vllm_metrics_text(engine: SimEngineView) -> str:
     for i, (name, help_text) in enumerate(_COUNTERS):
         lines += [f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter"]
         lines += [f"{name}_total{labels} {float(counts[i])}" for labels, _, counts in per_rank]
-    lines += ["# HELP process_start_time_seconds Start time of the process since unix epoch "
-              "in seconds.", "# TYPE process_start_time_seconds gauge",
+    lines += [("# HELP process_start_time_seconds Start time of the process since unix epoch "
+               "in seconds."), "# TYPE process_start_time_seconds gauge",
               f"process_start_time_seconds {engine.started_at}"]
     info = (f'block_size="{engine.block_size}",enable_prefix_caching="True",'
             f'num_gpu_blocks="{engine.kv.capacity_blocks}",'

@@ -190,7 +190,7 @@ def _served_model(args: argparse.Namespace) -> ServedModel | None:
         bos_token=args.bos_token, eos_token=args.eos_token)
 
 
-def _model_profile(served: ServedModel | None):  # noqa: ANN202 - ModelProfile | None
+def _model_profile(served: ServedModel | None):
     from cortex.profile.model_profile import ProfileSpec, load_profile
 
     if served is None:
@@ -252,7 +252,7 @@ def _leaves(group: BaseExceptionGroup[Exception]) -> list[Exception]:
     return out
 
 
-def engine_line(engine) -> str:  # noqa: ANN001 - SimEngine
+def engine_line(engine) -> str:
     """``name profile url events rank0=... replay0=...`` for one running engine."""
     parts = [engine.name, engine.wire.name, engine.url, "events"]
     for rank in range(engine.dp_size):
@@ -268,7 +268,7 @@ def engine_line(engine) -> str:  # noqa: ANN001 - SimEngine
 
 
 async def serve_engines(
-    engines, *, served: ServedModel | None = None,  # noqa: ANN001
+    engines, *, served: ServedModel | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Start every engine, print its line, then (with ``served``) the ``cortex serve`` line for

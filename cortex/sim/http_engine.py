@@ -327,7 +327,7 @@ class SimHttpHandler:
         if isinstance(path, str) and path:
             return path
         model = body.get("model")
-        base, adapter = split_model_name(model)
+        _base, adapter = split_model_name(model)
         if adapter is not None:
             return adapter
         if self.engine.family is EngineFamily.VLLM and isinstance(model, str) and model:

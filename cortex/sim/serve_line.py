@@ -57,7 +57,7 @@ class ServedModel:
         return ",".join(fields)
 
 
-def worker_spec(engine) -> str:  # noqa: ANN001 - a running SimEngine
+def worker_spec(engine) -> str:
     """``URL,name=...,engine=...,events=...,replay=...`` for one running engine."""
     fields = [engine.url, f"name={engine.name}", f"engine={engine.wire.family.value}"]
     if engine.dp_size > 1:

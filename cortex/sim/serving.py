@@ -23,6 +23,7 @@ Rules:
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -87,7 +88,7 @@ def plan(
 class RankQueue:
     """FIFO queue in front of a batch of at most ``max_running`` requests (ids are ints)."""
 
-    __slots__ = ("max_running", "_waiting", "_running")
+    __slots__ = ("_running", "_waiting", "max_running")
 
     def __init__(self, max_running: int) -> None:
         if max_running < 1:
@@ -151,7 +152,7 @@ class Outcome:
 
 def simulate(timing: TimingConfig, arrivals: Sequence[Arrival]) -> list[Outcome]:
     """Every request of ``arrivals`` (sorted by time) through one rank, to completion."""
-    if any(b.at_s < a.at_s for a, b in zip(arrivals, arrivals[1:])):
+    if any(b.at_s < a.at_s for a, b in itertools.pairwise(arrivals)):
         raise ValueError("arrivals must be sorted by time")
     queue = RankQueue(timing.max_running)
     plans: dict[int, TokenPlan] = {}

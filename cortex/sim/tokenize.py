@@ -49,7 +49,7 @@ _MAX_TOKEN_ID = 1 << 32
 
 
 class SimTokenizer:
-    __slots__ = ("profile", "_memo")
+    __slots__ = ("_memo", "profile")
 
     def __init__(self, profile: ModelProfile | None) -> None:
         self.profile = profile

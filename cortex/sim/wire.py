@@ -256,14 +256,14 @@ def _vllm_event(
 def _sglang_event(event: Event, profile: WireProfile) -> msgspec.Struct:
     array = profile.event_encoding == "array"
     if isinstance(event, BlockStored):
-        common = dict(
-            block_hashes=[_signed64(h) for h in event.block_hashes],
-            parent_block_hash=None if event.parent_hash is None else _signed64(event.parent_hash),
-            token_ids=list(event.token_ids),
-            block_size=event.block_size,
-            lora_id=event.lora_id,
-            medium=event.medium,
-        )
+        common = {
+            "block_hashes": [_signed64(h) for h in event.block_hashes],
+            "parent_block_hash": None if event.parent_hash is None else _signed64(event.parent_hash),
+            "token_ids": list(event.token_ids),
+            "block_size": event.block_size,
+            "lora_id": event.lora_id,
+            "medium": event.medium,
+        }
         if array:
             if event.cache_salt is None:
                 return _SglangStoredArray(**common)

@@ -40,10 +40,10 @@ from typing import NamedTuple
 
 import trio
 
-from cortex.wait_deadlines import WaitDeadlines
 from cortex.upstream.errors import Phase, UpstreamBroken, UpstreamConnectError, UpstreamTimeout
 from cortex.upstream.request_head import Headers, request_bytes
 from cortex.upstream.response_parser import ResponseReader
+from cortex.wait_deadlines import WaitDeadlines
 
 RECEIVE_SIZE = 65_536
 _wait_readable = trio.lowlevel.wait_readable
@@ -68,9 +68,19 @@ class ResponseHead(NamedTuple):
 class UpstreamConnection:
     """A keep-alive connection; owned by one exchange at a time (the pool hands it out)."""
 
-    __slots__ = ("origin", "socket", "exchanges", "idle_since", "generation",
-                 "response_started", "_reader", "_closed", "_poller", "_deadlines",
-                 "_expired")
+    __slots__ = (
+        "_closed",
+        "_deadlines",
+        "_expired",
+        "_poller",
+        "_reader",
+        "exchanges",
+        "generation",
+        "idle_since",
+        "origin",
+        "response_started",
+        "socket",
+    )
 
     def __init__(self, origin: str, sock: socket.socket, generation: int = 0,
                  deadlines: WaitDeadlines | None = None) -> None:

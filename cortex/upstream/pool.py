@@ -43,11 +43,11 @@ from types import TracebackType
 import trio
 
 from cortex.upstream.connection import UpstreamConnection, open_connection
-from cortex.wait_deadlines import WaitDeadlines
 from cortex.upstream.errors import UpstreamBroken, UpstreamTimeout
 from cortex.upstream.limits import PoolLimits
 from cortex.upstream.request_head import Headers, Origin, parse_origin, upstream_headers
 from cortex.upstream.response import UpstreamResponse
+from cortex.wait_deadlines import WaitDeadlines
 
 __all__ = ["PoolStats", "UpstreamPool", "UpstreamResponse"]
 
@@ -63,7 +63,7 @@ class PoolStats:
 
 
 class _Waiter:
-    __slots__ = ("event", "conn", "slot")
+    __slots__ = ("conn", "event", "slot")
 
     def __init__(self) -> None:
         self.event = trio.Event()
@@ -72,8 +72,17 @@ class _Waiter:
 
 
 class _OriginPool:
-    __slots__ = ("origin", "address", "idle", "open", "waiters", "generation",
-                 "created", "reused", "discarded")
+    __slots__ = (
+        "address",
+        "created",
+        "discarded",
+        "generation",
+        "idle",
+        "open",
+        "origin",
+        "reused",
+        "waiters",
+    )
 
     def __init__(self, origin: str, address: Origin) -> None:
         self.origin = origin
@@ -274,8 +283,18 @@ class UpstreamPool:
 class _Exchange:
     """``async with``: one request on a pooled connection; see ``UpstreamPool.request``."""
 
-    __slots__ = ("_pool", "_origin", "_method", "_target", "_headers", "_body",
-                 "_head_timeout_s", "_origin_pool", "_conn", "_response")
+    __slots__ = (
+        "_body",
+        "_conn",
+        "_head_timeout_s",
+        "_headers",
+        "_method",
+        "_origin",
+        "_origin_pool",
+        "_pool",
+        "_response",
+        "_target",
+    )
 
     def __init__(self, pool: UpstreamPool, origin: str, method: bytes, target: bytes,
                  headers: Headers, body: bytes, head_timeout_s: float) -> None:

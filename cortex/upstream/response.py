@@ -28,8 +28,16 @@ MiB = 1024 * 1024
 class UpstreamResponse:
     """The head of a worker's response; the body is read with ``body_chunks`` or ``read``."""
 
-    __slots__ = ("status", "headers", "http_version", "reason", "reused",
-                 "_conn", "_read_timeout_s", "_complete")
+    __slots__ = (
+        "_complete",
+        "_conn",
+        "_read_timeout_s",
+        "headers",
+        "http_version",
+        "reason",
+        "reused",
+        "status",
+    )
 
     def __init__(self, conn: UpstreamConnection, status: int, headers: Headers,
                  http_version: bytes, reason: bytes, read_timeout_s: float) -> None:

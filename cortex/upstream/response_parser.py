@@ -48,9 +48,25 @@ _PARSER_ERRORS = (httptools.HttpParserError, httptools.HttpParserUpgrade)
 class ResponseReader:
     """The response to one request (``head_only`` for a ``HEAD``); feed it raw bytes."""
 
-    __slots__ = ("status", "headers", "http_version", "reason", "complete", "error",
-                 "_parser", "_body", "_head_only", "_head_done", "_keep_alive", "_until_eof",
-                 "_stray", "_eof", "_head_bytes", "_pending_headers", "_compiled")
+    __slots__ = (
+        "_body",
+        "_compiled",
+        "_eof",
+        "_head_bytes",
+        "_head_done",
+        "_head_only",
+        "_keep_alive",
+        "_parser",
+        "_pending_headers",
+        "_stray",
+        "_until_eof",
+        "complete",
+        "error",
+        "headers",
+        "http_version",
+        "reason",
+        "status",
+    )
 
     def __init__(self, *, head_only: bool = False, compiled: bool = True) -> None:
         """``compiled=False``: every byte through llhttp (the compiled pass's reference)."""

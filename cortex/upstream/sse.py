@@ -39,8 +39,20 @@ _BLANK = b" \t\r\n"
 class CachedTokensSniffer:
     """Feed a response body chunk by chunk; read ``cached_tokens`` / ``prompt_tokens``."""
 
-    __slots__ = ("_kind", "_done", "_cached", "_prompt", "_parts", "_size", "_found",
-                 "_tail", "_pending", "_pending_armed", "max_body_bytes", "max_event_bytes")
+    __slots__ = (
+        "_cached",
+        "_done",
+        "_found",
+        "_kind",
+        "_parts",
+        "_pending",
+        "_pending_armed",
+        "_prompt",
+        "_size",
+        "_tail",
+        "max_body_bytes",
+        "max_event_bytes",
+    )
 
     def __init__(self, *, max_body_bytes: int = 8 * 1024 * 1024,
                  max_event_bytes: int = 1024 * 1024) -> None:

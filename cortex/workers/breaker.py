@@ -36,8 +36,14 @@ class BreakerState(enum.Enum):
 
 
 class CircuitBreaker:
-    __slots__ = ("_failures_to_open", "_open_s", "_clock", "_opened_at", "_failures",
-                 "_trial_at")
+    __slots__ = (
+        "_clock",
+        "_failures",
+        "_failures_to_open",
+        "_open_s",
+        "_opened_at",
+        "_trial_at",
+    )
 
     def __init__(self, failures_to_open: int, open_s: float,
                  clock: Callable[[], float]) -> None:

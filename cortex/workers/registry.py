@@ -73,8 +73,17 @@ class WorkerStatus:
 
 
 class _Entry:
-    __slots__ = ("spec", "breaker", "healthy", "draining", "last_error", "loads", "last_ok_at",
-                 "counters", "instance")
+    __slots__ = (
+        "breaker",
+        "counters",
+        "draining",
+        "healthy",
+        "instance",
+        "last_error",
+        "last_ok_at",
+        "loads",
+        "spec",
+    )
 
     def __init__(self, spec: WorkerSpec, breaker: CircuitBreaker) -> None:
         self.spec = spec

@@ -65,7 +65,7 @@ class WorkerSpec:
         if not self.name:
             problems.append("worker name must not be empty")
         elif len(self.name) > MAX_NAME or not _NAME.fullmatch(self.name):
-            label = f"worker {ascii(self.name[:40])}"
+            label = f"worker {self.name[:40]!a}"
             problems.append(f"{label}: name must be 1-{MAX_NAME} visible ASCII characters "
                             "(no spaces, control or non-ASCII characters)")
         try:

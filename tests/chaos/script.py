@@ -60,9 +60,9 @@ class ChaosScript:
         names = sorted(self.cluster.slots)
         name = self.rng.choice(names)
         fault = self.rng.choice(OUTAGES + HARMLESS)
-        if fault in OUTAGES:
-            if name in self.busy or self.availability.down_now() >= self.max_outages:
-                fault = self.rng.choice(HARMLESS)
+        if fault in OUTAGES and (
+                name in self.busy or self.availability.down_now() >= self.max_outages):
+            fault = self.rng.choice(HARMLESS)
         duration = 0.2 + self.rng.random() * 1.0
         if self.cluster.slots[name].engine is None:
             return  # killed: nothing to do to it until it is back

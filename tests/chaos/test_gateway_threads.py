@@ -24,7 +24,7 @@ def _serve_in_thread(results: queue.Queue[object]) -> None:
 
     try:
         trio.run(main)
-    except BaseException as error:  # reported to the test's thread
+    except BaseException as error:  # noqa: BLE001 reported to the test's thread
         results.put(error)
 
 

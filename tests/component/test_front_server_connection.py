@@ -58,7 +58,7 @@ async def test_first_head_is_due_header_timeout_after_the_accept(clock):
 
 async def test_dribbling_client_does_not_extend_the_head_deadline(clock):
     async with trio.open_nursery() as nursery:
-        client, shared, closed = await serve_one(nursery)
+        client, _shared, _closed = await serve_one(nursery)
 
         async def dribble() -> None:
             for byte in b"GET / HTTP/1.1\r\nhost: t\r\nx-slow: " + b"s" * 100:
@@ -74,7 +74,7 @@ async def test_dribbling_client_does_not_extend_the_head_deadline(clock):
 
 async def test_body_is_due_body_timeout_after_the_head(clock):
     async with trio.open_nursery() as nursery:
-        client, shared, closed = await serve_one(nursery)
+        client, shared, _closed = await serve_one(nursery)
         await trio.sleep(4)
         await client.send(b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 10\r\n\r\n")
         for _ in range(40):  # a byte a second would take 10 s, but stops after 9
@@ -102,7 +102,7 @@ async def test_idle_keep_alive_closes_quietly_after_keepalive_idle(clock):
 
 async def test_later_head_is_due_header_timeout_after_its_first_byte(clock):
     async with trio.open_nursery() as nursery:
-        client, shared, closed = await serve_one(nursery)
+        client, _shared, _closed = await serve_one(nursery)
         assert (await client.request(b"GET", b"/")).status == 200
         await trio.sleep(50)  # idle, within keepalive_idle_s
         started = trio.current_time()
@@ -115,7 +115,7 @@ async def test_later_head_is_due_header_timeout_after_its_first_byte(clock):
 
 async def test_pipelined_request_after_a_slow_one_gets_its_own_deadline(clock):
     async with trio.open_nursery() as nursery:
-        client, shared, closed = await serve_one(nursery)
+        client, _shared, _closed = await serve_one(nursery)
         await client.send(build_request(b"GET", b"/1") + build_request(b"GET", b"/2"))
         assert (await client.read_response()).status == 200
         assert (await client.read_response()).status == 200

@@ -278,26 +278,25 @@ async def test_load_endpoints_count_running_requests_and_their_tokens(flavor):
     engine = make(flavor,
                   timing=TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=10.0))
     total = 4096 * 16
-    async with kv_running(engine):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(engine.handler, post("/v1/completions", {
-                "prompt": list(range(40)), "max_tokens": 3}))
-            while not engine.running[0]:
-                await trio.sleep(0.001)
-            if flavor.startswith("vllm"):
-                response = await engine.handler(get("/metrics"))
-                assert isinstance(response.body, bytes)
-                values = {s.name: s.value
-                          for f in text_string_to_metric_families(response.body.decode())
-                          for s in f.samples}
-                running, waiting = (values["vllm:num_requests_running"],
-                                    values["vllm:num_requests_waiting"])
-                used = values["vllm:kv_cache_usage_perc"] * total
-            else:
-                (load,) = payload(await engine.handler(get("/v1/loads")))["loads"]
-                running, waiting = load["num_running_reqs"], load["num_waiting_reqs"]
-                used = load["num_used_tokens"]
-            nursery.cancel_scope.cancel()
+    async with kv_running(engine), trio.open_nursery() as nursery:
+        nursery.start_soon(engine.handler, post("/v1/completions", {
+            "prompt": list(range(40)), "max_tokens": 3}))
+        while not engine.running[0]:
+            await trio.sleep(0.001)
+        if flavor.startswith("vllm"):
+            response = await engine.handler(get("/metrics"))
+            assert isinstance(response.body, bytes)
+            values = {s.name: s.value
+                      for f in text_string_to_metric_families(response.body.decode())
+                      for s in f.samples}
+            running, waiting = (values["vllm:num_requests_running"],
+                                values["vllm:num_requests_waiting"])
+            used = values["vllm:kv_cache_usage_perc"] * total
+        else:
+            (load,) = payload(await engine.handler(get("/v1/loads")))["loads"]
+            running, waiting = load["num_running_reqs"], load["num_waiting_reqs"]
+            used = load["num_used_tokens"]
+        nursery.cancel_scope.cancel()
     assert (running, waiting) == (1, 0)
     assert 40 <= round(used) <= 41  # the prompt, and the first token once it is out
 

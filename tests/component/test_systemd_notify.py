@@ -112,7 +112,7 @@ async def test_watchdog_pings_while_the_loop_runs_and_stop_while_it_is_wedged():
                     pings += [time.monotonic() for _ in received(sock)]
             # No checkpoint since the last read: the watchdog task cannot run until the loop
             # turns again, so a wedged loop (here a blocking call) sends nothing.
-            time.sleep(0.6)
+            time.sleep(0.6)  # noqa: ASYNC251 (the point: a blocked event loop)
             assert received(sock) == []
             with trio.fail_after(30):
                 await trio.lowlevel.wait_readable(sock)  # they resume with the loop

@@ -1,4 +1,5 @@
 import trio
+import trio.lowlevel
 import zmq
 
 from cortex.events import zmq_trio
@@ -18,7 +19,7 @@ async def test_dealer_router_roundtrip_without_blocking_the_loop():
         nonlocal ticks
         while True:
             ticks += 1
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
     try:
         async with trio.open_nursery() as nursery:

@@ -40,7 +40,7 @@ HOSTILE: dict[str, list[object]] = {
 }
 
 
-async def admin(port: int, method: bytes, path: bytes, body: bytes = b""):  # noqa: ANN201
+async def admin(port: int, method: bytes, path: bytes, body: bytes = b""):
     client = await RawClient.connect(port)
     try:
         return await client.request(method, path, body, AUTH)

@@ -12,7 +12,7 @@ from tests.gateway_cluster import gateway_cluster
 AUTH = [(b"authorization", b"Bearer test-token"), (b"content-type", b"application/json")]
 
 
-async def admin(cluster, method: bytes, path: bytes, body: bytes = b""):  # noqa: ANN001, ANN201
+async def admin(cluster, method: bytes, path: bytes, body: bytes = b""):
     client = await RawClient.connect(cluster.running.control_port)
     try:
         return await client.request(method, path, body, AUTH)

@@ -102,7 +102,7 @@ def build(token: str | None = TOKEN):
 
 
 async def test_serves_metrics_health_and_admin_over_loopback(caplog):
-    app, metrics, views, counters, admin = build()
+    app, _metrics, views, counters, admin = build()
     stop = trio.Event()
     caplog.set_level(logging.DEBUG)
     with trio.fail_after(TIMEOUT_S):

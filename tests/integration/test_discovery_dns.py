@@ -106,7 +106,7 @@ async def test_workers_follow_the_records_added_and_drained(nursery):
     with trio.fail_after(30):
         running = await nursery.start(run_gateway, config)
         registry = running.registry
-        names = lambda: sorted(spec.name for spec in registry.specs())  # noqa: E731
+        names = lambda: sorted(spec.name for spec in registry.specs())
         # the first answer is applied before the gateway reports started
         assert names() == ["pool-10.0.0.11-30000", "pool-10.0.0.12-30000"]
         spec = registry.spec("pool-10.0.0.11-30000")

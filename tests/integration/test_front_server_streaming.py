@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from cortex.errors import ConfigError, NotFound, UpstreamError
@@ -220,7 +221,7 @@ async def test_client_leaving_a_later_request_on_a_kept_connection_still_cancels
 
     async def handler(request: HttpRequest) -> HttpResponse:
         if request.path == b"/fast":
-            await trio.sleep(0)  # the watcher gets to wait on the socket
+            await trio.lowlevel.checkpoint()  # the watcher gets to wait on the socket
             return json_response(200, b"{}")
         await script.run_until_cancelled()
 

@@ -28,7 +28,7 @@ def question(i: int) -> list[dict]:
     return [{"role": "user", "content": f"Failing answers, question {i}?"}]
 
 
-async def preferred(cluster):  # noqa: ANN001, ANN201 - (engine Cortex picks first, the other)
+async def preferred(cluster):
     """The engine Cortex sends these idle, cache-less questions to, and the other's name."""
     first = (await cluster.chat(question(-1))).header(b"x-cortex-assigned-worker").decode()
     engine = next(e for e in cluster.engines if e.name == first)

@@ -21,7 +21,7 @@ from tests.integration.test_pd_gateway import NO_BYPASS, engine, messages, pd_cl
 
 PATIENT = PdSimSettings(waiting_timeout_s=30.0, bootstrap_timeout_s=30.0, kv_lease_s=30.0)
 
-async def timed_chat(cluster, question: str) -> tuple[int, float, bytes]:  # noqa: ANN001
+async def timed_chat(cluster, question: str) -> tuple[int, float, bytes]:
     started = trio.current_time()
     with trio.move_on_after(10) as scope:
         response = await cluster.chat(messages(question))

@@ -151,7 +151,7 @@ async def test_sighup_reloads_workers_without_dropping_connections(tmp_path: Pat
         with notify_socket() as (name, sock):
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "NOTIFY_SOCKET": name}
             log_path = tmp_path / "stderr.log"  # a file: a full pipe would block the process
-            with open(log_path, "wb") as log_file:
+            with open(log_path, "wb") as log_file:  # noqa: ASYNC230 (opening a local file)
                 serve = await trio.lowlevel.open_process(
                     serve_command("--config", str(config)), stdout=subprocess.PIPE,
                     stderr=log_file, env=env)

@@ -76,7 +76,7 @@ async def test_cortex_sim_process_serves_until_sigint(tmp_path):
             lines = buffer.decode().splitlines()
             urls = [line.split()[2] for line in lines]
             for line in lines:
-                name, profile, url, word, *endpoints = line.split()
+                _name, profile, _url, word, *endpoints = line.split()
                 assert profile == "sglang-0.5.23" and word == "events"
                 assert [e.split("=")[0] for e in endpoints] == ["rank0", "replay0",
                                                                "rank1", "replay1"]
@@ -87,7 +87,7 @@ async def test_cortex_sim_process_serves_until_sigint(tmp_path):
     assert len(set(urls)) == 2
 
 
-def partial_process(argv: list[str]):  # noqa: ANN201
+def partial_process(argv: list[str]):
     async def start(*, task_status: trio.TaskStatus[trio.Process]) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         await trio.run_process(argv, stdout=subprocess.PIPE, env=env, check=False,

@@ -13,12 +13,14 @@ whose arrival proves they were processed (ZeroMQ keeps order per connection).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 
 import pytest
 import trio
+import trio.lowlevel
 import zmq
 
 from cortex.events.counters import IngestCounters
@@ -371,7 +373,7 @@ async def test_busy_stream_does_not_starve_the_event_loop(ctx, vllm):
     async def ticker() -> None:
         while True:
             samples.append(counters.messages)
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
     async with publisher(ctx, fx) as pub:
         source = EventSource("w0", 0, fx.family, "m", pub.endpoint, None, b"kv")
@@ -389,7 +391,7 @@ async def test_busy_stream_does_not_starve_the_event_loop(ctx, vllm):
                 pub.publish(fx.payloads[0])
             await ledger.wait_until(lambda: counters.batches_applied == n, timeout_s=20)
             nursery.cancel_scope.cancel()
-    steps = [b - a for a, b in zip(samples, samples[1:])]
+    steps = [b - a for a, b in itertools.pairwise(samples)]
     assert counters.messages == n
     assert max(steps) <= 2 * per_turn
     assert len({s for s in samples if 0 < s < n}) >= n // (2 * per_turn)

@@ -31,7 +31,7 @@ async def test_garbage_instead_of_a_head():
         await conn.raw(b"SMTP ready\r\n\r\n")
         await conn.wait_eof()
 
-    async with pool_serving(garbage) as (pool, origin, server, nursery):
+    async with pool_serving(garbage) as (pool, origin, server, _nursery):
         with pytest.raises(UpstreamBroken) as caught:
             await get(pool, origin)
         assert (caught.value.phase, caught.value.response_started) == ("head", True)
@@ -47,7 +47,7 @@ async def test_close_after_head_and_mid_chunked_body():
             await conn.start_chunked()
             await conn.chunk(b"data: 1\n\n")
 
-    async with pool_serving(die_in_body) as (pool, origin, _, nursery):
+    async with pool_serving(die_in_body) as (pool, origin, _, _nursery):
         for expected_chunks in ([b"12345"], [b"data: 1\n\n"]):
             chunks = []
             with pytest.raises(UpstreamBroken) as caught:
@@ -60,7 +60,7 @@ async def test_close_after_head_and_mid_chunked_body():
 
 
 async def test_body_over_read_limit():
-    async with pool_serving(keep_alive_ok) as (pool, origin, _, nursery):
+    async with pool_serving(keep_alive_ok) as (pool, origin, _, _nursery):
         with pytest.raises(UpstreamBroken) as caught:
             async with pool.request(origin, b"POST", CHAT, JSON, b"x" * 100) as response:
                 await response.read(limit=10)
@@ -81,7 +81,7 @@ async def test_connect_refused():
 
 
 async def test_a_head_h11_refuses_is_a_bad_request_and_nothing_is_sent():
-    async with pool_serving(keep_alive_ok) as (pool, origin, server, nursery):
+    async with pool_serving(keep_alive_ok) as (pool, origin, server, _nursery):
         with pytest.raises(BadRequest):
             async with pool.request(origin, b"POST", CHAT, [(b"x-evil", b"a\r\nb: c")]):
                 pass
@@ -116,7 +116,7 @@ async def test_cancelled_mid_stream_closes_the_socket():
         await conn.chunk(b"data: 1\n\n")
         await conn.wait_eof()
 
-    async with pool_serving(stream_forever) as (pool, origin, server, nursery):
+    async with pool_serving(stream_forever) as (pool, origin, server, _nursery):
         with trio.CancelScope() as client_gone:
             async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
                 async for _chunk in response.body_chunks():
@@ -139,7 +139,7 @@ async def test_head_and_body_timeouts():
         await conn.wait_eof()
 
     slow_reads = UpstreamPool(PoolLimits(read_timeout_s=0.2))
-    async with pool_serving(stall, slow_reads) as (pool, origin, server, nursery):
+    async with pool_serving(stall, slow_reads) as (pool, origin, server, _nursery):
         with pytest.raises(UpstreamTimeout) as caught:
             async with pool.request(origin, b"POST", CHAT, JSON, b"{}",
                                     head_timeout_s=0.2):

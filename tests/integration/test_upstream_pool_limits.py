@@ -72,7 +72,7 @@ async def test_idle_cap_keeps_the_newest():
 
     limits = PoolLimits(max_connections_per_worker=4, max_idle_per_worker=1)
     async with pool_serving(answer_when_both_arrived, UpstreamPool(limits)) as (
-            pool, origin, _, nursery):
+            pool, origin, _, _nursery):
         async with trio.open_nursery() as calls:
             calls.start_soon(get, pool, origin, b"a")
             calls.start_soon(get, pool, origin, b"b")
@@ -115,7 +115,7 @@ async def _answer_then_wait_eof(conn: ServerConn) -> None:
 async def test_reap_idle_follows_the_injected_clock():
     now = [100.0]
     pool = UpstreamPool(PoolLimits(idle_timeout_s=30), clock=lambda: now[0])
-    async with pool_serving(_answer_then_wait_eof, pool) as (pool, origin, server, nursery):
+    async with pool_serving(_answer_then_wait_eof, pool) as (pool, origin, server, _nursery):
         await get(pool, origin)
         assert pool.reap_idle(129.0) == 130.0
         assert pool.stats(origin).idle == 1
@@ -134,7 +134,7 @@ async def test_close_origin_closes_idle_and_retires_busy_connections():
                 await release.wait()
             await conn.respond(200, request.body)
 
-    async with pool_serving(maybe_hold) as (pool, origin, server, nursery):
+    async with pool_serving(maybe_hold) as (pool, origin, server, _nursery):
         await get(pool, origin, b"idle")
         async with trio.open_nursery() as calls:
             calls.start_soon(get, pool, origin, b"hold")  # reuses the idle one
@@ -166,7 +166,7 @@ async def test_waiters_cancelled_or_handed_a_slot_leave_the_books_straight():
 
     limits = PoolLimits(max_connections_per_worker=1, max_idle_per_worker=1)
     async with pool_serving(hold_then_close, UpstreamPool(limits)) as (
-            pool, origin, server, nursery):
+            pool, origin, server, _nursery):
         results: list[bytes] = []
 
         async def call(body: bytes) -> None:

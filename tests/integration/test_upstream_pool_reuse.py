@@ -22,7 +22,7 @@ from tests.integration.upstream_servers import (
 # -- keep-alive and reuse --------------------------------------------------------------------
 
 async def test_sequential_requests_reuse_one_connection():
-    async with pool_serving(keep_alive_ok) as (pool, origin, server, nursery):
+    async with pool_serving(keep_alive_ok) as (pool, origin, server, _nursery):
         async with pool.request(origin, b"POST", CHAT, JSON, b"first") as response:
             assert (response.status, response.reused) == (200, False)
             assert await response.read() == b"first"
@@ -35,7 +35,7 @@ async def test_sequential_requests_reuse_one_connection():
 
 
 async def test_head_sent_to_worker():
-    async with pool_serving(keep_alive_ok) as (pool, origin, server, nursery):
+    async with pool_serving(keep_alive_ok) as (pool, origin, server, _nursery):
         headers = [(b"Host", b"gateway.example"), (b"Connection", b"keep-alive, x-hop"),
                    (b"x-hop", b"1"), (b"transfer-encoding", b"chunked"),
                    (b"content-length", b"1"), (b"authorization", b"Bearer k")]
@@ -50,7 +50,7 @@ async def test_head_sent_to_worker():
 
 
 async def test_unread_body_already_received_still_reuses():
-    async with pool_serving(keep_alive_ok) as (pool, origin, server, nursery):
+    async with pool_serving(keep_alive_ok) as (pool, origin, server, _nursery):
         for _ in range(3):
             async with pool.request(origin, b"GET", b"/health", []) as response:
                 assert response.status == 200
@@ -64,7 +64,7 @@ async def test_connection_close_from_worker_is_not_reused():
         await conn.read_request()
         await conn.respond(200, b"bye", [(b"connection", b"close")])
 
-    async with pool_serving(close_after_answer) as (pool, origin, server, nursery):
+    async with pool_serving(close_after_answer) as (pool, origin, server, _nursery):
         assert await get(pool, origin) == b"bye"
         assert await get(pool, origin) == b"bye"
         assert len(server.conns) == 2
@@ -82,7 +82,7 @@ async def test_early_exit_closes_and_is_never_reused():
             await conn.chunk(b"data: 2\n\n")
             await conn.end()
 
-    async with pool_serving(stream_two_chunks) as (pool, origin, server, nursery):
+    async with pool_serving(stream_two_chunks) as (pool, origin, server, _nursery):
         async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
             assert response.status == 200
             assert await anext(response.body_chunks()) == b"data: 1\n\n"
@@ -104,7 +104,7 @@ async def test_streamed_chunks_arrive_one_by_one():
         await conn.chunk(b"data: [DONE]\n\n")
         await conn.end()
 
-    async with pool_serving(lockstep) as (pool, origin, _, nursery):
+    async with pool_serving(lockstep) as (pool, origin, _, _nursery):
         received = []
         async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
             assert response.header(b"content-type") == b"text/event-stream"
@@ -130,11 +130,11 @@ async def test_chunk_now_takes_what_is_in_hand_and_never_waits():
         await conn.chunk(b"late")
         await conn.end()
 
-    async with pool_serving(keep_alive_ok) as (pool, origin, _, nursery):
+    async with pool_serving(keep_alive_ok) as (pool, origin, _, _nursery):
         async with pool.request(origin, b"POST", CHAT, JSON, b"whole") as response:
             assert response.chunk_now() == b"whole"  # came with the head
             assert response.chunk_now() is None and response.complete
-    async with pool_serving(held) as (pool, origin, _, nursery):
+    async with pool_serving(held) as (pool, origin, _, _nursery):
         async with pool.request(origin, b"POST", CHAT, JSON, b"{}") as response:
             assert response.chunk_now() is NOT_READY
             release.set()
@@ -153,7 +153,7 @@ async def test_reused_connection_closed_before_any_byte_is_retried_once():
             first = False
             await conn.respond(200, b"ok")
 
-    async with pool_serving(drop_second_request) as (pool, origin, server, nursery):
+    async with pool_serving(drop_second_request) as (pool, origin, server, _nursery):
         assert await get(pool, origin) == b"ok"
         assert await get(pool, origin) == b"ok"
         assert len(server.conns) == 2
@@ -170,7 +170,7 @@ async def test_connection_closed_while_idle_is_replaced():
         await conn.close()  # ...then closed while idle in the client's pool
         closed.set()
 
-    async with pool_serving(answer_then_close) as (pool, origin, server, nursery):
+    async with pool_serving(answer_then_close) as (pool, origin, server, _nursery):
         assert await get(pool, origin) == b"ok"
         await closed.wait()
         assert await get(pool, origin) == b"ok"  # detected while idle, or retried once
@@ -184,7 +184,7 @@ async def test_no_retry_once_a_response_byte_arrived():
         await conn.read_request()
         await conn.raw(b"HTTP/1.1 200 OK\r\n")  # part of a head, then gone
 
-    async with pool_serving(half_head_on_reuse) as (pool, origin, server, nursery):
+    async with pool_serving(half_head_on_reuse) as (pool, origin, server, _nursery):
         await get(pool, origin)
         with pytest.raises(UpstreamBroken) as caught:
             await get(pool, origin)
@@ -197,7 +197,7 @@ async def test_no_retry_on_a_fresh_connection():
     async def read_then_close(conn: ServerConn) -> None:
         await conn.read_request()
 
-    async with pool_serving(read_then_close) as (pool, origin, server, nursery):
+    async with pool_serving(read_then_close) as (pool, origin, server, _nursery):
         with pytest.raises(UpstreamBroken) as caught:
             await get(pool, origin)
         assert (caught.value.phase, caught.value.response_started) == ("head", False)

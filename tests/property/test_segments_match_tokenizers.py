@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile import segments
+from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter, _longest_first_pattern, _Pass
 
 RAW = ["<a>", "<a>b", "bc", "a>b>", "|", "<<"]

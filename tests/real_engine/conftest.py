@@ -22,7 +22,7 @@ from tests.real_engine.vllm_server import EngineEnv, engine_env
 HERE = Path(__file__).resolve().parent
 
 
-def pytest_collection_modifyitems(config, items):  # noqa: ARG001 - pytest's hook signature
+def pytest_collection_modifyitems(config, items):
     for item in items:
         if Path(str(item.fspath)).resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.real_engine)

@@ -58,7 +58,7 @@ class Front:
         return self.running.data_port
 
     @property
-    def pool(self):  # noqa: ANN201 - cortex.gateway.pool.ModelPool
+    def pool(self):
         return self.running.pools[self.model]
 
     async def send(self, path: str, body: dict[str, Any], *, stream: bool = False) -> Sent:

@@ -17,8 +17,8 @@ import json
 import pytest
 import trio
 
-from tests.real_engine.farm import ServerSet
 from tests.real_engine.cortex_front import BLOCK, cortex_front
+from tests.real_engine.farm import ServerSet
 
 FAMILIES = ["deepseek-tiny", "qwen-tiny"]
 

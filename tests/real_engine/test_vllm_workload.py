@@ -24,7 +24,7 @@ from tests.real_engine.farm import ServerSet
 
 sys.path.insert(0, str(REPO / "perf"))
 
-import trace_text as tt  # noqa: E402
+import trace_text as tt
 
 REQUESTS = 200
 MAX_BLOCKS = 40  # trace blocks per request (~1,300 tokens, under the servers' 2,048)

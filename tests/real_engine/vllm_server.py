@@ -233,7 +233,7 @@ class VllmServer:
         _, text = self.get("/metrics")
         total = 0.0
         for line in text.decode().splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
+            if line.startswith((name + "{", name + " ")):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 

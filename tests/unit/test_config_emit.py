@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortex.config import (
-    ControlConfig, CortexConfig, ModelConfig, SchedulerConfig, dump_toml, load_config)
+    ControlConfig,
+    CortexConfig,
+    ModelConfig,
+    SchedulerConfig,
+    dump_toml,
+    load_config,
+)
 from cortex.scheduling.cost import BoundedLoad, CostConfig
 from cortex.scheduling.view import Role
 from cortex.workers.spec import WorkerSpec

@@ -400,7 +400,7 @@ def test_live_frames() -> None:
         [b"kv", 7, b"p"],
         None,
         5,
-    ],  # fmt: skip
+    ],
 )
 def test_bad_live_frames(frames: Any) -> None:
     with pytest.raises(DecodeError):
@@ -429,7 +429,7 @@ def test_replay_replies_of_both_generations() -> None:
         [b"", b"", b"", b""],
         [b"", None, b""],
         None,
-    ],  # fmt: skip
+    ],
 )
 def test_bad_replay_replies(frames: Any) -> None:
     with pytest.raises(DecodeError):

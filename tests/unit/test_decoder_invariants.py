@@ -72,9 +72,9 @@ def assert_model_invariants(batch: object) -> None:
 
 
 def _stored(**changes: object) -> BlockStored:
-    fields: dict[str, object] = dict(
-        block_hashes=[1, 2], parent_hash=None, token_ids=[1, 2, 3, 4], block_size=2
-    )
+    fields: dict[str, object] = {
+        "block_hashes": [1, 2], "parent_hash": None, "token_ids": [1, 2, 3, 4], "block_size": 2
+    }
     fields.update(changes)
     tokens = fields["token_ids"]
     if isinstance(tokens, list) and all(type(t) is int and 0 <= t < U32 for t in tokens):
@@ -83,7 +83,7 @@ def _stored(**changes: object) -> BlockStored:
 
 
 def _batch(*events: object, **changes: object) -> EventBatch:
-    fields: dict[str, object] = dict(ts=1.0, events=events, dp_rank=0)
+    fields: dict[str, object] = {"ts": 1.0, "events": events, "dp_rank": 0}
     fields.update(changes)
     return EventBatch(**fields)  # type: ignore[arg-type]
 

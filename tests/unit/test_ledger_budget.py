@@ -9,8 +9,8 @@ import pytest
 
 from cortex._fast.blockkeys import block_keys, namespace_seed
 from cortex._fast.ledger import ALL_MEDIA, BlockTree
-from cortex.events.model import BlockRemoved, BlockStored, EngineFamily, EventBatch
 from cortex.errors import ConfigError
+from cortex.events.model import BlockRemoved, BlockStored, EngineFamily, EventBatch
 from cortex.ledger import LedgerBook, LedgerSettings
 
 SEED = namespace_seed("m")

@@ -9,7 +9,7 @@ from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "perf"))
 
-from replay_report import markdown, summarize, table  # noqa: E402
+from replay_report import markdown, summarize, table
 
 PARAMS = SimpleNamespace(prefill_tokens_per_s=1000.0, decode_ms_per_token=10.0, max_running=1)
 

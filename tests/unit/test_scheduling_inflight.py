@@ -30,12 +30,10 @@ def test_hold_adds_at_entry_and_removes_at_exit():
 
 def test_exception_and_cancellation_release():
     pending = PendingWork()
-    with pytest.raises(ValueError):
-        with pending.hold("w0", 10):
-            raise ValueError("upstream failed")
-    with pytest.raises(Cancelled):
-        with pending.hold("w0", 10):
-            raise Cancelled
+    with pytest.raises(ValueError), pending.hold("w0", 10):
+        raise ValueError("upstream failed")
+    with pytest.raises(Cancelled), pending.hold("w0", 10):
+        raise Cancelled
     assert counts(pending) == (0, 0)
 
 
@@ -74,9 +72,8 @@ def test_prefill_done_drops_tokens_once_and_keeps_the_request_in_flight():
 def test_a_hold_cannot_be_entered_twice_or_leak_when_exited_twice():
     pending = PendingWork()
     hold = pending.hold("w0", 5)
-    with hold:
-        with pytest.raises(RuntimeError):
-            hold.__enter__()
+    with hold, pytest.raises(RuntimeError):
+        hold.__enter__()
     hold.__exit__(None, None, None)
     with pytest.raises(RuntimeError):
         hold.__enter__()

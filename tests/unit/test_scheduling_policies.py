@@ -153,8 +153,8 @@ def test_role_filter():
 @pytest.mark.parametrize("field,value", [("in_flight", 4), ("queued_prefill_tokens", 1000),
                                          ("engine_queue", 9), ("kv_usage", 0.97)])
 def test_worker_above_a_watermark_is_skipped_even_with_the_best_cache(field, value):
-    marks = dict(max_in_flight=4, max_queued_prefill_tokens=1000, max_engine_queue=9,
-                 max_kv_usage_fraction=0.95)
+    marks = {"max_in_flight": 4, "max_queued_prefill_tokens": 1000, "max_engine_queue": 9,
+                 "max_kv_usage_fraction": 0.95}
     workers = [worker("w0", **{field: value}), worker("w1", engine_queue=0, kv_usage=0.1)]
     d = events_scheduler(**marks).decide(request(8), workers, {"w0": 8, "w1": 1})
     assert d.worker == "w1"

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from cortex.errors import BadRequest, ConfigError
-from cortex.sim.pd import MAX_ROOM, PdSimSettings, SglangFields, sglang_fields, vllm_decode_params
-from cortex.sim.pd import batch_item_body, vllm_params
+from cortex.sim.pd import (
+    MAX_ROOM,
+    PdSimSettings,
+    SglangFields,
+    batch_item_body,
+    sglang_fields,
+    vllm_decode_params,
+    vllm_params,
+)
 
 
 def test_sglang_fields_single_and_list_of_one():

@@ -172,9 +172,9 @@ def test_malformed_replay_requests_are_not_parsed() -> None:
 
 
 def _stored(**kw: Any) -> BlockStored:
-    base: dict[str, Any] = dict(
-        block_hashes=[1, 2], parent_hash=None, token_ids=[1, 2, 3, 4], block_size=2, medium="GPU"
-    )
+    base: dict[str, Any] = {
+        "block_hashes": [1, 2], "parent_hash": None, "token_ids": [1, 2, 3, 4], "block_size": 2, "medium": "GPU"
+    }
     return BlockStored(**(base | kw))
 
 

@@ -13,7 +13,7 @@ from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "perf"))
 
-import trace_text as tt  # noqa: E402
+import trace_text as tt
 
 
 @cache
@@ -22,7 +22,7 @@ def _text(block_tokens: int) -> tt.TraceText:
 
 
 @cache
-def _template():  # noqa: ANN202
+def _template():
     return ds.chat_template()
 
 
