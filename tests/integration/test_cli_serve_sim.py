@@ -24,6 +24,20 @@ async def read_line(process: trio.Process, buffer: bytearray) -> str:
     return await read_stream_line(process.stdout, buffer)
 
 
+async def until_serving(serve: trio.Process) -> int:
+    """The data port ``cortex serve`` printed first, once its readiness probe says ready and
+    not degraded (a separate process: its endpoint is polled)."""
+    started = await read_line(serve, bytearray())
+    port = int(started.split("data plane on ")[1].split(",")[0].rsplit(":", 1)[1])
+    while True:
+        client = await RawClient.connect(port)
+        answer = await client.request(b"GET", b"/health/ready")
+        await client.aclose()
+        if answer.status == 200 and not json.loads(answer.body)["degraded"]:
+            return port  # not degraded: every worker agrees with the profile
+        await trio.sleep(0.1)
+
+
 async def read_stream_line(stream: trio.abc.ReceiveStream, buffer: bytearray) -> str:
     while b"\n" not in buffer:
         data = await stream.receive_some(4096)
@@ -69,17 +83,7 @@ async def test_cortex_serve_in_front_of_cortex_sim_processes():
                  "--model", f"{MODEL},tokenizer={ds.TOKENIZER_JSON},block_size=16,"
                  f"chat_template={template_path()},bos_token={ds.BOS},eos_token={ds.EOS}",
                  *workers], stdout=subprocess.PIPE, env=env)
-            serve_buffer = bytearray()
-            started = await read_line(serve, serve_buffer)
-            port = int(started.split("data plane on ")[1].split(",")[0].rsplit(":", 1)[1])
-            ready = False
-            while not ready:  # a separate process: poll its readiness endpoint
-                client = await RawClient.connect(port)
-                answer = await client.request(b"GET", b"/health/ready")
-                await client.aclose()
-                ready = answer.status == 200 and not json.loads(answer.body)["degraded"]
-                if not ready:
-                    await trio.sleep(0.1)
+            port = await until_serving(serve)
 
             def body(question: str, **extra: object) -> dict:
                 return {"model": MODEL, "max_tokens": 3, "messages": [
@@ -161,15 +165,7 @@ async def test_cortex_serve_runs_the_line_cortex_sim_prints():
                 [sys.executable, "-m", "cortex", *argv[1:], "--server-host", "127.0.0.1",
                  "--server-port", "0", "--control-port", "0", "--health-interval-s", "0.2"],
                 stdout=subprocess.PIPE, env=env)
-            started = await read_line(serve, bytearray())
-            port = int(started.split("data plane on ")[1].split(",")[0].rsplit(":", 1)[1])
-            while True:  # a separate process: poll its readiness endpoint
-                client = await RawClient.connect(port)
-                answer = await client.request(b"GET", b"/health/ready")
-                await client.aclose()
-                if answer.status == 200 and not json.loads(answer.body)["degraded"]:
-                    break  # not degraded: both workers agree with the profile
-                await trio.sleep(0.1)
+            port = await until_serving(serve)
             body = {"model": MODEL, "max_tokens": 2, "messages": [
                 {"role": "system", "content": SYSTEM_TEXT}, {"role": "user", "content": "hi"}]}
             status, headers, _ = await request(port, body)

@@ -24,9 +24,8 @@ import trio
 
 import cortex
 from tests import deepseek_profile as ds
-from tests.front_http_client import RawClient
 from tests.gateway_cluster import SYSTEM_TEXT, template_path
-from tests.integration.test_cli_serve_sim import read_line, request
+from tests.integration.test_cli_serve_sim import read_line, request, until_serving
 from tests.readme_quick_start import check_cache_hit_on_second_send, run_quick_start
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,15 +102,7 @@ async def test_sim_and_serve_from_the_binary_route_a_chat_request():
                  "--model", f"{MODEL},tokenizer={ds.TOKENIZER_JSON},block_size=16,"
                  f"chat_template={template_path()},bos_token={ds.BOS},eos_token={ds.EOS}",
                  *workers], stdout=subprocess.PIPE, env=env)
-            started = await read_line(serve, bytearray())
-            port = int(started.split("data plane on ")[1].split(",")[0].rsplit(":", 1)[1])
-            while True:  # a separate process: poll its readiness endpoint
-                client = await RawClient.connect(port)
-                answer = await client.request(b"GET", b"/health/ready")
-                await client.aclose()
-                if answer.status == 200 and not json.loads(answer.body)["degraded"]:
-                    break
-                await trio.sleep(0.1)
+            port = await until_serving(serve)
 
             def body(question: str) -> dict:
                 return {"model": MODEL, "max_tokens": 3, "messages": [

@@ -15,16 +15,7 @@ import sys
 
 import trio
 
-
-async def read_line(stream: trio.abc.ReceiveStream, buffer: bytearray) -> str:
-    while b"\n" not in buffer:
-        data = await stream.receive_some(4096)
-        if not data:
-            raise EOFError(f"process ended: {bytes(buffer)!r}")
-        buffer += data
-    line, _, rest = bytes(buffer).partition(b"\n")
-    buffer[:] = rest
-    return line.decode()
+from tests.integration.test_cli_serve_sim import read_stream_line
 
 
 async def test_serve_logs_listeners_models_and_workers_once_it_serves():
@@ -42,7 +33,7 @@ async def test_serve_logs_listeners_models_and_workers_once_it_serves():
             buffer = bytearray()
             lines: list[dict] = []
             while not any(line["message"].startswith("serving:") for line in lines):
-                lines.append(json.loads(await read_line(serve.stderr, buffer)))
+                lines.append(json.loads(await read_stream_line(serve.stderr, buffer)))
     finally:
         serve.send_signal(signal.SIGTERM)
         with trio.fail_after(30):
