@@ -51,14 +51,14 @@ from cortex.events.model import EngineFamily, EventBatch
 from cortex.events.replay import fetch_replay
 from cortex.events.sequencer import payload_digest
 from cortex.events.source import EventSource, IngestSettings
-from cortex.events.sync import (
+from cortex.events.sync import TargetSync
+from cortex.events.sync_actions import (
     Action,
     ApplyBatch,
     DropEntries,
     RequestReplay,
     SequencedBatch,
     SetState,
-    TargetSync,
 )
 from cortex.ledger.state import TargetState
 

@@ -66,7 +66,8 @@ Rules (``has_replay`` = the target has a replay endpoint):
   (the next batch decides). Nothing applied yet, or already unroutable: nothing to suspect.
   A suspicion arriving while a replay is pending is taken up when it ends.
 
-Ordering invariants of the emitted actions (the shell may checkpoint between actions):
+What goes in and comes out (``SequencedBatch``, the ``Action`` types) is in
+``cortex.events.sync_actions``. Ordering invariants of the emitted actions (the shell may checkpoint between actions):
 a downgrade's ``SetState`` comes before the drops and applies it justifies; an upgrade to
 READY comes after the applies that justify it. While batches from a replay are applied the
 published state is SYNCING or STALE (never exact-routable). ``RequestReplay`` is always the
@@ -81,62 +82,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cortex.events.counters import IngestCounters
-from cortex.events.model import AllBlocksCleared, EventBatch
 from cortex.events.sequencer import DEFAULT_WINDOW, Sequencer, VerdictKind
+from cortex.events.sync_actions import (
+    Action,
+    ApplyBatch,
+    DropEntries,
+    RequestReplay,
+    SequencedBatch,
+    SetState,
+    contiguous_run,
+)
 from cortex.ledger.state import TargetState
 
 SYNCING = TargetState.SYNCING
 READY = TargetState.READY
 STALE = TargetState.STALE
 PARTIAL = TargetState.PARTIAL
-
-
-@dataclass(frozen=True, slots=True)
-class SequencedBatch:
-    """A batch with its publisher sequence number and payload digest.
-
-    ``batch`` is None when the payload could not be decoded (its events are lost).
-    """
-
-    seq: int
-    digest: bytes
-    batch: EventBatch | None
-
-    @property
-    def clears_cache(self) -> bool:
-        return self.batch is not None and any(
-            isinstance(e, AllBlocksCleared) for e in self.batch.events
-        )
-
-
-# --- actions the shell executes, in order ------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyBatch:
-    seq: int
-    batch: EventBatch
-    replayed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class DropEntries:
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class SetState:
-    state: TargetState
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class RequestReplay:
-    start_seq: int
-    max_items: int | None  # None: as many as the publisher holds (shell's own cap)
-
-
-Action = ApplyBatch | DropEntries | SetState | RequestReplay
 
 
 class _Purpose(enum.Enum):
@@ -157,18 +118,6 @@ class _PendingReplay:
     resume: TargetState = PARTIAL
     digest: bytes = b""  # SNAPSHOT: digest of batch ``request.start_seq`` in the snapshot
     label: str = "warm start: snapshot"  # SNAPSHOT: whose entries to prove (for reasons)
-
-
-def contiguous_run(items: Sequence[SequencedBatch], start: int) -> list[SequencedBatch]:
-    """The longest prefix of ``items`` numbered ``start, start + 1, ...`` (empty if none)."""
-    run: list[SequencedBatch] = []
-    expected = start
-    for item in items:
-        if item.seq != expected:
-            break
-        run.append(item)
-        expected += 1
-    return run
 
 
 def _reason_after_run(final: TargetState, planned: TargetState, reason: str) -> str:

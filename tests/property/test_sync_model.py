@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 
 from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from cortex.events.sequencer import payload_digest
-from cortex.events.sync import (
+from cortex.events.sync import TargetSync
+from cortex.events.sync_actions import (
     ApplyBatch,
     DropEntries,
     RequestReplay,
     SequencedBatch,
     SetState,
-    TargetSync,
 )
 from cortex.ledger.state import TargetState
 

@@ -6,14 +6,14 @@ import pytest
 
 from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from cortex.events.sequencer import payload_digest
-from cortex.events.sync import (
+from cortex.events.sync import TargetSync
+from cortex.events.sync_actions import (
     Action,
     ApplyBatch,
     DropEntries,
     RequestReplay,
     SequencedBatch,
     SetState,
-    TargetSync,
     contiguous_run,
 )
 from cortex.ledger.state import TargetState
