@@ -84,6 +84,16 @@ def _flood(result: dict) -> None:
     assert result["rss_mib"]["before"] > 0 and result["rss_mib"]["ratio_after_bodies"] > 0
 
 
+def _scrape(result: dict) -> None:
+    assert result["workers"] == 64 and result["samples"]["today"] > 64 * 50
+    assert result["scrape_us"]["today"]["p50"] > 0 and result["ratio_library_vs_today_p50"] > 0
+    found = result["differences"]
+    assert found["value"]["count"] == 0 and found["only_library"]["count"] == 0
+    assert not found["type_or_help"]
+    # the library drops _count with _sum when a bucket bound is negative; Cortex keeps _count
+    assert set(found["only_today"]["names"]) <= {"cortex_cached_tokens_error_count"}
+
+
 CHECKS = {
     "bench_cpu_ab.py": _cpu_ab,
     "bench_http.py": _http,
@@ -92,6 +102,7 @@ CHECKS = {
     "bench_ledger.py": _ledger,
     "bench_request_steps.py": _request_steps,
     "bench_scheduler.py": _scheduler,
+    "bench_scrape.py": _scrape,
     "bench_tokenize.py": _tokenize,
     "flood_rss.py": _flood,
     "soak.py": _soak,
