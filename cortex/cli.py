@@ -82,7 +82,7 @@ def build_parser(with_sim: bool = False) -> argparse.ArgumentParser:
     serve.add_argument("--dry-run", action="store_true",
                        help="validate the configuration and exit without serving")
     add_config_arguments(serve)
-    serve.set_defaults(run=run_serve, command_parser=serve)
+    serve.set_defaults(run=run_serve)
 
     check = commands.add_parser(
         "check-config", help="validate the configuration, print every problem",
@@ -95,11 +95,11 @@ def build_parser(with_sim: bool = False) -> argparse.ArgumentParser:
                        help="skip the disk: do not check that the tokenizer, template and "
                             "token files exist, nor load the model profiles")
     add_config_arguments(check)
-    check.set_defaults(run=run_check_config, command_parser=check)
+    check.set_defaults(run=run_check_config)
 
     sim = commands.add_parser("sim", help="simulated SGLang / vLLM engines (no GPU)",
                               allow_abbrev=False)
-    sim.set_defaults(run=run_sim_missing, command_parser=sim)
+    sim.set_defaults(run=run_sim_missing)
     if with_sim:
         from cortex.sim.cli import add_sim_arguments, run_sim
 
@@ -109,7 +109,9 @@ def build_parser(with_sim: bool = False) -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="simulated cluster feeding the ledger, with faults")
     demo.add_argument("--seconds", type=float, default=8.0, help="length of the traffic phase")
     demo.add_argument("--seed", type=int, default=7)
-    demo.set_defaults(run=run_demo, command_parser=demo)
+    demo.set_defaults(run=run_demo)
+    for command in commands.choices.values():  # its own usage for flags it does not take
+        command.set_defaults(command_parser=command)
     return parser
 
 

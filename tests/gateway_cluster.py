@@ -76,6 +76,8 @@ def model_config(**changes: Any) -> ModelConfig:
                                eos_token=ds.EOS), **changes)
 
 
+ADMIN_TOKEN = "test-token"  # the clusters' control plane token
+
 @dataclass
 class Cluster:
     engines: list[SimEngine]
@@ -100,6 +102,16 @@ class Cluster:
         try:
             return await client.request(b"POST", path.encode(), json.dumps(body).encode(),
                                         [(b"content-type", b"application/json")])
+        finally:
+            await client.aclose()
+
+    async def admin(self, method: bytes, path: bytes, body: bytes = b"") -> RawResponse:
+        """One authorized request to the control plane (the admin API, /metrics)."""
+        client = await RawClient.connect(self.running.control_port)
+        try:
+            return await client.request(method, path, body, [
+                (b"authorization", b"Bearer " + ADMIN_TOKEN.encode()),
+                (b"content-type", b"application/json")])
         finally:
             await client.aclose()
 
@@ -197,7 +209,7 @@ async def gateway_cluster(
             for engine, flavor, role in zip(engines, flavors, roles, strict=True))
         config = CortexConfig(
             server=ServerConfig(host="127.0.0.1", port=0),
-            control=ControlConfig(host="127.0.0.1", port=0, admin_token="test-token"),
+            control=ControlConfig(host="127.0.0.1", port=0, admin_token=ADMIN_TOKEN),
             models=(model_config(),), workers=workers,
             **{"health": HealthConfig(interval_s=0.2, timeout_s=2.0, load_interval_s=0.2),
                **(config_changes or {})})

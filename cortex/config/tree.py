@@ -25,7 +25,7 @@ from cortex.front.limits import ServerLimits
 from cortex.gateway.settings import AdmissionSettings
 from cortex.ledger.book import LedgerSettings
 from cortex.pd.plan import PdSettings
-from cortex.profile.builtin import NAMES as BUILTIN_PROFILES
+from cortex.profile.builtin import unknown_name as unknown_builtin
 from cortex.scheduling.cost import BoundedLoad, CostConfig
 from cortex.scheduling.watermark import Watermarks
 from cortex.upstream.limits import PoolLimits
@@ -151,9 +151,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         label = f"model {self.name or '?'}"
         problems = [] if self.name else ["model name must not be empty"]
-        if self.builtin is not None and self.builtin not in BUILTIN_PROFILES:
-            problems.append(f"{label}: builtin {self.builtin!r} is not a built-in profile "
-                            f"(known: {', '.join(BUILTIN_PROFILES)})")
+        if self.builtin is not None and (unknown := unknown_builtin(self.builtin)) is not None:
+            problems.append(f"{label}: {unknown}")
         if self.builtin is not None and self.tokenizer is not None:
             problems.append(f"{label}: tokenizer and builtin both set: name one of them")
         if not self.passthrough:

@@ -8,11 +8,12 @@ Rules:
 
 * ``install()`` gives hypercorn's HTTP/1.1 protocol module (``hypercorn.protocol.h11``, and
   only it: every other user of h11 in the process is untouched) a view of h11 whose
-  ``Response`` and ``InformationalResponse`` fill an empty ``reason`` with ``reason_phrase``
+  ``Response`` and ``InformationalResponse`` fill an empty ``reason`` with the standard phrase
   of the status code. Events stay plain h11 events (h11 drives its state machine by their
   exact type). Idempotent; ``serve_control`` calls it before serving.
-* ``reason_phrase``: the standard phrase (``http.HTTPStatus``: 200 ``OK``, 503 ``Service
-  Unavailable``); an unregistered code keeps the empty phrase.
+* The phrase is the data plane's (``cortex.front.response_head.REASONS``, from
+  ``http.HTTPStatus``: 200 ``OK``, 503 ``Service Unavailable``); an unregistered code keeps
+  the empty phrase.
 * A hypercorn whose HTTP/1.1 module no longer builds events through its ``h11`` name is left
   alone (its status lines are whatever it writes); ``tests/integration/test_control_serve.py``
   reads a raw status line, so an upgrade that changes this shows there.
@@ -20,7 +21,6 @@ Rules:
 
 from __future__ import annotations
 
-import http
 import types
 from collections.abc import Callable
 from typing import Any
@@ -28,17 +28,12 @@ from typing import Any
 import h11
 import hypercorn.protocol.h11 as hypercorn_h11
 
-
-def reason_phrase(status_code: int) -> bytes:
-    try:
-        return http.HTTPStatus(status_code).phrase.encode("ascii")
-    except ValueError:
-        return b""
+from cortex.front.response_head import REASONS
 
 
 def _with_reason(event: Callable[..., Any]) -> Callable[..., Any]:
     def build(*, status_code: int, reason: bytes | str = b"", **fields: Any) -> Any:
-        return event(status_code=status_code, reason=reason or reason_phrase(status_code),
+        return event(status_code=status_code, reason=reason or REASONS.get(status_code, b""),
                      **fields)
 
     return build

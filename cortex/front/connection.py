@@ -68,7 +68,7 @@ import trio
 from cortex.errors import CortexError
 from cortex.front.errors_http import InternalServerError, RequestTimeout, error_response
 from cortex.front.exchange import CANCELLED, CLIENT_GONE, ERROR, REFUSED, Exchange, ExchangeHook
-from cortex.front.messages import Headers, HttpRequest
+from cortex.front.messages import HttpRequest
 from cortex.front.request_parser import RequestParser
 from cortex.front.response_writer import ResponseWriter
 from cortex.front.transport import READ_SIZE, SocketTransport, StreamTransport, transport_for
@@ -146,9 +146,7 @@ class HttpConnection:
         self._watcher_waiting = False  # the watcher is inside transport.wait()
         self._interrupted = False  # the main task ended the watcher's wait (not a close)
         self._watch_later = _WatchLater(self)  # its key in the server's WaitDeadlines
-        # the response being handled (for the exchange hook): its headers, and REFUSED or
-        # ERROR when the handler raised instead of answering
-        self._response_headers: Headers = []
+        # for the exchange hook: REFUSED or ERROR when the handler raised instead of answering
         self._verdict: str | None = None
 
     async def run(self) -> None:
@@ -392,10 +390,9 @@ class HttpConnection:
         watch_after_s = shared.limits.client_watch_after_s
         watch_later = deadlines.running and watch_after_s > 0
         hook = shared.on_exchange
+        self._writer.begin()
         if hook is not None:
             started = time.perf_counter()
-            self._writer.begin()
-            self._response_headers = []
             self._verdict = None
         if self._eof and (self._transport.reset or shared.limits.eof_is_gone):
             self._scope.cancel()  # the client left before its request was handled
@@ -453,7 +450,6 @@ class HttpConnection:
                 response = error_response(InternalServerError())
                 self._verdict = ERROR
                 keep_alive = False
-        self._response_headers = response.headers
         return await self._writer.send(request, response,
                                        close=not keep_alive or self._shared.draining)
 
@@ -462,7 +458,7 @@ class HttpConnection:
         """Hands the exchange hook what ``request`` came to (``cortex.front.exchange``)."""
         writer = self._writer
         try:
-            hook(Exchange(request, self._client, writer.status, self._response_headers,
+            hook(Exchange(request, self._client, writer.status, writer.headers,
                           writer.body_bytes, outcome, started, writer.head_at,
                           time.perf_counter()))
         except Exception:
@@ -473,17 +469,14 @@ class HttpConnection:
         """Answers a request that could not be read, then closes gracefully (bounded)."""
         hook = self._shared.on_exchange
         writer = self._writer
+        writer.begin()
+        started = time.perf_counter()
         with trio.move_on_after(LINGER_S):
             try:
-                if hook is None:
+                try:
                     await writer.send_error_and_close(error)
-                else:
-                    started = time.perf_counter()
-                    writer.begin()
-                    self._response_headers = []
-                    try:
-                        await writer.send_error_and_close(error)
-                    finally:
+                finally:
+                    if hook is not None:
                         self._tell(hook, None, started, writer.ending)
                 await self._stream.send_eof()
             except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -16,8 +16,10 @@
   HTTP/1.0), after a handler bug, or while the server drains — ends the connection.
 * ``after_sent`` (``cortex.front.messages``) runs once the response is written or its writing
   failed; one that raises is logged on ``cortex.front`` and counted as a handler error.
-* What the last ``send`` came to stays readable until the next one (for the exchange record,
-  ``cortex.front.exchange``): ``status`` and ``head_at`` of the head that went out (``None``
+* What the response came to stays readable until the next ``begin()`` (for the exchange
+  record, ``cortex.front.exchange``; the connection calls ``begin`` before it runs the
+  handler, so a handler cancelled before any answer shows nothing sent): the handler's
+  response ``headers``, ``status`` and ``head_at`` of the head that went out (``None``
   before), ``body_bytes`` written, ``ending`` (``complete``, ``upstream_broke``, ``refused``
   for ``send_error_and_close``, ``error`` for a handler bug; ``client_gone`` while the write
   was still going on when it raised).
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING
 from cortex.errors import CortexError
 from cortex.front.errors_http import InternalServerError, error_response
 from cortex.front.exchange import CLIENT_GONE, COMPLETE, ERROR, REFUSED, UPSTREAM_BROKE
-from cortex.front.messages import HttpRequest, HttpResponse
+from cortex.front.messages import Headers, HttpRequest, HttpResponse
 from cortex.front.response_head import NO_BODY_STATUS, UnsendableResponse, response_head
 from cortex.front.transport import SocketTransport, StreamTransport
 
@@ -49,21 +51,23 @@ _LAST_CHUNK = b"0\r\n\r\n"
 class ResponseWriter:
     """Writes the responses of one connection (the connection decides when)."""
 
-    __slots__ = ("_send", "_shared", "body_bytes", "ending", "head_at", "status")
+    __slots__ = ("_send", "_shared", "body_bytes", "ending", "head_at", "headers", "status")
 
     def __init__(self, transport: SocketTransport | StreamTransport,
                  shared: ServerShared) -> None:
         self._send = transport.send_all
         self._shared = shared
+        self.headers: Headers = []
         self.status: int | None = None
         self.head_at: float | None = None
         self.body_bytes = 0
         self.ending = COMPLETE
 
     async def send(self, request: HttpRequest, response: HttpResponse, *, close: bool) -> bool:
-        """Writes ``response``; True if the connection may serve another request."""
+        """Writes ``response`` (after ``begin``); True if the connection may serve another
+        request."""
         body = response.body
-        self.begin()
+        self.headers = response.headers
         try:
             if isinstance(body, (bytes, bytearray, memoryview)):
                 return await self._send_whole(request, response, body, close)
@@ -74,6 +78,7 @@ class ResponseWriter:
 
     def begin(self) -> None:
         """A response starts: nothing went out yet."""
+        self.headers = []
         self.status = self.head_at = None
         self.body_bytes = 0
         self.ending = CLIENT_GONE  # until a way out says otherwise

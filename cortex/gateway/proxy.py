@@ -245,8 +245,8 @@ class Gateway:
     ) -> HttpResponse:
         """One attempt (number ``attempt``, from 1) of ``request`` on ``route``'s worker alone:
         the client's response once the head and first chunk are in. Before that a failure
-        raises ``UpstreamError``, or ``RetryableStatus`` for a 502/503/504 head while
-        attempts are left; the route's hold is released then, else by the response."""
+        raises ``UpstreamError``, or ``RetryableStatus`` for a 429 or 5xx head
+        (``retryable_status``) while attempts are left; the route's hold is released then, else by the response."""
         worker = route.worker
         raw, sent_headers = with_dp_rank(worker.engine, body, request.body, headers, route.rank,
                                          self.client_dp_rank)

@@ -73,9 +73,16 @@ def installed(name: str) -> bool:
     return name in _BUILTINS and _package_dir(_BUILTINS[name][0]) is not None
 
 
+def unknown_name(name: str) -> str | None:
+    """Why ``name`` is not a built-in profile's name, or None if it is one."""
+    if name in _BUILTINS:
+        return None
+    return f"builtin {name!r} is not a built-in profile (known: {', '.join(NAMES)})"
+
+
 def builtin_files(name: str, problems: list[str]) -> BuiltinFiles | None:
-    if name not in _BUILTINS:
-        problems.append(f"builtin {name!r} is not a built-in profile (known: {', '.join(NAMES)})")
+    if (unknown := unknown_name(name)) is not None:
+        problems.append(unknown)
         return None
     package, template = _BUILTINS[name]
     directory = _package_dir(package)

@@ -166,7 +166,8 @@ def cheapest(
             continue
         blocks = get(view.worker, 0)
         uncached = token_count - blocks * block_size
-        uncached = max(uncached, 0)
+        if uncached < 0:
+            uncached = 0
         value = cost(config, view, uncached, blocks)
         if value < best_cost or (value == best_cost and best is not None
                                  and tie_before(view.worker, best.worker, seed)):

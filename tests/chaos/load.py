@@ -81,6 +81,7 @@ class Tally:
     lost: list[str] = field(default_factory=list)
     bad: list[str] = field(default_factory=list)
     latencies_s: list[float] = field(default_factory=list)
+    half_closed: Counter[str] = field(default_factory=Counter)  # their outcomes, by kind
 
     @property
     def sent(self) -> int:
@@ -224,3 +225,5 @@ async def client_loop(port: int, rng: random.Random, tally: Tally, stop: trio.Ev
         available = (availability.stayed_up(snapshot)
                      if availability is not None and snapshot is not None else None)
         tally.add(outcome, trio.current_time() - began, available)
+        if drop == "half_close":
+            tally.half_closed[outcome.kind] += 1

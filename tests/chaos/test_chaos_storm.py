@@ -184,6 +184,7 @@ async def test_chaos_storm() -> None:
             "seed": SEED,
             "warm_up": {"requests": warm.sent, "req_per_s": round(warm.sent / 1.0, 1)},
             "faults": dict(sorted(script.counts.items())),
+            "half_closed": dict(tally.half_closed),
             "back_live_after_outage_s_max": round(max(script.back_up_s, default=0.0), 2),
             "ledgers": ledger_report(cluster),
             "cortex_held_bytes_after": held,
@@ -202,6 +203,11 @@ async def test_chaos_storm() -> None:
         assert tally.lost == [], tally.lost
         assert tally.outcomes["ok"] > tally.sent // 2, figures
         assert sum(script.counts[f] for f in OUTAGES) >= 4
+        assert script.counts["fail_500"] + script.counts["fail_429"] >= 1, script.counts
+        # half-closing clients ran, and none was taken for gone: each was answered (a clear
+        # error, or a stream cut by an engine dying mid-stream, is an answer too)
+        assert tally.half_closed["ok"] >= 1, tally.half_closed
+        assert set(tally.half_closed) <= {"ok", "error", "cut"}, tally.half_closed
         assert held < HELD_BYTES_BOUND, figures
         assert rss_after - rss_before < 128 << 20, figures
         assert tasks_after <= tasks_before + 4, figures  # (a probe may be mid-fetch)

@@ -6,18 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tests.front_http_client import RawClient
 from tests.gateway_cluster import gateway_cluster
-
-AUTH = [(b"authorization", b"Bearer test-token"), (b"content-type", b"application/json")]
-
-
-async def admin(cluster, method: bytes, path: bytes, body: bytes = b""):
-    client = await RawClient.connect(cluster.running.control_port)
-    try:
-        return await client.request(method, path, body, AUTH)
-    finally:
-        await client.aclose()
 
 
 def worker(port: int, **fields: object) -> bytes:
@@ -36,16 +25,16 @@ async def test_bad_worker_fields_are_400s_that_name_the_field():
             worker(31005).replace(b'"engine"', b'"weight": 1e309, "engine"'): "weight must be",
         }
         for body, why in cases.items():
-            answer = await admin(cluster, b"POST", b"/admin/workers", body)
+            answer = await cluster.admin(b"POST", b"/admin/workers", body)
             assert answer.status == 400, (why, answer.body)
             assert why in answer.body.decode(), answer.body
         # one engine, two spellings of its address
-        first = await admin(cluster, b"POST", b"/admin/workers", worker(31006))
+        first = await cluster.admin(b"POST", b"/admin/workers", worker(31006))
         assert first.status == 201
         twin = worker(31006, name="twin", url="http://localhost:31006")
-        answer = await admin(cluster, b"POST", b"/admin/workers", twin)
+        answer = await cluster.admin(b"POST", b"/admin/workers", twin)
         assert answer.status == 400 and b"is already worker extra31006" in answer.body
-        listed = json.loads((await admin(cluster, b"GET", b"/admin/workers")).body)
+        listed = json.loads((await cluster.admin(b"GET", b"/admin/workers")).body)
         assert {w["name"] for w in listed["workers"]} == before | {"extra31006"}
 
 
@@ -55,12 +44,12 @@ async def test_a_worker_that_does_not_fit_the_ledger_leaves_nothing_and_delete_f
         book = cluster.running.book
         registered = len(book.states())
         monkeypatch.setattr("cortex.ledger.book.MAX_TARGETS", registered + 3)
-        answer = await admin(cluster, b"POST", b"/admin/workers", worker(31010, dp_size=4))
+        answer = await cluster.admin(b"POST", b"/admin/workers", worker(31010, dp_size=4))
         assert answer.status == 400 and b"dp_size 4" in answer.body
         assert "extra31010" not in cluster.running.registry
         assert len(book.states()) == registered  # no target id kept by the refused worker
-        assert (await admin(cluster, b"POST", b"/admin/workers",
+        assert (await cluster.admin(b"POST", b"/admin/workers",
                             worker(31011, dp_size=3))).status == 201
-        assert (await admin(cluster, b"DELETE", b"/admin/workers/extra31011")).status == 200
-        assert (await admin(cluster, b"POST", b"/admin/workers",
+        assert (await cluster.admin(b"DELETE", b"/admin/workers/extra31011")).status == 200
+        assert (await cluster.admin(b"POST", b"/admin/workers",
                             worker(31012, dp_size=3))).status == 201  # the ids came back

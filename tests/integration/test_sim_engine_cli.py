@@ -17,10 +17,11 @@ import pytest
 import trio
 
 from cortex.config import add_config_arguments, load_config
+from cortex.config.tree import ModelConfig
 from cortex.errors import ConfigError
 from cortex.sim.cli import _plan, add_sim_arguments
 from cortex.sim.engine import SimEngine
-from cortex.sim.serve_line import ServedModel, serve_line
+from cortex.sim.serve_line import serve_line
 from tests import deepseek_profile as ds
 
 
@@ -162,7 +163,8 @@ def test_a_deepseek_package_without_its_tokenizer_json_is_a_message_not_a_traceb
 async def test_the_serve_line_of_pd_engines_is_a_valid_configuration():
     """Every field the line writes is one ``cortex serve`` reads back: the PD role, the prefill
     engine's bootstrap port, the topic, the DP size; a token with shell characters is quoted."""
-    served = ServedModel("m", 16, tokenizer=ds.TOKENIZER_JSON, add_bos=True, bos_token=ds.BOS)
+    served = ModelConfig("m", tokenizer=ds.TOKENIZER_JSON, block_size=16, add_bos=True,
+                         bos_token=ds.BOS)
     engines = [SimEngine(f"e{i}", "sglang-0.5.23", None, dp_size=2, topic="kv", pd_role=role,
                          bootstrap_port=0 if role == "prefill" else None)
                for i, role in enumerate(("prefill", "decode"))]

@@ -35,6 +35,9 @@ def test_builtin_deepseek_is_the_deepseek_tokenizer_with_the_tests_template(tmp_
     assert named.chat_template is not None
     assert named.chat_template.render(MESSAGES, add_generation_prompt=True) == \
         ds.chat_template().render(MESSAGES, add_generation_prompt=True)
+    # the tests take their template from the builtin: pin what it renders independently
+    assert named.chat_template.render(MESSAGES, add_generation_prompt=True) == (
+        f"{ds.BOS}Be brief.<｜User｜>hi<｜Assistant｜>hello{ds.EOS}<｜User｜>again<｜Assistant｜>")
 
 
 def test_a_chat_template_file_replaces_the_builtins(tmp_path):
