@@ -38,7 +38,7 @@ DEEPSEEK_CHAT_TEMPLATE = (
     "{% for m in messages %}"
     "{% if m['role'] == 'system' %}{{ m['content'] }}"
     "{% elif m['role'] == 'user' %}<｜User｜>{{ m['content'] }}"
-    "{% elif m['role'] == 'assistant' %}<｜Assistant｜>{{ m['content'] }}{{ eos_token }}"
+    "{% elif m['role'] == 'assistant' %}<｜Assistant｜>{{ m['content'] or '' }}{{ eos_token }}"
     "{% else %}{{ raise_exception('unknown role ' + m['role']) }}"
     "{% endif %}"
     "{% endfor %}"

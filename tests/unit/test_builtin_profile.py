@@ -4,15 +4,18 @@ DeepSeek files, named by ``builtin`` in a ``ProfileSpec`` and in the configurati
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
 from cortex.config import add_config_arguments, file_checks, load_config
 from cortex.errors import ConfigError
 from cortex.profile import builtin
+from cortex.profile.chat_template import ChatTemplate
 from cortex.profile.model_profile import ProfileError, ProfileSpec, load_profile
 from tests import deepseek_profile as ds
 
+REPO = Path(__file__).resolve().parents[2]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]
 
@@ -75,3 +78,22 @@ def test_a_model_names_the_builtin_in_the_configuration():
     assert sorted(info.value.problems) == [
         "models[0]: model a: builtin 'llama' is not a built-in profile (known: deepseek)",
         "models[1]: model b: tokenizer and builtin both set: name one of them"]
+
+
+@pytest.mark.parametrize("messages", [
+    MESSAGES,
+    [{"role": "user", "content": "call it"}, {"role": "assistant", "content": None},
+     {"role": "user", "content": "and now?"}],
+    [{"role": "assistant", "content": ""}],
+    [{"role": "system", "content": "日本語 and emoji 🚀"}, {"role": "user", "content": "  spaced  "}],
+])
+def test_the_builtin_template_renders_as_the_real_engines_template(messages):
+    """The real vLLM tests serve engines/templates/deepseek.jinja; Cortex's built-in profile and
+    the sim serve the built-in template: the two render every conversation alike (an assistant
+    turn without content is empty, not "None")."""
+    engines_template = (REPO / "engines" / "templates" / "deepseek.jinja").read_text("utf-8")
+    real = ChatTemplate(engines_template, ds.TOKENS)
+    ours = ChatTemplate(builtin.DEEPSEEK_CHAT_TEMPLATE, ds.TOKENS)
+    for generation_prompt in (True, False):
+        assert ours.render(messages, add_generation_prompt=generation_prompt) == \
+            real.render(messages, add_generation_prompt=generation_prompt)
