@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from cortex.events.sequencer import (
@@ -144,3 +146,31 @@ def test_payload_digest_tells_payloads_apart():
     assert a == payload_digest(b"\x93\xcb" + b"\x41" * 8 + b"\x90\x00")
     assert a != payload_digest(b"\x93\xcb" + b"\x42" * 8 + b"\x90\x00")
     assert isinstance(a, bytes) and len(a) == 16
+
+
+def test_a_seq_window_numbers_later_takes_its_slot():
+    s = Sequencer(window=4)
+    for seq in range(6):
+        s.observe(seq, d(seq))
+    assert s.observe(5, d(5)) == DUPLICATE
+    assert s.observe(2, d(2)) == DUPLICATE
+    assert s.observe(1, d(1)) == RESTART  # slot 1 now holds seq 5
+    assert s.last_accepted == (5, d(5))
+
+
+def test_digests_have_one_size():
+    with pytest.raises(ValueError):
+        Sequencer().accept(0, b"short")
+
+
+def test_a_flood_of_batches_leaves_no_objects_behind():
+    """Every accepted pair lives in the ring's flat buffers, not in objects of its own (issue
+    22 §6: one int and one bytes per remembered batch pinned allocator pages after a flood)."""
+    s = Sequencer()
+    digests = [d(seq) for seq in range(20_000)]
+    s.observe(0, digests[0])
+    before = sys.getallocatedblocks()
+    for seq in range(1, 20_000):
+        s.observe(seq, digests[seq])
+    assert sys.getallocatedblocks() - before < 100
+    assert s.observe(19_000, digests[19_000]) == DUPLICATE
