@@ -86,6 +86,51 @@ async def settled_rss(pid: int, settle_s: float) -> int:
     return rss_bytes(pid)
 
 
+def anon_mappings(pid: int) -> dict[int, tuple[int, int]]:
+    """Anonymous mappings: start address -> (size, resident bytes)."""
+    found: dict[int, tuple[int, int]] = {}
+    start = size = 0
+    anonymous = False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" in head[3]:
+                low, high = (int(x, 16) for x in head[0].split("-"))
+                start, size, anonymous = low, high - low, len(head) == 5
+            elif head[0] == "Rss:" and anonymous:
+                found[start] = (size, int(head[1]) * 1024)
+    return found
+
+
+def grown_mappings(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]],
+                   top: int = 8) -> list[str]:
+    """The anonymous mappings whose resident size grew most (new ones included)."""
+    growth = sorted(((rss - before.get(start, (0, 0))[1], start, size)
+                     for start, (size, rss) in after.items()), reverse=True)[:top]
+    return [f"{start:#x} size {size / MIB:.2f} MiB: +{grew / MIB:.2f} MiB resident"
+            + ("" if start in before else " (new)") for grew, start, size in growth if grew > 0]
+
+
+def rss_by_kind(pid: int) -> dict[str, float]:
+    """Resident MiB by mapping kind (``/proc/<pid>/smaps``): ``pymalloc`` = anonymous 1-MiB
+    mappings (CPython 3.11's arenas), ``heap`` = glibc's main heap, ``anon`` = other anonymous
+    mappings (glibc's per-thread arenas, large ``mmap`` blocks, thread stacks), ``files`` =
+    file-backed (code, shared libraries)."""
+    kinds = dict.fromkeys(("pymalloc", "heap", "anon", "files"), 0)
+    kind = "anon"
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's header
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                name = head[5] if len(head) > 5 else ""
+                kind = ("heap" if name == "[heap]" else "files" if name.startswith("/")
+                        else "pymalloc" if not name and end - start == MIB else "anon")
+            elif head[0] == "Rss:":
+                kinds[kind] += int(head[1]) * 1024
+    return {k: round(v / MIB, 1) for k, v in kinds.items()}
+
+
 async def event_flood(engine: SimEngine, control: int, batches: int, live: int) -> dict:
     publisher = engine.kv.publisher(0)
     base = random.Random("flood").getrandbits(48) << 12
@@ -140,21 +185,28 @@ async def flood(args: argparse.Namespace) -> dict:
             [engine], tmpdir.name, None, ("--server-memory-trim-s", str(args.memory_trim_s),
                                           # the sim tokenizes a 10-MiB prompt on its event
                                           # loop for seconds: not a dead worker
-                                          "--health-timeout-s", "60"))
+                                          "--health-timeout-s", "60", *args.cortex_arg))
         try:
             await wait_ready(process, control, tmpdir.name)
             for i in range(args.warmup):
                 await chat(port, f"warm-up question {i}: " + "tell me more. " * 50)
             before = await settled_rss(process.pid, args.settle_s)
             result["rss_mib"] = {"before": round(before / MIB, 1)}
+            result["rss_by_kind_mib"] = {"before": rss_by_kind(process.pid)}
+            mappings_before = anon_mappings(process.pid)
             cpu = cpu_seconds(process.pid)
             result["events"] = await event_flood(engine, control, args.batches, args.live)
             result["events"]["cortex_cpu_s"] = round(cpu_seconds(process.pid) - cpu, 1)
             after_events = await settled_rss(process.pid, args.settle_s)
+            result["rss_by_kind_mib"]["after_events"] = rss_by_kind(process.pid)
+            result["threads"] = len(os.listdir(f"/proc/{process.pid}/task"))
+            result["grown_after_events"] = grown_mappings(mappings_before,
+                                                          anon_mappings(process.pid))
             cpu = cpu_seconds(process.pid)
             result["bodies"] = await body_flood(port, args.big_bodies, args.big_body_mib)
             result["bodies"]["cortex_cpu_s"] = round(cpu_seconds(process.pid) - cpu, 1)
             after_bodies = await settled_rss(process.pid, args.settle_s)
+            result["rss_by_kind_mib"]["after_bodies"] = rss_by_kind(process.pid)
             result["rss_mib"].update(
                 after_events=round(after_events / MIB, 1),
                 after_bodies=round(after_bodies / MIB, 1),
@@ -178,6 +230,9 @@ def main() -> int:
                         help="Cortex's server.memory_trim_s (0: never give memory back)")
     parser.add_argument("--settle-s", type=float, default=5.0,
                         help="seconds after a flood before RSS is read (> --memory-trim-s)")
+    parser.add_argument("--cortex-arg", action="append", default=[], metavar="ARG",
+                        help="one more `cortex serve` argument (repeat: --cortex-arg=--flag "
+                             "--cortex-arg=value)")
     parser.add_argument("--quick", action="store_true", help="20,000 batches, 2 bodies of 4 MiB")
     args = parser.parse_args()
     if args.quick:
