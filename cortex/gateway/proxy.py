@@ -59,6 +59,7 @@ from cortex.gateway.admission import Admission
 from cortex.gateway.endpoints import (
     ENDPOINTS,
     ENGINES,
+    EXACT_FOR,
     SERVED_BY,
     Endpoint,
     body_model,
@@ -78,6 +79,7 @@ from cortex.pd.orchestrate import PdOrchestrator
 from cortex.pd.plan import PdSettings
 from cortex.profile.segment_cache import Lookup
 from cortex.profile.trio_tokenize import OFFLOAD_MIN_CHARS, encode_offloaded
+from cortex.profile.unrenderable import Unrenderable
 from cortex.upstream.connection import NOT_READY
 from cortex.upstream.errors import UpstreamBroken
 from cortex.upstream.pool import UpstreamPool
@@ -146,7 +148,12 @@ class Gateway:
         if pool.tokenizer is not None and pool.exact_off is None and pool.profile is not None:
             profile = pool.profile
             try:
+                if endpoint in EXACT_FOR:
+                    _check_exact_for(pool, endpoint)
                 prompt = request_prompt(endpoint, body, profile.chat_templates)
+            except Unrenderable as why:  # not exactly as the engine will: route on load only
+                self.observer.unrenderable(pool.model, why.reason)
+                log.debug("routed by load: %s", why)
             except BadRequest:
                 raise
             except Exception as error:  # noqa: BLE001 (counted) a template that cannot render: route on load only
@@ -405,6 +412,15 @@ def _client_headers(leg: Leg, *, with_length: bool) -> list[tuple[bytes, bytes]]
     return [(name, value) for name, value in leg.response.headers
             if name not in _DROPPED_RESPONSE_HEADERS and not name.startswith(b"x-cortex-")
             and (with_length or name != b"content-length")]
+
+
+def _check_exact_for(pool: ModelPool, endpoint: Endpoint) -> None:
+    """``Unrenderable`` when a worker of ``pool`` renders ``endpoint``'s requests its own way
+    (``EXACT_FOR``): no one prediction holds for every worker."""
+    engines = EXACT_FOR[endpoint]
+    for spec in pool.workers.values():
+        if spec.engine not in engines:
+            raise Unrenderable("engine_rendering", f"{spec.engine} worker in the pool")
 
 
 def _not_serving(pool: ModelPool, endpoint: Endpoint) -> tuple[str, ...]:
