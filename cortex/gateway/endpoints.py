@@ -40,8 +40,9 @@ from cortex.profile.request_text import (
     chat_prompt,
     completions_prompt,
     generate_prompt,
+    messages_prompt,
+    responses_prompt,
 )
-from cortex.profile.unrenderable import Unrenderable
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -107,7 +108,11 @@ def request_prompt(
         return completions_prompt(body)
     if endpoint is Endpoint.GENERATE:
         return generate_prompt(body)
-    raise Unrenderable("unmodelled", f"{endpoint.value} is not rendered yet")
+    if templates is None:
+        return None
+    if endpoint is Endpoint.MESSAGES:
+        return messages_prompt(body, templates)
+    return responses_prompt(body, templates)
 
 
 def forwarded_headers(headers: Headers, client_dp_rank: bool = False) -> Headers:

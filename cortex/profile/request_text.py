@@ -6,11 +6,17 @@ Endpoints (bodies already parsed from JSON into dicts):
   template (``ChatTemplates.pick``: the ``tool_use`` one when the request has tools and the
   model names one) with ``tools``, ``documents``, ``add_generation_prompt`` (default true),
   ``continue_final_message`` (the text ends right after the last message's content, as vLLM
-  cuts it) and ``chat_template_kwargs``; the model's special tokens are the template's own
-  constants. Tokenized without special tokens (the template writes BOS).
+  cuts it), ``chat_template_kwargs`` and ``reasoning_effort`` (vLLM hands the template
+  ``reasoning_effort`` and, unless the kwargs set it, ``enable_thinking`` = effort is not
+  ``"none"``); the model's special tokens are the template's own constants. Tokenized without special tokens (the template writes BOS).
 * OpenAI completions (``/v1/completions``): ``prompt`` as text (tokenized with special tokens)
   or as token ids (no tokenization at all).
 * SGLang ``/generate``: ``input_ids`` (token ids, no tokenization) or ``text``.
+* Anthropic Messages (``/v1/messages``) and OpenAI Responses (``/v1/responses``): converted
+  into the chat body vLLM renders for them (``anthropic_messages``, ``responses_input``),
+  then rendered as chat. What Cortex cannot reproduce exactly — the converters' cases, a
+  template that fails, a shape the chat path refuses — raises ``Unrenderable``: the engine,
+  not Cortex, judges these requests, and they route by load.
 
 For a batch (a list of prompts) the first prompt decides the route. ``add_special_tokens`` in
 the body overrides the endpoint default, as in vLLM.
@@ -45,8 +51,10 @@ from typing import Any
 import msgspec
 
 from cortex.errors import BadRequest
+from cortex.profile import anthropic_messages, responses_input
 from cortex.profile.chat_messages import MEDIA_SENTINEL, engine_messages, engine_tools
-from cortex.profile.chat_template import ChatTemplates
+from cortex.profile.chat_template import ChatTemplates, TemplateError
+from cortex.profile.unrenderable import Unrenderable
 
 _MAX_TOKEN_ID = 1 << 32
 
@@ -83,6 +91,11 @@ def chat_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPro
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise BadRequest("chat_template_kwargs must be an object")
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort != "auto":  # (vLLM's merge_kwargs drops None, "auto")
+        kwargs = {**kwargs, "reasoning_effort": effort}
+        if "enable_thinking" not in (body.get("chat_template_kwargs") or {}):
+            kwargs["enable_thinking"] = effort != "none"
     tools = engine_tools(body.get("tools"))
     template = templates.pick(tools)
     if template is None:
@@ -112,6 +125,27 @@ def chat_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPro
         media_cut=media_cut,
         cache_limit=_prompt_logprobs_limit(body, body.get("top_logprobs", 0)),
     )
+
+
+def messages_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPrompt | None:
+    """An Anthropic Messages request, rendered as vLLM renders it (else ``Unrenderable``)."""
+    merge = anthropic_messages.merges_inline_system(templates)
+    return _as_chat(anthropic_messages.chat_body(dict(body), merge_inline_system=merge),
+                    templates)
+
+
+def responses_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPrompt | None:
+    """An OpenAI Responses request, rendered as vLLM renders it (else ``Unrenderable``)."""
+    return _as_chat(responses_input.chat_body(dict(body)), templates)
+
+
+def _as_chat(chat: Mapping[str, Any], templates: ChatTemplates) -> RequestPrompt | None:
+    try:
+        return chat_prompt(chat, templates)
+    except TemplateError as error:
+        raise Unrenderable("template_failed", str(error)) from None
+    except BadRequest as error:  # the engine answers the client; Cortex only routes
+        raise Unrenderable("unmodelled", str(error)) from None
 
 
 def completions_prompt(body: Mapping[str, Any]) -> RequestPrompt:
