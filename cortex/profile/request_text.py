@@ -52,7 +52,13 @@ import msgspec
 
 from cortex.errors import BadRequest
 from cortex.profile import anthropic_messages, responses_input
-from cortex.profile.chat_messages import MEDIA_SENTINEL, engine_messages, engine_tools
+from cortex.profile.chat_messages import (
+    MEDIA_SENTINEL,
+    developer_as_system,
+    engine_messages,
+    engine_tools,
+    knows_developer,
+)
 from cortex.profile.chat_template import ChatTemplates, TemplateError
 from cortex.profile.unrenderable import Unrenderable
 
@@ -100,6 +106,12 @@ def chat_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPro
     template = templates.pick(tools)
     if template is None:
         return None
+    if media_cut and not knows_developer(template.source) and any(
+            m.get("role") == "developer" for m in messages) and any(
+            m.get("role") in ("developer", "system") for m in messages[len(prepared):]):
+        # the engine merges system turns after the cut into the first message
+        raise Unrenderable("unmodelled", "system or developer turns after media")
+    prepared = developer_as_system(prepared, template.source)
     text = template.render(
         prepared,
         add_generation_prompt=add_generation_prompt and not media_cut,

@@ -9,7 +9,8 @@ Rules:
   (the ``tool_use`` one for a request with tools when the model names one;
   ``add_generation_prompt`` default true unless ``continue_final_message``, which cuts the text
   right after the last message's content; ``tools``; ``documents``; ``chat_template_kwargs``;
-  the model's special tokens), then ONE full ``Tokenizer.encode`` with ``add_special_tokens``
+  the model's special tokens; ``reasoning_effort`` and ``enable_thinking``; developer turns as
+  system turns for a template that does not name that role), then ONE full ``Tokenizer.encode`` with ``add_special_tokens``
   false by default (the template writes BOS). Messages and tools as vLLM's renderer rebuilds
   them (``chat_messages``), a non-text part as ``MEDIA_PLACEHOLDER`` text (real engines put
   their own placeholder tokens there).
@@ -44,7 +45,12 @@ from typing import Any
 from cortex.errors import BadRequest
 from cortex.events.model import EngineFamily
 from cortex.profile import anthropic_messages, responses_input
-from cortex.profile.chat_messages import TEXT_PART_TYPES, engine_messages, engine_tools
+from cortex.profile.chat_messages import (
+    TEXT_PART_TYPES,
+    developer_as_system,
+    engine_messages,
+    engine_tools,
+)
 from cortex.profile.model_profile import ModelProfile
 from cortex.profile.unrenderable import Unrenderable
 
@@ -70,10 +76,15 @@ class SimTokenizer:
         if not isinstance(messages, list) or not messages:
             raise BadRequest("messages must be a non-empty list")
         prepared, _ = engine_messages([_media_as_text(m) for m in messages])
+        prepared = developer_as_system(prepared, template.source)
         continue_final = _flag(body, "continue_final_message", False)
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise BadRequest("chat_template_kwargs must be an object")
+        effort = body.get("reasoning_effort")
+        if effort is not None and effort != "auto":
+            kwargs = {"enable_thinking": effort != "none", **kwargs,
+                      "reasoning_effort": effort}
         tools = engine_tools(body.get("tools"))
         text = template.render(
             prepared,

@@ -3,7 +3,8 @@
 * Cortex's rendering of every request shape equals vLLM's: vLLM's own conversion (its code,
   run in the engine's venv: ``vllm_oracle``) fed to the engine's ``/tokenize`` gives the
   token ids Cortex computes — system blocks (a billing-header block among them), several
-  turns, thinking blocks, reasoning items, ``output_config.effort`` / ``reasoning.effort``,
+  turns, thinking blocks, reasoning items, developer messages (merged into the system turn for
+  templates that do not name the role), ``output_config.effort`` / ``reasoning.effort``,
   ``chat_template_kwargs``, a continued assistant message, and with Qwen2.5's template tools,
   tool calls and tool results of both APIs (DeepSeek's tiny template refuses ``tool`` turns).
 * Streamed and not, a first request is predicted exactly (``x-cortex-cache-hit-tokens`` equals
@@ -86,6 +87,12 @@ def responses_bodies(family: str) -> list[dict]:
                         {"type": "output_text", "text": "Blue.", "annotations": []}]},
                    {"role": "user", "content": "Another, in 中文 please."}],
          "reasoning": {"effort": "low"}},
+        {"instructions": SYSTEM, "input": [  # Codex-style: neither template names developer
+            {"role": "developer", "content": "Prefer short answers."},
+            {"role": "user", "content": "Name a colour."},
+            {"type": "message", "role": "developer", "content": [
+                {"type": "input_text", "text": "Reminder: one word."}]},
+            {"role": "user", "content": "Another."}]},
         {"input": [{"role": "user", "content": "Count to three."},
                    {"type": "message", "role": "assistant", "id": "msg_2",
                     "status": "in_progress", "content": [
