@@ -21,6 +21,9 @@ Rules:
   ``aclose``s a streamed body, also when the client left before the first chunk was asked
   for), so a client that leaves aborts the engine's request and releases the accounting;
   nothing leaks on any path.
+* A Responses request continuing a stored response (``previous_response_id``) goes to the
+  worker that answered it when Cortex relayed that answer (``response_owners``): no other
+  worker has it.
 * A PD-enabled pool's requests go to ``cortex.pd.orchestrate.PdOrchestrator``, which sees the
   gateway through its ``PdGateway`` protocol — ``admission_for``, ``serve_on`` (one attempt
   on one worker), ``open_leg``, ``respond``, ``observe_cached_tokens``, ``observer`` — and
@@ -73,6 +76,7 @@ from cortex.gateway.exits import Exits
 from cortex.gateway.legs import Leg, LegBody, RetryableStatus, retryable_status
 from cortex.gateway.observer import RouteObserver
 from cortex.gateway.pool import ModelPool, Route
+from cortex.gateway.response_owners import ResponseOwners
 from cortex.gateway.settings import AdmissionSettings
 from cortex.logs import request_started
 from cortex.pd.orchestrate import PdOrchestrator
@@ -115,6 +119,7 @@ class Gateway:
         self.pd = PdOrchestrator(self, pd)
         self.admission_settings = admission or AdmissionSettings()
         self.admissions: dict[str, Admission] = {}
+        self.response_owners = ResponseOwners()  # stored Responses answers -> their worker
         for pool in pools.values():  # (made here, not per request: a saturated pool waits in it)
             self.admission_for(pool)
 
@@ -175,6 +180,10 @@ class Gateway:
                     tokenize_s = perf_counter() - tokenize_start
         headers = forwarded_headers(request.headers, self.client_dp_rank)
         unable = _not_serving(pool, endpoint)
+        if endpoint is Endpoint.RESPONSES and "previous_response_id" in body:
+            owner = self.response_owners.owner(body["previous_response_id"])
+            if owner is not None and owner in pool.workers:  # only it holds that response
+                unable = tuple(name for name in pool.workers if name != owner)
         try:
             if self.pd.enabled(pool):
                 return await self.pd.serve(pool, endpoint, request, body, headers, token_ids,
@@ -272,6 +281,8 @@ class Gateway:
         extra = decision_headers(worker.name, decision.mode.value,
                                  decision.predicted_cached_tokens, route.rank, attempt)
         whole = leg.whole_body()
+        if endpoint is Endpoint.RESPONSES and leg.response.status == 200:
+            self.response_owners.learn(leg.first or b"", worker.name)
         if whole is not None:
             # released and measured once the answer is on its way, off the client's wait
             return HttpResponse(leg.response.status,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,3 +114,21 @@ class ResponsesShape:
     def end_events(self, text: str, prompt: int, completion: int, cached: int) -> bytes:
         return self._next("response.completed",
                           {"response": self.full(text, prompt, completion, cached)})
+
+
+class StoredIds:
+    """The ids of the last ``capacity`` stored Responses answers (the oldest forgotten)."""
+
+    __slots__ = ("_ids", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, response_id: str) -> None:
+        self._ids[response_id] = None
+        if len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+
+    def __contains__(self, response_id: object) -> bool:
+        return response_id in self._ids

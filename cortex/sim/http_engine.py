@@ -16,7 +16,9 @@ Routes (both flavors unless marked):
   the chat vLLM renders for it (``cortex.profile.anthropic_messages`` /
   ``responses_input``), tokenized as chat, answered in the API's shapes
   (``cortex.sim.api_bodies``); ``max_tokens`` / ``max_output_tokens``. A request the
-  converters do not model is refused (400): the simulator renders only what Cortex can.
+  converters do not model is refused (400). Responses answers are stored (the last
+  ``STORED_RESPONSES`` ids): an unknown ``previous_response_id`` gets vLLM's 404, a known one
+  is served on its own input (no history simulated).
 * SGLang ``POST /generate`` (``text`` or ``input_ids``; ``sampling_params.max_new_tokens``;
   ``meta_info.prompt_tokens``/``cached_tokens``; SSE with cumulative ``text``/``output_ids``).
   Several prompts (a batch) run at once and answer a JSON list, not streamed.
@@ -72,6 +74,7 @@ from cortex.sim.http_faults import EngineCrashed
 from cortex.sim.tokenize import cache_read_limit
 
 DEFAULT_MAX_TOKENS = 16
+STORED_RESPONSES = 4096
 MAX_OUTPUT_TOKENS = 1 << 20
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -114,6 +117,7 @@ class SimHttpHandler:
             routes[(b"POST", b"/flush_cache")] = self._flush
             routes[(b"GET", b"/flush_cache")] = self._flush
         self._routes = routes
+        self._stored = api_bodies.StoredIds(STORED_RESPONSES)  # Responses answers
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         route = self._routes.get((request.method, request.path))
@@ -144,6 +148,10 @@ class SimHttpHandler:
 
     async def _responses(self, request: HttpRequest) -> HttpResponse:
         body = _json_body(request)
+        previous = body.pop("previous_response_id", None)
+        if previous is not None and previous not in self._stored:
+            return _json(404, bodies.error_body(f"Response with id '{previous}' not found.",
+                                                404))
         return await self._api(request, body, api_bodies.ResponsesShape,
                                self.engine.tokenizer.responses_chat, "max_output_tokens")
 
@@ -158,6 +166,8 @@ class SimHttpHandler:
         model = body.get("model")
         shape = make_shape(model if isinstance(model, str) and model
                            else engine.served_model_name)
+        if isinstance(shape, api_bodies.ResponsesShape):
+            self._stored.add(shape.id)
         if (early := await self._fault_gate()) is not None:
             return early
         generation, _ = await self._generation(body, rank, token_ids, out, lora, _salt(body))

@@ -5,7 +5,8 @@
   the API's own usage shape — streamed and not; the body arrives as the engine sent it.
 * A request Cortex cannot render exactly (``previous_response_id``: the conversation is the
   engine's) routes by load, counted in ``cortex_unpredicted_total{reason="engine_state"}``,
-  and the engine's own answer is relayed with the decision headers.
+  and the engine's own answer is relayed with the decision headers; one continuing a response
+  Cortex relayed goes to the worker that stored it (the others do not have it).
 * In a pool with an SGLang worker (which converts these APIs its own way) they route by load,
   counted ``engine_rendering``, and are served.
 * The official ``anthropic`` and ``openai`` (Responses) clients work through Cortex, streamed
@@ -78,11 +79,36 @@ async def test_what_cortex_cannot_render_routes_by_load_counted():
     async with gateway_cluster(("vllm-0.33", "vllm-0.33")) as cluster:
         answer = await cluster.request("/v1/responses",
                                        {**RESPONSES, "previous_response_id": "resp_1"})
-        assert answer.status == 400  # the engine's own answer, relayed
+        assert answer.status == 404  # the engine's own answer (no such response), relayed
         assert answer.header(b"x-cortex-match-mode") is not None
         assert int(answer.header(b"x-cortex-cache-hit-tokens")) == 0
         text = (await cluster.admin(b"GET", b"/metrics")).body.decode()
         assert f'cortex_unpredicted_total{{model="{MODEL}",reason="engine_state"}} 1' in text
+
+
+async def test_a_continuation_goes_to_the_worker_that_stored_the_response():
+    async with gateway_cluster(("vllm-0.33", "vllm-0.33", "vllm-0.33"),
+                               timing_changes={"decode_s_per_token": 0.01}) as cluster:
+        stored = {}  # response id -> the worker that answered it
+
+        async def first(i: int) -> None:  # side by side: in-flight load spreads them
+            answer = await cluster.request("/v1/responses", {
+                **RESPONSES, "input": f"Question {i}?", "max_output_tokens": 40,
+                "stream": i % 2 == 1})
+            assert answer.status == 200, answer.body
+            text = answer.body.decode()
+            stored[text[text.index('"id":"') + 6:].split('"', 1)[0]] = answer.header(
+                b"x-cortex-assigned-worker")
+
+        async with trio.open_nursery() as nursery:
+            for i in range(6):
+                nursery.start_soon(first, i)
+        assert len(set(stored.values())) > 1  # answers spread: load alone would miss some
+        for response_id, owner in stored.items():
+            again = await cluster.request("/v1/responses", {
+                **RESPONSES, "input": "and then?", "previous_response_id": response_id})
+            assert again.status == 200, again.body
+            assert again.header(b"x-cortex-assigned-worker") == owner
 
 
 async def test_a_pool_with_another_engine_routes_these_apis_by_load():
