@@ -19,7 +19,9 @@ Rules:
   native API only (``SERVED_BY``): a request goes only to workers whose engine serves its
   endpoint. Messages and Responses are converted to a chat prompt by each engine its own way;
   Cortex reproduces vLLM's (``EXACT_FOR``), so a pool with a worker of another engine routes
-  them by load (``Unrenderable`` ``engine_rendering``).
+  them by load (``Unrenderable`` ``engine_rendering``). Anthropic's
+  ``/v1/messages/count_tokens`` (both engines) renders and counts without generating: it goes
+  by load, unpredicted and uncounted (it fills no cache).
 * Decision headers on the response: ``x-cortex-cache-hit-tokens``,
   ``x-cortex-assigned-worker``, ``x-cortex-match-mode`` (the ``Mode`` value), plus
   ``x-cortex-dp-rank`` when a rank was set and ``x-cortex-attempts`` after retries.
@@ -60,13 +62,14 @@ class Endpoint(enum.Enum):
     GENERATE = "/generate"
     MESSAGES = "/v1/messages"
     RESPONSES = "/v1/responses"
+    COUNT_TOKENS = "/v1/messages/count_tokens"
 
 
 ENDPOINTS = {endpoint.value.encode(): endpoint for endpoint in Endpoint}
 ENGINES = frozenset({"vllm", "sglang"})
 SERVED_BY = {Endpoint.CHAT: ENGINES, Endpoint.COMPLETIONS: ENGINES,
              Endpoint.GENERATE: frozenset({"sglang"}), Endpoint.MESSAGES: ENGINES,
-             Endpoint.RESPONSES: ENGINES}
+             Endpoint.RESPONSES: ENGINES, Endpoint.COUNT_TOKENS: ENGINES}
 # The engines whose rendering of an endpoint's requests Cortex reproduces (absent: every one).
 EXACT_FOR = {Endpoint.MESSAGES: frozenset({"vllm"}), Endpoint.RESPONSES: frozenset({"vllm"})}
 
@@ -108,7 +111,7 @@ def request_prompt(
         return completions_prompt(body)
     if endpoint is Endpoint.GENERATE:
         return generate_prompt(body)
-    if templates is None:
+    if templates is None or endpoint is Endpoint.COUNT_TOKENS:  # (counting fills no cache)
         return None
     if endpoint is Endpoint.MESSAGES:
         return messages_prompt(body, templates)

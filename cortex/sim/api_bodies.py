@@ -117,11 +117,12 @@ class ResponsesShape:
 
 
 class StoredIds:
-    """The ids of the last ``capacity`` stored Responses answers (the oldest forgotten)."""
+    """The ids of the last ``capacity`` stored Responses answers (the oldest forgotten): a
+    request naming another ``previous_response_id`` gets 404, as from vLLM with its store."""
 
     __slots__ = ("_ids", "capacity")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int = 4096) -> None:
         self.capacity = capacity
         self._ids: OrderedDict[str, None] = OrderedDict()
 

@@ -12,13 +12,9 @@ Routes (both flavors unless marked):
   a ``choices: []`` usage event with ``stream_options.include_usage``, then ``data: [DONE]``).
   ``usage.prompt_tokens_details.cached_tokens`` is always present. Output length is
   ``max_completion_tokens``/``max_tokens`` (default 16); every request ends with ``length``.
-* ``POST /v1/messages`` (Anthropic) and ``POST /v1/responses`` (OpenAI): the body converted to
-  the chat vLLM renders for it (``cortex.profile.anthropic_messages`` /
-  ``responses_input``), tokenized as chat, answered in the API's shapes
-  (``cortex.sim.api_bodies``); ``max_tokens`` / ``max_output_tokens``. A request the
-  converters do not model is refused (400). Responses answers are stored (the last
-  ``STORED_RESPONSES`` ids): an unknown ``previous_response_id`` gets vLLM's 404, a known one
-  is served on its own input (no history simulated).
+* ``POST /v1/messages`` (and ``/count_tokens``), ``POST /v1/responses``: converted to the chat
+  vLLM renders (400 if not modelled), answered in each API's shapes (``cortex.sim.api_bodies``;
+  an unknown ``previous_response_id`` gets vLLM's 404, a known one is served on its input).
 * SGLang ``POST /generate`` (``text`` or ``input_ids``; ``sampling_params.max_new_tokens``;
   ``meta_info.prompt_tokens``/``cached_tokens``; SSE with cumulative ``text``/``output_ids``).
   Several prompts (a batch) run at once and answer a JSON list, not streamed.
@@ -74,7 +70,6 @@ from cortex.sim.http_faults import EngineCrashed
 from cortex.sim.tokenize import cache_read_limit
 
 DEFAULT_MAX_TOKENS = 16
-STORED_RESPONSES = 4096
 MAX_OUTPUT_TOKENS = 1 << 20
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -97,6 +92,7 @@ class SimHttpHandler:
             (b"POST", b"/v1/completions"): self._completions,
             (b"POST", b"/v1/messages"): self._messages,
             (b"POST", b"/v1/responses"): self._responses,
+            (b"POST", b"/v1/messages/count_tokens"): self._count_tokens,
             (b"GET", b"/v1/models"): self._models,
             (b"GET", b"/health"): self._health,
             (b"GET", b"/sim/faults"): self._faults,
@@ -117,7 +113,7 @@ class SimHttpHandler:
             routes[(b"POST", b"/flush_cache")] = self._flush
             routes[(b"GET", b"/flush_cache")] = self._flush
         self._routes = routes
-        self._stored = api_bodies.StoredIds(STORED_RESPONSES)  # Responses answers
+        self._stored = api_bodies.StoredIds()  # Responses answers
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         route = self._routes.get((request.method, request.path))
@@ -145,6 +141,11 @@ class SimHttpHandler:
         body = _json_body(request)
         return await self._api(request, body, api_bodies.MessagesShape,
                                self.engine.tokenizer.messages_chat, "max_tokens")
+
+    async def _count_tokens(self, request: HttpRequest) -> HttpResponse:
+        tokenizer = self.engine.tokenizer
+        return _json(200, {"input_tokens": len(tokenizer.chat_ids(tokenizer.messages_chat(
+            _json_body(request))))})
 
     async def _responses(self, request: HttpRequest) -> HttpResponse:
         body = _json_body(request)

@@ -9,8 +9,8 @@
   Cortex relayed goes to the worker that stored it (the others do not have it).
 * In a pool with an SGLang worker (which converts these APIs its own way) they route by load,
   counted ``engine_rendering``, and are served.
-* The official ``anthropic`` and ``openai`` (Responses) clients work through Cortex, streamed
-  and not.
+* The official ``anthropic`` (``messages.create`` / ``.stream`` / ``.count_tokens``) and
+  ``openai`` (Responses) clients work through Cortex, streamed and not.
 """
 
 from __future__ import annotations
@@ -130,13 +130,17 @@ def use_clients(port: int) -> dict[str, object]:
                         max_retries=0, timeout=30)
     body = {k: v for k, v in MESSAGES.items() if k != "model"}
     message = ant.messages.create(model=MODEL, **body)
+    counted = ant.messages.count_tokens(model=MODEL, system=body["system"],
+                                        messages=body["messages"])
     with ant.messages.stream(model=MODEL, **body) as stream:
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
     body = {k: v for k, v in RESPONSES.items() if k != "model"}
     raw = oai.responses.with_raw_response.create(model=MODEL, **body)
     events = list(oai.responses.create(model=MODEL, stream=True, **body))
-    return {"message": message, "streamed": streamed, "final": final, "headers": raw.headers,
+    ant.close()
+    oai.close()
+    return {"message": message, "counted": counted, "streamed": streamed, "final": final, "headers": raw.headers,
             "response": raw.parse(), "events": events}
 
 
@@ -146,6 +150,8 @@ async def test_the_official_clients_work_through_cortex():
     message, final = seen["message"], seen["final"]
     assert message.content[0].text and message.stop_reason == "max_tokens"
     assert message.usage.output_tokens == 4
+    assert seen["counted"].input_tokens == len(prompt_ids("/v1/messages", MESSAGES)) == (
+        message.usage.input_tokens + message.usage.cache_read_input_tokens)
     assert seen["streamed"] == final.content[0].text and final.usage.cache_read_input_tokens
     response = seen["response"]
     assert response.output_text and response.usage.output_tokens == 4

@@ -235,12 +235,14 @@ def client_call(path: str, port: int, model: str) -> tuple[int, int | None, str]
         response = raw.parse()
         assert response.status in ("completed", "incomplete") and response.output
         reported = response.usage.input_tokens_details.cached_tokens
+        oai.close()
     else:
         ant = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="unused")
         raw = ant.messages.with_raw_response.create(model=model, **body)
         message = raw.parse()
         assert message.type == "message" and message.content
         reported = message.usage.cache_read_input_tokens
+        ant.close()
     return (int(raw.headers["x-cortex-cache-hit-tokens"]), reported,
             raw.headers["x-cortex-assigned-worker"])
 
@@ -258,6 +260,8 @@ def client_streams(port: int, model: str) -> None:
         final = stream.get_final_message()
     assert final.stop_reason in ("end_turn", "max_tokens") and final.content
     assert text == "".join(block.text for block in final.content if block.type == "text")
+    oai.close()
+    ant.close()
 
 
 async def test_the_official_clients_work_through_cortex(fresh):
