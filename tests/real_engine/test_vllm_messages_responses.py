@@ -11,7 +11,8 @@
   the cached tokens the engine reports: Anthropic ``cache_read_input_tokens``, Responses
   ``input_tokens_details.cached_tokens``) and a repeat lands on the holder, predicted exactly.
 * The official ``openai`` (Responses) and ``anthropic`` clients work unchanged through Cortex,
-  streamed and not, with Cortex's decision headers on the answers.
+  streamed and not, with Cortex's decision headers on the answers; ``messages.count_tokens``
+  through Cortex counts what Cortex renders.
 """
 
 from __future__ import annotations
@@ -247,8 +248,9 @@ def client_call(path: str, port: int, model: str) -> tuple[int, int | None, str]
             raw.headers["x-cortex-assigned-worker"])
 
 
-def client_streams(port: int, model: str) -> None:
-    """Both official clients' streaming calls through Cortex."""
+def client_streams(port: int, model: str) -> int:
+    """Both official clients' streaming calls through Cortex; the Messages prompt's length
+    as the engine counts it (``messages.count_tokens``)."""
     oai = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
     events = list(oai.responses.create(model=model, stream=True,
                                        **CLIENT_BODIES["/v1/responses"]))
@@ -260,8 +262,11 @@ def client_streams(port: int, model: str) -> None:
         final = stream.get_final_message()
     assert final.stop_reason in ("end_turn", "max_tokens") and final.content
     assert text == "".join(block.text for block in final.content if block.type == "text")
+    counted = ant.messages.count_tokens(model=model, system=SYSTEM,
+                                        messages=CLIENT_BODIES["/v1/messages"]["messages"])
     oai.close()
     ant.close()
+    return counted.input_tokens
 
 
 async def test_the_official_clients_work_through_cortex(fresh):
@@ -275,4 +280,5 @@ async def test_the_official_clients_work_through_cortex(fresh):
             predicted, reported, again = await trio.to_thread.run_sync(
                 client_call, path, front.port, name)
             assert predicted == reported > 0 and again == worker, path
-        await trio.to_thread.run_sync(client_streams, front.port, name)
+        counted = await trio.to_thread.run_sync(client_streams, front.port, name)
+        assert counted == len(front.prompt_ids("/v1/messages", CLIENT_BODIES["/v1/messages"]))
