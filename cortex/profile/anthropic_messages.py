@@ -29,11 +29,13 @@ Conversion (vLLM's order):
 * ``tools``: ``{"type": "function", "function": {name, description, parameters =
   input_schema (``"type": "object"`` appended when it has no ``type``), strict,
   defer_loading}}``; ``tool_choice`` does not reach the template.
-* ``output_config.effort`` becomes ``reasoning_effort``; ``chat_template_kwargs`` and
-  ``cache_salt`` are passed on.
+* ``output_config.effort`` becomes ``reasoning_effort``; ``thinking.type == "disabled"``
+  overrides it with the effort vLLM probes once from the template (``disabled_effort``,
+  vLLM's ``--anthropic-disabled-thinking-effort auto``): ``"none"``, unless the template
+  fails on it or renders it like one of the efforts ``low`` … ``max`` (a template that ignores
+  efforts), then ``"low"``. ``chat_template_kwargs`` and ``cache_salt`` are passed on.
 
-Unrenderable (``unmodelled``): ``thinking.type == "disabled"`` (vLLM maps it to a
-``reasoning_effort`` it probes from the template at run time), ``tool_addition`` /
+Unrenderable (``unmodelled``): ``tool_addition`` /
 ``tool_removal`` blocks, a ``tool_use`` without an ``id`` (vLLM makes one from the clock),
 a ``tool_result`` whose content has tool references, a ``tool_result`` in an assistant
 message, an unknown block type, or any shape vLLM's validation would refuse (the engine
@@ -51,7 +53,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from cortex.profile.chat_messages import BILLING_HEADER
-from cortex.profile.chat_template import ChatTemplates
+from cortex.profile.chat_template import ChatTemplate, ChatTemplates, TemplateError
 from cortex.profile.unrenderable import Unrenderable
 
 _KNOWN_BLOCKS = frozenset({"text", "image", "tool_use", "tool_result", "tool_reference",
@@ -80,8 +82,37 @@ def _merges(source: str | None) -> bool:
     return False
 
 
-def chat_body(body: dict[str, Any], *, merge_inline_system: bool) -> dict[str, Any]:
-    """The chat body vLLM renders for the Messages request ``body``."""
+_EFFORTS = ("low", "medium", "high", "xhigh", "max")
+_HI = [{"role": "user", "content": "Hi"}]
+
+
+def disabled_effort(templates: ChatTemplates) -> str:
+    """The ``reasoning_effort`` vLLM sends the template for ``thinking.type: disabled``."""
+    template = templates.default
+    if template is None:
+        return "low"
+    return _disabled_effort(template)
+
+
+@lru_cache(maxsize=64)
+def _disabled_effort(template: ChatTemplate) -> str:
+    def render(effort: str) -> str | None:
+        try:
+            return template.render(_HI, extra={"reasoning_effort": effort,
+                                               "enable_thinking": effort != "none"})
+        except TemplateError:
+            return None
+
+    none = render("none")
+    if none is None or any(render(effort) == none for effort in _EFFORTS):
+        return "low"
+    return "none"
+
+
+def chat_body(body: dict[str, Any], *, merge_inline_system: bool,
+              disabled_thinking_effort: str = "none") -> dict[str, Any]:
+    """The chat body vLLM renders for the Messages request ``body`` (``disabled_effort``: what
+    ``thinking.type: disabled`` becomes for this model)."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise Unrenderable("unmodelled", "messages is not a list")
@@ -89,9 +120,6 @@ def chat_body(body: dict[str, Any], *, merge_inline_system: bool) -> dict[str, A
         if not isinstance(message, dict) or message.get("role") not in (
                 "user", "assistant", "system"):
             raise Unrenderable("unmodelled", "a message vLLM would refuse")
-    thinking = body.get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") == "disabled":
-        raise Unrenderable("unmodelled", "thinking disabled (effort probed by the engine)")
     out: list[dict[str, Any]] = []
     system_parts = _system_parts(body.get("system"))
     if merge_inline_system:
@@ -130,6 +158,9 @@ def chat_body(body: dict[str, Any], *, merge_inline_system: bool) -> dict[str, A
     config = body.get("output_config")
     if isinstance(config, dict) and config.get("effort") is not None:
         chat["reasoning_effort"] = config["effort"]
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "disabled":
+        chat["reasoning_effort"] = disabled_thinking_effort
     return chat
 
 

@@ -141,9 +141,10 @@ def chat_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPro
 
 def messages_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPrompt | None:
     """An Anthropic Messages request, rendered as vLLM renders it (else ``Unrenderable``)."""
-    merge = anthropic_messages.merges_inline_system(templates)
-    return _as_chat(anthropic_messages.chat_body(dict(body), merge_inline_system=merge),
-                    templates)
+    chat = anthropic_messages.chat_body(
+        dict(body), merge_inline_system=anthropic_messages.merges_inline_system(templates),
+        disabled_thinking_effort=anthropic_messages.disabled_effort(templates))
+    return _as_chat(chat, templates)
 
 
 def responses_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPrompt | None:

@@ -105,7 +105,8 @@ class SimTokenizer:
         if templates is None:
             raise BadRequest("this simulated engine has no chat template")
         return _modelled(anthropic_messages.chat_body, body, merge_inline_system=(
-            anthropic_messages.merges_inline_system(templates)))
+            anthropic_messages.merges_inline_system(templates)), disabled_thinking_effort=(
+            anthropic_messages.disabled_effort(templates)))
 
     def responses_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """The chat body vLLM renders for an OpenAI Responses request (400 if not modelled)."""

@@ -52,6 +52,8 @@ def messages_bodies(family: str) -> list[dict]:
                       {"role": "user", "content": "Another, in 中文 please."}]},
         {"messages": [{"role": "user", "content": "hi"}], "output_config": {"effort": "low"},
          "chat_template_kwargs": {"unused_flag": True}},
+        {"messages": [{"role": "user", "content": "no thinking"}],
+         "thinking": {"type": "disabled"}},
         {"system": SYSTEM, "messages": [{"role": "user", "content": "a"},
                                         {"role": "system", "content": "Reminder: be brief."},
                                         {"role": "user", "content": "b"}]},

@@ -21,7 +21,11 @@ def messages(body: dict, template: str) -> dict:
 
     request = AnthropicMessagesRequest.model_validate(body)
     merge = Serving._detect_merge_inline_system(template)
-    chat = Serving.to_chat_completion_request(request, merge_inline_system=merge)
+    # thinking disabled: the effort vLLM's server probes from the template (Cortex's own
+    # probe is checked here only through this request's rendering: the tiny templates ignore
+    # efforts, so vLLM's probe answers "low")
+    chat = Serving.to_chat_completion_request(request, merge_inline_system=merge,
+                                              disabled_thinking_effort="low")
     return _tokenize_body(chat.messages, None if chat.tools is None else
                           [tool.model_dump() for tool in chat.tools],
                           chat.build_chat_params(None, "auto").chat_template_kwargs)

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from cortex.profile.anthropic_messages import chat_body, merges_inline_system
+from cortex.profile.anthropic_messages import chat_body, disabled_effort, merges_inline_system
 from cortex.profile.chat_template import ChatTemplate, ChatTemplates
 from cortex.profile.request_text import messages_prompt
 from cortex.profile.unrenderable import Unrenderable
@@ -117,7 +117,6 @@ def test_tools_effort_kwargs_and_salt():
 
 
 @pytest.mark.parametrize("body", [
-    {"messages": [], "thinking": {"type": "disabled"}},
     {"messages": [{"role": "system", "content": [
         {"type": "tool_addition", "tool": {"type": "tool_reference", "name": "f"}}]}]},
     {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "name": "f"}]}]},
@@ -163,3 +162,17 @@ def test_what_the_template_or_chat_path_refuses_is_unrenderable_not_a_client_err
     with pytest.raises(Unrenderable) as caught:
         messages_prompt({"messages": []}, templates)  # nothing to render: the engine says
     assert caught.value.reason == "unmodelled"
+
+
+def test_thinking_disabled_becomes_the_effort_vllm_probes_from_the_template():
+    body = {"messages": [], "output_config": {"effort": "high"}, "thinking": {"type": "disabled"}}
+    assert chat_body(body, merge_inline_system=False,
+                     disabled_thinking_effort="none")["reasoning_effort"] == "none"
+    ignores = ChatTemplate("{{ messages[0].content }}")
+    thinks = ChatTemplate("{% if enable_thinking %}<think>{% endif %}{{ messages[0].content }}")
+    refuses = ChatTemplate("{% if reasoning_effort == 'none' %}{{ raise_exception('no') }}"
+                           "{% endif %}{{ reasoning_effort }}")
+    assert disabled_effort(ChatTemplates(ignores, ignores)) == "low"  # renders none like low
+    assert disabled_effort(ChatTemplates(thinks, thinks)) == "none"
+    assert disabled_effort(ChatTemplates(refuses, refuses)) == "low"
+    assert disabled_effort(ChatTemplates(None, thinks)) == "low"
