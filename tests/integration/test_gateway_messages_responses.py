@@ -7,6 +7,7 @@
   engine's) routes by load, counted in ``cortex_unpredicted_total{reason="engine_state"}``,
   and the engine's own answer is relayed with the decision headers; one continuing a response
   Cortex relayed goes to the worker that stored it (the others do not have it).
+* A worker answering 503 is retried around before the first byte, counted, as for chat.
 * In a pool with an SGLang worker (which converts these APIs its own way) they route by load,
   counted ``engine_rendering``, and are served.
 * The official ``anthropic`` (``messages.create`` / ``.stream`` / ``.count_tokens``) and
@@ -109,6 +110,22 @@ async def test_a_continuation_goes_to_the_worker_that_stored_the_response():
                 **RESPONSES, "input": "and then?", "previous_response_id": response_id})
             assert again.status == 200, again.body
             assert again.header(b"x-cortex-assigned-worker") == owner
+
+
+async def test_a_failing_worker_is_retried_around_before_the_first_byte():
+    async with gateway_cluster(("vllm-0.33", "vllm-0.33")) as cluster:
+        first = await cluster.request("/v1/messages", MESSAGES)
+        owner = first.header(b"x-cortex-assigned-worker").decode()
+        failing = next(engine for engine in cluster.engines if engine.name == owner)
+        failing.faults.fail_status = 503  # the holder of the prefix now fails
+        for path, body in (("/v1/messages", MESSAGES), ("/v1/responses", RESPONSES)):
+            answer = await cluster.request(path, {**body, "stream": True})
+            assert answer.status == 200, answer.body
+            assert answer.header(b"x-cortex-assigned-worker").decode() != owner
+            assert answer.header(b"x-cortex-attempts") == b"2"
+        text = cluster.running.metrics.render().decode()
+        assert f'cortex_upstream_errors_total{{worker="{owner}",phase="head",status="503"}} 2' \
+            in text
 
 
 async def test_a_pool_with_another_engine_routes_these_apis_by_load():
