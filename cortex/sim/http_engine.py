@@ -171,12 +171,13 @@ class SimHttpHandler:
             self._stored.add(shape.id)
         if (early := await self._fault_gate()) is not None:
             return early
-        generation, _ = await self._generation(body, rank, token_ids, out, lora, _salt(body))
+        generation, extra = await self._generation(body, rank, token_ids, out, lora,
+                                                   _salt(body))
         if not _bool(body, "stream", False):
             async with generation as gen:
                 text = "".join([text async for _, text, _ in gen])
-                return _json(200, shape.full(text, gen.prompt_tokens, gen.produced,
-                                             gen.cached_tokens))
+                return _json(200, {**shape.full(text, gen.prompt_tokens, gen.produced,
+                                                gen.cached_tokens), **extra})
 
         async def events() -> AsyncIterator[bytes]:
             async with generation as gen:

@@ -7,6 +7,8 @@
   engine's) routes by load, counted in ``cortex_unpredicted_total{reason="engine_state"}``,
   and the engine's own answer is relayed with the decision headers; one continuing a response
   Cortex relayed goes to the worker that stored it (the others do not have it).
+* Through a vLLM prefill/decode pair: the prefill leg generates one token (``max_tokens`` /
+  ``max_output_tokens`` 1) and hands its KV to decode, whose answer the client gets.
 * A worker answering 503 is retried around before the first byte, counted, as for chat.
 * In a pool with an SGLang worker (which converts these APIs its own way) they route by load,
   counted ``engine_rendering``, and are served.
@@ -22,7 +24,9 @@ import anthropic
 import openai
 import trio
 
+from cortex.pd.plan import PdSettings
 from cortex.profile.request_text import messages_prompt, responses_prompt
+from cortex.sim.pd import PdSimSettings
 from tests.gateway_cluster import MODEL, SYSTEM_TEXT, gateway_cluster, model_profile
 
 MESSAGES = {"model": MODEL, "max_tokens": 4, "system": SYSTEM_TEXT,
@@ -126,6 +130,22 @@ async def test_a_failing_worker_is_retried_around_before_the_first_byte():
         text = cluster.running.metrics.render().decode()
         assert f'cortex_upstream_errors_total{{worker="{owner}",phase="head",status="503"}} 2' \
             in text
+
+
+async def test_through_a_vllm_prefill_decode_pair():
+    settings = PdSimSettings(waiting_timeout_s=5.0, bootstrap_timeout_s=5.0, kv_lease_s=5.0)
+    async with gateway_cluster(("vllm-0.33", "vllm-0.33"), roles=("prefill", "decode"),
+                               pd_settings=settings, config_changes={
+                                   "pd": PdSettings(bypass_max_uncached_tokens=0)}) as cluster:
+        for path, body in (("/v1/messages", MESSAGES), ("/v1/responses", RESPONSES)):
+            for stream in (False, True):
+                answer = await cluster.request(path, {**body, "stream": stream})
+                assert answer.status == 200, answer.body
+                assert (answer.header(b"x-cortex-prefill-worker"),
+                        answer.header(b"x-cortex-decode-worker")) == (b"e0", b"e1")
+        prefill, decode = cluster.engines
+        assert prefill.counters[0].requests == decode.counters[0].requests == 4
+        assert prefill.counters[0].generation_tokens == 4  # one token per prefill leg
 
 
 async def test_a_pool_with_another_engine_routes_these_apis_by_load():
