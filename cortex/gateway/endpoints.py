@@ -3,8 +3,8 @@
 Rules:
 
 * Five generation endpoints: OpenAI chat, OpenAI completions, SGLang ``/generate``, Anthropic
-  Messages (``/v1/messages``) and OpenAI Responses (``/v1/responses``). Each body is parsed
-  once (JSON object, else ``BadRequest``); the parsed dict serves routing, the raw
+  Messages (``/v1/messages``) and OpenAI Responses (``/v1/responses``), plus Anthropic's
+  ``/v1/messages/count_tokens``. Each body is parsed once (JSON object, else ``BadRequest``); the parsed dict serves routing, the raw
   bytes are forwarded unchanged unless Cortex must add a field.
 * Inbound ``x-cortex-*`` headers are dropped (only Cortex says what Cortex decided), as are
   hop-by-hop headers and ``host``/``content-length`` (the upstream client sets them).

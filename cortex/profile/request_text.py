@@ -8,7 +8,9 @@ Endpoints (bodies already parsed from JSON into dicts):
   ``continue_final_message`` (the text ends right after the last message's content, as vLLM
   cuts it), ``chat_template_kwargs`` and ``reasoning_effort`` (vLLM hands the template
   ``reasoning_effort`` and, unless the kwargs set it, ``enable_thinking`` = effort is not
-  ``"none"``); the model's special tokens are the template's own constants. Tokenized without special tokens (the template writes BOS).
+  ``"none"``); developer turns as ``chat_messages.developer_as_system`` hands them on; the
+  model's special tokens are the template's own constants. Tokenized without special tokens
+  (the template writes BOS).
 * OpenAI completions (``/v1/completions``): ``prompt`` as text (tokenized with special tokens)
   or as token ids (no tokenization at all).
 * SGLang ``/generate``: ``input_ids`` (token ids, no tokenization) or ``text``.
