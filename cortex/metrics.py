@@ -59,6 +59,7 @@ from cortex.metrics_text import (
     HistogramFamily,
     TextWriter,
 )
+from cortex.profile.unrenderable import REASONS as REASONS_UNRENDERABLE
 from cortex.scheduling.decision import Decision, Mode
 from cortex.upstream.errors import Phase
 
@@ -82,7 +83,7 @@ REASONS = ("longest_hit", "least_cost", "over_cap", "no_hit", "p2c", "round_robi
 # so retryable — or reading the body (never retried).
 PHASES: tuple[str, ...] = get_args(Phase)
 RETRY_PHASES = tuple(phase for phase in PHASES if phase != "body")
-UNPREDICTED_REASONS = ("template_failed", "prompt_too_long")
+UNPREDICTED_REASONS = REASONS_UNRENDERABLE  # cortex.profile.unrenderable: every reason's why
 _MODE_VALUE = {mode: mode.value for mode in Mode}  # Enum.value is a slow descriptor
 _MODE_LABELS = {mode: (mode.value,) for mode in Mode}
 
@@ -175,7 +176,7 @@ class CortexMetrics:
         self._unpredicted = CounterFamily("cortex_unpredicted_total",
                                           "Requests routed by load without a prediction although "
                                           "their model routes exactly, by model and reason "
-                                          "(template_failed, prompt_too_long)",
+                                          f"({', '.join(UNPREDICTED_REASONS)})",
                                           ("model", "reason"))
         build = GaugeFamily("cortex_build_info", "Cortex build (value is always 1)", ("version",))
         build.set((__version__,), 1)

@@ -2,8 +2,9 @@
 
 Rules:
 
-* Three generation endpoints: OpenAI chat, OpenAI completions, SGLang ``/generate``. Each body
-  is parsed once (JSON object, else ``BadRequest``); the parsed dict serves routing, the raw
+* Five generation endpoints: OpenAI chat, OpenAI completions, SGLang ``/generate``, Anthropic
+  Messages (``/v1/messages``) and OpenAI Responses (``/v1/responses``), plus Anthropic's
+  ``/v1/messages/count_tokens``. Each body is parsed once (JSON object, else ``BadRequest``); the parsed dict serves routing, the raw
   bytes are forwarded unchanged unless Cortex must add a field.
 * Inbound ``x-cortex-*`` headers are dropped (only Cortex says what Cortex decided), as are
   hop-by-hop headers and ``host``/``content-length`` (the upstream client sets them).
@@ -13,8 +14,14 @@ Rules:
   own DP balancer chooses. Cortex owns that decision: a client's own ``routed_dp_rank`` /
   ``x-data-parallel-rank`` is stripped, unless the operator lets clients choose
   (``scheduler.client_dp_rank``; Cortex's rank, when it has one, still wins).
-* Engines: chat and completions are served by both engines; ``/generate`` is SGLang's native
-  API only (``SERVED_BY``): a request goes only to workers whose engine serves its endpoint.
+* Engines: chat, completions, Messages and Responses are served by both engines (SGLang's
+  ``http_server`` routes ``/v1/messages`` and ``/v1/responses`` too); ``/generate`` is SGLang's
+  native API only (``SERVED_BY``): a request goes only to workers whose engine serves its
+  endpoint. Messages and Responses are converted to a chat prompt by each engine its own way;
+  Cortex reproduces vLLM's (``EXACT_FOR``), so a pool with a worker of another engine routes
+  them by load (``Unrenderable`` ``engine_rendering``). Anthropic's
+  ``/v1/messages/count_tokens`` (both engines) renders and counts without generating: it goes
+  by load, unpredicted and uncounted (it fills no cache).
 * Decision headers on the response: ``x-cortex-cache-hit-tokens``,
   ``x-cortex-assigned-worker``, ``x-cortex-match-mode`` (the ``Mode`` value), plus
   ``x-cortex-dp-rank`` when a rank was set and ``x-cortex-attempts`` after retries.
@@ -35,6 +42,8 @@ from cortex.profile.request_text import (
     chat_prompt,
     completions_prompt,
     generate_prompt,
+    messages_prompt,
+    responses_prompt,
 )
 
 Headers = list[tuple[bytes, bytes]]
@@ -51,12 +60,18 @@ class Endpoint(enum.Enum):
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
     GENERATE = "/generate"
+    MESSAGES = "/v1/messages"
+    RESPONSES = "/v1/responses"
+    COUNT_TOKENS = "/v1/messages/count_tokens"
 
 
 ENDPOINTS = {endpoint.value.encode(): endpoint for endpoint in Endpoint}
 ENGINES = frozenset({"vllm", "sglang"})
 SERVED_BY = {Endpoint.CHAT: ENGINES, Endpoint.COMPLETIONS: ENGINES,
-             Endpoint.GENERATE: frozenset({"sglang"})}
+             Endpoint.GENERATE: frozenset({"sglang"}), Endpoint.MESSAGES: ENGINES,
+             Endpoint.RESPONSES: ENGINES, Endpoint.COUNT_TOKENS: ENGINES}
+# The engines whose rendering of an endpoint's requests Cortex reproduces (absent: every one).
+EXACT_FOR = {Endpoint.MESSAGES: frozenset({"vllm"}), Endpoint.RESPONSES: frozenset({"vllm"})}
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -88,12 +103,19 @@ def body_model(body: Mapping[str, Any]) -> str | None:
 def request_prompt(
     endpoint: Endpoint, body: Mapping[str, Any], templates: ChatTemplates | None
 ) -> RequestPrompt | None:
-    """What to tokenize (or the ids sent); ``None`` when chat has no template to render with."""
+    """What to tokenize (or the ids sent); ``None`` when a chat-like request has no template to
+    render with. Messages and Responses raise ``Unrenderable`` when not exact."""
     if endpoint is Endpoint.CHAT:
         return None if templates is None else chat_prompt(body, templates)
     if endpoint is Endpoint.COMPLETIONS:
         return completions_prompt(body)
-    return generate_prompt(body)
+    if endpoint is Endpoint.GENERATE:
+        return generate_prompt(body)
+    if templates is None or endpoint is Endpoint.COUNT_TOKENS:  # (counting fills no cache)
+        return None
+    if endpoint is Endpoint.MESSAGES:
+        return messages_prompt(body, templates)
+    return responses_prompt(body, templates)
 
 
 def forwarded_headers(headers: Headers, client_dp_rank: bool = False) -> Headers:

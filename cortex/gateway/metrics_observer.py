@@ -37,6 +37,9 @@ class MetricsObserver(RouteObserver):
     def template_failed(self, model: str, error: Exception) -> None:
         self.metrics.record_unpredicted(model, "template_failed")
 
+    def unrenderable(self, model: str, reason: str) -> None:
+        self.metrics.record_unpredicted(model, reason)
+
     def prompt_too_long(self, model: str, chars: int) -> None:
         self.metrics.record_unpredicted(model, "prompt_too_long")
 

@@ -17,6 +17,10 @@ class RouteObserver:
     def template_failed(self, model: str, error: Exception) -> None:
         """The chat template could not render a request: it was routed on load only."""
 
+    def unrenderable(self, model: str, reason: str) -> None:
+        """A request Cortex cannot render exactly as the engine will (``reason``: one of
+        ``cortex.profile.unrenderable.REASONS``) was routed on load only."""
+
     def prompt_too_long(self, model: str, chars: int) -> None:
         """A prompt longer than the model's ``max_prompt_chars`` was routed on load only,
         without tokenizing it."""

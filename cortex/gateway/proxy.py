@@ -21,6 +21,9 @@ Rules:
   ``aclose``s a streamed body, also when the client left before the first chunk was asked
   for), so a client that leaves aborts the engine's request and releases the accounting;
   nothing leaks on any path.
+* A Responses request continuing a stored response (``previous_response_id``) goes to the
+  worker that answered it when Cortex relayed that answer (``response_owners``): no other
+  worker has it.
 * A PD-enabled pool's requests go to ``cortex.pd.orchestrate.PdOrchestrator``, which sees the
   gateway through its ``PdGateway`` protocol — ``admission_for``, ``serve_on`` (one attempt
   on one worker), ``open_leg``, ``respond``, ``observe_cached_tokens``, ``observer`` — and
@@ -59,6 +62,7 @@ from cortex.gateway.admission import Admission
 from cortex.gateway.endpoints import (
     ENDPOINTS,
     ENGINES,
+    EXACT_FOR,
     SERVED_BY,
     Endpoint,
     body_model,
@@ -72,12 +76,14 @@ from cortex.gateway.exits import Exits
 from cortex.gateway.legs import Leg, LegBody, RetryableStatus, retryable_status
 from cortex.gateway.observer import RouteObserver
 from cortex.gateway.pool import ModelPool, Route
+from cortex.gateway.response_owners import ResponseOwners
 from cortex.gateway.settings import AdmissionSettings
 from cortex.logs import request_started
 from cortex.pd.orchestrate import PdOrchestrator
 from cortex.pd.plan import PdSettings
 from cortex.profile.segment_cache import Lookup
 from cortex.profile.trio_tokenize import OFFLOAD_MIN_CHARS, encode_offloaded
+from cortex.profile.unrenderable import Unrenderable
 from cortex.upstream.connection import NOT_READY
 from cortex.upstream.errors import UpstreamBroken
 from cortex.upstream.pool import UpstreamPool
@@ -113,6 +119,7 @@ class Gateway:
         self.pd = PdOrchestrator(self, pd)
         self.admission_settings = admission or AdmissionSettings()
         self.admissions: dict[str, Admission] = {}
+        self.response_owners = ResponseOwners()  # stored Responses answers -> their worker
         for pool in pools.values():  # (made here, not per request: a saturated pool waits in it)
             self.admission_for(pool)
 
@@ -146,7 +153,12 @@ class Gateway:
         if pool.tokenizer is not None and pool.exact_off is None and pool.profile is not None:
             profile = pool.profile
             try:
+                if endpoint in EXACT_FOR:
+                    _check_exact_for(pool, endpoint)
                 prompt = request_prompt(endpoint, body, profile.chat_templates)
+            except Unrenderable as why:  # not exactly as the engine will: route on load only
+                self.observer.unrenderable(pool.model, why.reason)
+                log.debug("routed by load: %s", why)
             except BadRequest:
                 raise
             except Exception as error:  # noqa: BLE001 (counted) a template that cannot render: route on load only
@@ -168,6 +180,10 @@ class Gateway:
                     tokenize_s = perf_counter() - tokenize_start
         headers = forwarded_headers(request.headers, self.client_dp_rank)
         unable = _not_serving(pool, endpoint)
+        if endpoint is Endpoint.RESPONSES and "previous_response_id" in body:
+            owner = self.response_owners.owner(body["previous_response_id"])
+            if owner is not None and owner in pool.workers:  # only it holds that response
+                unable = tuple(name for name in pool.workers if name != owner)
         try:
             if self.pd.enabled(pool):
                 return await self.pd.serve(pool, endpoint, request, body, headers, token_ids,
@@ -265,6 +281,8 @@ class Gateway:
         extra = decision_headers(worker.name, decision.mode.value,
                                  decision.predicted_cached_tokens, route.rank, attempt)
         whole = leg.whole_body()
+        if endpoint is Endpoint.RESPONSES and leg.response.status == 200:
+            self.response_owners.learn(leg.first or b"", worker.name)
         if whole is not None:
             # released and measured once the answer is on its way, off the client's wait
             return HttpResponse(leg.response.status,
@@ -405,6 +423,15 @@ def _client_headers(leg: Leg, *, with_length: bool) -> list[tuple[bytes, bytes]]
     return [(name, value) for name, value in leg.response.headers
             if name not in _DROPPED_RESPONSE_HEADERS and not name.startswith(b"x-cortex-")
             and (with_length or name != b"content-length")]
+
+
+def _check_exact_for(pool: ModelPool, endpoint: Endpoint) -> None:
+    """``Unrenderable`` when a worker of ``pool`` renders ``endpoint``'s requests its own way
+    (``EXACT_FOR``): no one prediction holds for every worker."""
+    engines = EXACT_FOR[endpoint]
+    for spec in pool.workers.values():
+        if spec.engine not in engines:
+            raise Unrenderable("engine_rendering", f"{spec.engine} worker in the pool")
 
 
 def _not_serving(pool: ModelPool, endpoint: Endpoint) -> tuple[str, ...]:

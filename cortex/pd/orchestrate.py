@@ -346,7 +346,9 @@ class PdOrchestrator:
             try:
                 leg = await gateway.open_leg(prefill_stack, prefill.worker.origin,
                                              request.target, leg_headers,
-                                             vllm_prefill_body(body), retry_statuses=True)
+                                             vllm_prefill_body(body, request.path == (
+                                                 Endpoint.RESPONSES.value.encode())),
+                                             retry_statuses=True)
                 if leg.response.status >= 500:
                     raise UpstreamError(f"prefill answered {leg.response.status}")
                 if leg.response.status >= 400:

@@ -10,7 +10,9 @@ Rules (protocols/pd-disaggregation.md):
   answer.
 * vLLM — the prefill leg is the client's body with ``kv_transfer_params =
   {"do_remote_decode": true, ...}``, ``stream: false``, ``max_tokens: 1`` (and
-  ``max_completion_tokens: 1`` when present), without ``stream_options``, ``min_tokens``,
+  ``max_completion_tokens: 1`` when present; a Responses body gets ``max_output_tokens: 1``
+  instead, Anthropic Messages' limit being ``max_tokens`` too), without ``stream_options``,
+  ``min_tokens``,
   ``min_completion_tokens``; the decode leg is the client's body unchanged plus the
   ``kv_transfer_params`` object of prefill's answer, passed through untouched (absent or null →
   decode computes the prefill itself). Both legs carry one ``x-request-id``.
@@ -75,13 +77,14 @@ def sglang_leg_body(
     return _encoder.encode(leg), rooms
 
 
-def vllm_prefill_body(body: Mapping[str, Any]) -> bytes:
+def vllm_prefill_body(body: Mapping[str, Any], responses: bool = False) -> bytes:
+    """``responses``: an OpenAI Responses body, whose limit is ``max_output_tokens``."""
     leg = {key: value for key, value in body.items() if key not in _VLLM_PREFILL_DROPPED}
     leg["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False,
                                  "remote_engine_id": None, "remote_block_ids": None,
                                  "remote_host": None, "remote_port": None}
     leg["stream"] = False
-    leg["max_tokens"] = 1
+    leg["max_output_tokens" if responses else "max_tokens"] = 1
     if "max_completion_tokens" in body:
         leg["max_completion_tokens"] = 1
     return _encoder.encode(leg)

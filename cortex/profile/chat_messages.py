@@ -15,6 +15,12 @@ the first changed byte on (the real-vLLM tests compare both with ``/tokenize``):
   part whose text is null is skipped). A system message's text starting with
   ``x-anthropic-billing-header`` loses that first line (vLLM drops Claude Code's per-request
   attribution line so the prefix stays cacheable).
+* A ``developer`` message also gets ``tools`` (its own, else ``None``). When the conversation
+  has one and the template's source names no ``"developer"`` / ``'developer'`` role
+  (``developer_as_system``, as vLLM's ``safe_apply_chat_template``), developer messages become
+  ``system`` ones (without ``tools``) and, if a system message is then not first or not alone,
+  every system message is merged into one first message: their non-empty texts joined with
+  ``"\n\n"``.
 * Media: the first non-text part ends what Cortex can reproduce (engines put their own
   placeholder tokens there, a hard tokenizer boundary): that message keeps its texts before
   the part (joined, then ``MEDIA_SENTINEL``) and later messages are dropped; ``media_cut``.
@@ -68,10 +74,32 @@ def engine_messages(messages: list[object]) -> tuple[list[dict[str, Any]], bool]
         for name in _COPIED:
             if isinstance(message.get(name), str):
                 result[name] = message[name]
+        if role == "developer":
+            result["tools"] = message.get("tools")
         out.append(result)
         if media:
             return out, True
     return out, False
+
+
+def knows_developer(source: str) -> bool:
+    """vLLM's test of a template for the developer role: its source names it, quoted."""
+    return '"developer"' in source or "'developer'" in source
+
+
+def developer_as_system(messages: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """``messages`` as the template gets them: developer turns become system turns, merged
+    first, when the template does not know the developer role (see the module's rules)."""
+    if knows_developer(source) or not any(m["role"] == "developer" for m in messages):
+        return messages
+    converted = [{k: v for k, v in m.items() if k != "tools"} | {"role": "system"}
+                 if m["role"] == "developer" else m for m in messages]
+    systems = [i for i, m in enumerate(converted) if m["role"] == "system"]
+    if not systems or systems == [0]:
+        return converted
+    texts = [m["content"] for m in converted if m["role"] == "system" and m["content"]]
+    return [{"role": "system", "content": "\n\n".join(texts)},
+            *(m for m in converted if m["role"] != "system")]
 
 
 def engine_tools(tools: object) -> list[dict[str, Any]] | None:

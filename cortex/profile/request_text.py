@@ -6,11 +6,19 @@ Endpoints (bodies already parsed from JSON into dicts):
   template (``ChatTemplates.pick``: the ``tool_use`` one when the request has tools and the
   model names one) with ``tools``, ``documents``, ``add_generation_prompt`` (default true),
   ``continue_final_message`` (the text ends right after the last message's content, as vLLM
-  cuts it) and ``chat_template_kwargs``; the model's special tokens are the template's own
-  constants. Tokenized without special tokens (the template writes BOS).
+  cuts it), ``chat_template_kwargs`` and ``reasoning_effort`` (vLLM hands the template
+  ``reasoning_effort`` and, unless the kwargs set it, ``enable_thinking`` = effort is not
+  ``"none"``); developer turns as ``chat_messages.developer_as_system`` hands them on; the
+  model's special tokens are the template's own constants. Tokenized without special tokens
+  (the template writes BOS).
 * OpenAI completions (``/v1/completions``): ``prompt`` as text (tokenized with special tokens)
   or as token ids (no tokenization at all).
 * SGLang ``/generate``: ``input_ids`` (token ids, no tokenization) or ``text``.
+* Anthropic Messages (``/v1/messages``) and OpenAI Responses (``/v1/responses``): converted
+  into the chat body vLLM renders for them (``anthropic_messages``, ``responses_input``),
+  then rendered as chat. What Cortex cannot reproduce exactly — the converters' cases, a
+  template that fails, a shape the chat path refuses — raises ``Unrenderable``: the engine,
+  not Cortex, judges these requests, and they route by load.
 
 For a batch (a list of prompts) the first prompt decides the route. ``add_special_tokens`` in
 the body overrides the endpoint default, as in vLLM.
@@ -45,8 +53,16 @@ from typing import Any
 import msgspec
 
 from cortex.errors import BadRequest
-from cortex.profile.chat_messages import MEDIA_SENTINEL, engine_messages, engine_tools
-from cortex.profile.chat_template import ChatTemplates
+from cortex.profile import anthropic_messages, responses_input
+from cortex.profile.chat_messages import (
+    MEDIA_SENTINEL,
+    developer_as_system,
+    engine_messages,
+    engine_tools,
+    knows_developer,
+)
+from cortex.profile.chat_template import ChatTemplates, TemplateError
+from cortex.profile.unrenderable import Unrenderable
 
 _MAX_TOKEN_ID = 1 << 32
 
@@ -83,10 +99,21 @@ def chat_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPro
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise BadRequest("chat_template_kwargs must be an object")
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort != "auto":  # (vLLM's merge_kwargs drops None, "auto")
+        kwargs = {**kwargs, "reasoning_effort": effort}
+        if "enable_thinking" not in (body.get("chat_template_kwargs") or {}):
+            kwargs["enable_thinking"] = effort != "none"
     tools = engine_tools(body.get("tools"))
     template = templates.pick(tools)
     if template is None:
         return None
+    if media_cut and not knows_developer(template.source) and any(
+            m.get("role") == "developer" for m in messages) and any(
+            m.get("role") in ("developer", "system") for m in messages[len(prepared):]):
+        # the engine merges system turns after the cut into the first message
+        raise Unrenderable("unmodelled", "system or developer turns after media")
+    prepared = developer_as_system(prepared, template.source)
     text = template.render(
         prepared,
         add_generation_prompt=add_generation_prompt and not media_cut,
@@ -112,6 +139,28 @@ def chat_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPro
         media_cut=media_cut,
         cache_limit=_prompt_logprobs_limit(body, body.get("top_logprobs", 0)),
     )
+
+
+def messages_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPrompt | None:
+    """An Anthropic Messages request, rendered as vLLM renders it (else ``Unrenderable``)."""
+    chat = anthropic_messages.chat_body(
+        dict(body), merge_inline_system=anthropic_messages.merges_inline_system(templates),
+        disabled_thinking_effort=anthropic_messages.disabled_effort(templates))
+    return _as_chat(chat, templates)
+
+
+def responses_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPrompt | None:
+    """An OpenAI Responses request, rendered as vLLM renders it (else ``Unrenderable``)."""
+    return _as_chat(responses_input.chat_body(dict(body)), templates)
+
+
+def _as_chat(chat: Mapping[str, Any], templates: ChatTemplates) -> RequestPrompt | None:
+    try:
+        return chat_prompt(chat, templates)
+    except TemplateError as error:
+        raise Unrenderable("template_failed", str(error)) from None
+    except BadRequest as error:  # the engine answers the client; Cortex only routes
+        raise Unrenderable("unmodelled", str(error)) from None
 
 
 def completions_prompt(body: Mapping[str, Any]) -> RequestPrompt:

@@ -12,6 +12,9 @@ Routes (both flavors unless marked):
   a ``choices: []`` usage event with ``stream_options.include_usage``, then ``data: [DONE]``).
   ``usage.prompt_tokens_details.cached_tokens`` is always present. Output length is
   ``max_completion_tokens``/``max_tokens`` (default 16); every request ends with ``length``.
+* ``POST /v1/messages`` (and ``/count_tokens``), ``POST /v1/responses``: converted to the chat
+  vLLM renders (400 if not modelled), answered in each API's shapes (``cortex.sim.api_bodies``;
+  an unknown ``previous_response_id`` gets vLLM's 404, a known one is served on its input).
 * SGLang ``POST /generate`` (``text`` or ``input_ids``; ``sampling_params.max_new_tokens``;
   ``meta_info.prompt_tokens``/``cached_tokens``; SSE with cumulative ``text``/``output_ids``).
   Several prompts (a batch) run at once and answer a JSON list, not streamed.
@@ -60,7 +63,7 @@ from cortex.errors import BadRequest, CortexError, NotFound
 from cortex.events.model import EngineFamily
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.profile.request_text import split_model_name
-from cortex.sim import bodies, pd
+from cortex.sim import api_bodies, bodies, pd
 from cortex.sim.engine_view import SimEngineView
 from cortex.sim.generation import Generation
 from cortex.sim.http_faults import EngineCrashed
@@ -87,6 +90,9 @@ class SimHttpHandler:
         routes: dict[tuple[bytes, bytes], Route] = {
             (b"POST", b"/v1/chat/completions"): self._chat,
             (b"POST", b"/v1/completions"): self._completions,
+            (b"POST", b"/v1/messages"): self._messages,
+            (b"POST", b"/v1/responses"): self._responses,
+            (b"POST", b"/v1/messages/count_tokens"): self._count_tokens,
             (b"GET", b"/v1/models"): self._models,
             (b"GET", b"/health"): self._health,
             (b"GET", b"/sim/faults"): self._faults,
@@ -107,6 +113,7 @@ class SimHttpHandler:
             routes[(b"POST", b"/flush_cache")] = self._flush
             routes[(b"GET", b"/flush_cache")] = self._flush
         self._routes = routes
+        self._stored = api_bodies.StoredIds()  # Responses answers
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         route = self._routes.get((request.method, request.path))
@@ -129,6 +136,61 @@ class SimHttpHandler:
             "completion",
             lambda: self.engine.tokenizer.prompt_ids(body, body.get("prompt"), "prompt"),
         )
+
+    async def _messages(self, request: HttpRequest) -> HttpResponse:
+        body = _json_body(request)
+        return await self._api(request, body, api_bodies.MessagesShape,
+                               self.engine.tokenizer.messages_chat, "max_tokens")
+
+    async def _count_tokens(self, request: HttpRequest) -> HttpResponse:
+        tokenizer = self.engine.tokenizer
+        return _json(200, {"input_tokens": len(tokenizer.chat_ids(tokenizer.messages_chat(
+            _json_body(request))))})
+
+    async def _responses(self, request: HttpRequest) -> HttpResponse:
+        body = _json_body(request)
+        previous = body.pop("previous_response_id", None)
+        if previous is not None and previous not in self._stored:
+            return _json(404, bodies.error_body(f"Response with id '{previous}' not found.",
+                                                404))
+        return await self._api(request, body, api_bodies.ResponsesShape,
+                               self.engine.tokenizer.responses_chat, "max_output_tokens")
+
+    async def _api(self, request: HttpRequest, body: dict[str, Any], make_shape: Any,
+                   as_chat: Callable[[dict[str, Any]], dict[str, Any]],
+                   max_name: str) -> HttpResponse:
+        """A Messages or Responses request: rendered as its chat, answered in its shapes."""
+        engine = self.engine
+        rank, lora = self._rank(request, body), self._lora(body)
+        out = _max_tokens(body.get(max_name), max_name)
+        token_ids = engine.tokenizer.chat_ids(as_chat(body))
+        model = body.get("model")
+        shape = make_shape(model if isinstance(model, str) and model
+                           else engine.served_model_name)
+        if isinstance(shape, api_bodies.ResponsesShape):
+            self._stored.add(shape.id)
+        if (early := await self._fault_gate()) is not None:
+            return early
+        generation, extra = await self._generation(body, rank, token_ids, out, lora,
+                                                   _salt(body))
+        if not _bool(body, "stream", False):
+            async with generation as gen:
+                text = "".join([text async for _, text, _ in gen])
+                return _json(200, {**shape.full(text, gen.prompt_tokens, gen.produced,
+                                                gen.cached_tokens), **extra})
+
+        async def events() -> AsyncIterator[bytes]:
+            async with generation as gen:
+                pieces: list[str] = []
+                async for i, text, _ in gen:
+                    if i == 0:
+                        yield shape.start_events(gen.prompt_tokens, gen.cached_tokens)
+                    pieces.append(text)
+                    yield shape.token_event(text)
+                yield shape.end_events("".join(pieces), gen.prompt_tokens, gen.produced,
+                                       gen.cached_tokens)
+
+        return HttpResponse(200, list(SSE_HEADERS), self._breakable(events()))
 
     async def _openai(
         self,

@@ -9,10 +9,14 @@ Rules:
   (the ``tool_use`` one for a request with tools when the model names one;
   ``add_generation_prompt`` default true unless ``continue_final_message``, which cuts the text
   right after the last message's content; ``tools``; ``documents``; ``chat_template_kwargs``;
-  the model's special tokens), then ONE full ``Tokenizer.encode`` with ``add_special_tokens``
+  the model's special tokens; ``reasoning_effort`` and ``enable_thinking``; developer turns as
+  system turns for a template that does not name that role), then ONE full ``Tokenizer.encode`` with ``add_special_tokens``
   false by default (the template writes BOS). Messages and tools as vLLM's renderer rebuilds
   them (``chat_messages``), a non-text part as ``MEDIA_PLACEHOLDER`` text (real engines put
   their own placeholder tokens there).
+* Anthropic Messages and OpenAI Responses: converted into the chat vLLM renders for them
+  (``anthropic_messages``, ``responses_input``: the conversion is vLLM's, not Cortex's
+  choice), then rendered and encoded as chat; what they do not model is refused (400).
 * Text (``/v1/completions`` ``prompt``, ``/generate`` ``text``): one full encode with
   ``add_special_tokens`` true by default.
 * When a text is encoded with special tokens and the profile says ``add_bos``, ``bos_id`` is
@@ -40,8 +44,15 @@ from typing import Any
 
 from cortex.errors import BadRequest
 from cortex.events.model import EngineFamily
-from cortex.profile.chat_messages import TEXT_PART_TYPES, engine_messages, engine_tools
+from cortex.profile import anthropic_messages, responses_input
+from cortex.profile.chat_messages import (
+    TEXT_PART_TYPES,
+    developer_as_system,
+    engine_messages,
+    engine_tools,
+)
 from cortex.profile.model_profile import ModelProfile
+from cortex.profile.unrenderable import Unrenderable
 
 MEDIA_PLACEHOLDER = "<media>"
 MEMO_ENTRIES = 256
@@ -65,10 +76,15 @@ class SimTokenizer:
         if not isinstance(messages, list) or not messages:
             raise BadRequest("messages must be a non-empty list")
         prepared, _ = engine_messages([_media_as_text(m) for m in messages])
+        prepared = developer_as_system(prepared, template.source)
         continue_final = _flag(body, "continue_final_message", False)
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise BadRequest("chat_template_kwargs must be an object")
+        effort = body.get("reasoning_effort")
+        if effort is not None and effort != "auto":
+            kwargs = {"enable_thinking": effort != "none", **kwargs,
+                      "reasoning_effort": effort}
         tools = engine_tools(body.get("tools"))
         text = template.render(
             prepared,
@@ -82,6 +98,19 @@ class SimTokenizer:
             if isinstance(last, str) and last and (end := text.rfind(last)) >= 0:
                 text = text[: end + len(last)]
         return self._encode(text, _flag(body, "add_special_tokens", False))
+
+    def messages_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The chat body vLLM renders for an Anthropic Messages request (400 if not modelled)."""
+        templates = None if self.profile is None else self.profile.chat_templates
+        if templates is None:
+            raise BadRequest("this simulated engine has no chat template")
+        return _modelled(anthropic_messages.chat_body, body, merge_inline_system=(
+            anthropic_messages.merges_inline_system(templates)), disabled_thinking_effort=(
+            anthropic_messages.disabled_effort(templates)))
+
+    def responses_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The chat body vLLM renders for an OpenAI Responses request (400 if not modelled)."""
+        return _modelled(responses_input.chat_body, body)
 
     def prompt_ids(self, body: Mapping[str, Any], prompt: object, name: str) -> list[int]:
         """A completions ``prompt`` or ``/generate`` ``text``/``input_ids``: text or ids."""
@@ -149,3 +178,10 @@ def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise BadRequest(f"{name} must be a boolean")
     return value
+
+
+def _modelled(convert: Any, body: dict[str, Any], **options: Any) -> dict[str, Any]:
+    try:
+        return convert(body, **options)
+    except Unrenderable as why:
+        raise BadRequest(f"the simulated engine does not model this request: {why}") from None

@@ -7,10 +7,17 @@ which engines report as
   ``usage.prompt_tokens`` — in the JSON body, or in a streamed event (with
   ``stream_options.include_usage`` the usage comes in the last data event before
   ``data: [DONE]``);
-* SGLang native ``/generate``: ``meta_info.cached_tokens`` and ``meta_info.prompt_tokens``.
+* SGLang native ``/generate``: ``meta_info.cached_tokens`` and ``meta_info.prompt_tokens``;
+* OpenAI Responses: ``usage.input_tokens_details.cached_tokens`` and ``usage.input_tokens``,
+  in the JSON body or, streamed, in the ``response`` of an event (``response.completed``);
+* Anthropic Messages: ``usage.cache_read_input_tokens``, the prompt being ``input_tokens`` +
+  ``cache_read_input_tokens`` + ``cache_creation_input_tokens`` (vLLM reports the uncached
+  rest as ``input_tokens``), in the JSON body or, streamed, in ``message_start``'s
+  ``message`` or a ``message_delta``.
 
 ``CachedTokensSniffer.feed(chunk)`` is cheap on every chunk: one ``bytes.find`` of
-``b"cached_tokens"`` over the chunk (plus what is kept of the current SSE event, so a needle
+``b"cache"`` (a prefix of both ``cached_tokens`` and ``cache_read_input_tokens``) over the
+chunk (plus what is kept of the current SSE event, so a needle
 split across chunks is found) and, for SSE, one search for the end of an event. Only an event
 (or a JSON body) that contains the needle is parsed. Rules:
 
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 import msgspec
 
-NEEDLE = b"cached_tokens"
+NEEDLE = b"cache"
 _json_decode = msgspec.json.Decoder().decode
 _BLANK = b" \t\r\n"
 
@@ -195,21 +202,42 @@ def _event_data(event: bytes) -> bytes:
 
 
 def _extract(doc: object) -> tuple[int | None, int | None]:
-    """(cached_tokens, prompt_tokens) from an OpenAI usage or SGLang meta_info object."""
+    """(cached_tokens, prompt_tokens) from an OpenAI chat/completions, Responses or Anthropic
+    usage object, or an SGLang meta_info object."""
     if not isinstance(doc, dict):
         return None, None
-    usage = doc.get("usage")
-    if isinstance(usage, dict):
-        details = usage.get("prompt_tokens_details")
-        if isinstance(details, dict):
-            cached = _as_int(details.get("cached_tokens"))
-            if cached is not None:
-                return cached, _as_int(usage.get("prompt_tokens"))
+    for holder in (doc, doc.get("response"), doc.get("message")):
+        if not isinstance(holder, dict):
+            continue
+        usage = holder.get("usage")
+        if isinstance(usage, dict):
+            found = _from_usage(usage)
+            if found[0] is not None:
+                return found
     meta = doc.get("meta_info")
     if isinstance(meta, dict):
         cached = _as_int(meta.get("cached_tokens"))
         if cached is not None:
             return cached, _as_int(meta.get("prompt_tokens"))
+    return None, None
+
+
+def _from_usage(usage: dict) -> tuple[int | None, int | None]:
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict):  # chat, completions
+        cached = _as_int(details.get("cached_tokens"))
+        if cached is not None:
+            return cached, _as_int(usage.get("prompt_tokens"))
+    details = usage.get("input_tokens_details")
+    if isinstance(details, dict):  # Responses
+        cached = _as_int(details.get("cached_tokens"))
+        if cached is not None:
+            return cached, _as_int(usage.get("input_tokens"))
+    cached = _as_int(usage.get("cache_read_input_tokens"))
+    if cached is not None:  # Anthropic: input_tokens is the uncached rest
+        rest = _as_int(usage.get("input_tokens"))
+        created = _as_int(usage.get("cache_creation_input_tokens")) or 0
+        return cached, None if rest is None else rest + cached + created
     return None, None
 
 

@@ -94,7 +94,13 @@ def _scrape(result: dict) -> None:
     assert set(found["only_today"]["names"]) <= {"cortex_cached_tokens_error_count"}
 
 
+def _api_render(result: dict) -> None:
+    assert result["chars"] > 0
+    assert all(result[api]["p50"] > 0 for api in ("chat", "messages", "responses"))
+
+
 CHECKS = {
+    "bench_api_render.py": _api_render,
     "bench_cpu_ab.py": _cpu_ab,
     "bench_http.py": _http,
     "bench_gateway.py": _gateway,

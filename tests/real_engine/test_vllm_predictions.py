@@ -3,7 +3,9 @@
 * Cortex's profile, read from the model directory the engine loads (no ``bos_token``, no
   ``chat_template`` configured), tokenizes every request shape exactly as vLLM's own
   ``/tokenize`` does: chats with a system prompt, several turns, assistant turns, tools and
-  tool calls and tool results (Qwen2.5's template), ``chat_template_kwargs``, completions text
+  tool calls and tool results (Qwen2.5's template), ``chat_template_kwargs``, a developer
+  message (neither template names the role: vLLM merges it into the system turn),
+  ``reasoning_effort``, completions text
   and ids. (The first real-vLLM run showed a chat one token short: no BOS.)
 * Through Cortex, chat and completions, streamed (``include_usage``) and not: a repeat lands
   on the holder and ``x-cortex-cache-hit-tokens`` equals the ``cached_tokens`` vLLM reports;
@@ -47,6 +49,10 @@ def chats(family: str) -> list[dict]:
         {"messages": [{"role": "user", "content": "go on"}], "add_generation_prompt": False},
         {"messages": [{"role": "user", "content": "x"}],
          "chat_template_kwargs": {"unused_flag": True}},
+        {"messages": [{"role": "system", "content": SYSTEM},  # developer: merged as system
+                      {"role": "developer", "content": "Prefer short answers."},
+                      {"role": "user", "content": "Name a colour."}],
+         "reasoning_effort": "low"},
     ]
     if family == "qwen-tiny":
         call = {"id": "call_1", "type": "function", "function": {

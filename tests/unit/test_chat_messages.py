@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 
 from cortex.errors import BadRequest
-from cortex.profile.chat_messages import MEDIA_SENTINEL, engine_messages, engine_tools
+from cortex.profile.chat_messages import (
+    MEDIA_SENTINEL,
+    developer_as_system,
+    engine_messages,
+    engine_tools,
+)
 
 
 def test_messages_keep_only_what_the_engine_copies():
@@ -71,3 +76,23 @@ def test_tools_are_dumped_as_vllm_dumps_them():
 def test_bad_tools_are_bad_requests(bad):
     with pytest.raises(BadRequest):
         engine_tools(bad)
+
+
+def test_developer_turns_become_system_turns_merged_first_unless_the_template_knows_them():
+    messages, _ = engine_messages([
+        {"role": "system", "content": "S"}, {"role": "user", "content": "u"},
+        {"role": "developer", "content": "D", "tools": [{"x": 1}]},
+        {"role": "system", "content": ""}, {"role": "user", "content": "v"}])
+    assert messages[2] == {"role": "developer", "content": "D", "tools": [{"x": 1}]}
+    assert developer_as_system(messages, "{{ messages }}") == [
+        {"role": "system", "content": "S\n\nD"}, {"role": "user", "content": "u"},
+        {"role": "user", "content": "v"}]
+    knows = "{% if m.role == 'developer' %}{% endif %}"
+    assert developer_as_system(messages, knows) is messages
+    alone = engine_messages([{"role": "developer", "content": "D"},
+                             {"role": "user", "content": "u"}])[0]
+    assert alone[0]["tools"] is None
+    assert developer_as_system(alone, "") == [{"role": "system", "content": "D"},
+                                              {"role": "user", "content": "u"}]
+    plain = [{"role": "system", "content": "S"}, {"role": "system", "content": "T"}]
+    assert developer_as_system(plain, "") is plain  # no developer turn: nothing merged

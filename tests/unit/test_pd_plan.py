@@ -60,6 +60,14 @@ def test_vllm_prefill_leg_is_one_token_non_streaming_with_remote_decode():
     assert body["stream"] is True  # the client's body is untouched
 
 
+def test_vllm_prefill_leg_of_a_responses_request_limits_max_output_tokens():
+    body = {"model": "m", "input": "hi", "stream": True, "max_output_tokens": 50}
+    leg = json.loads(vllm_prefill_body(body, responses=True))
+    assert leg["max_output_tokens"] == 1 and "max_tokens" not in leg
+    assert json.loads(vllm_prefill_body({"input": "hi"}, responses=True))[
+        "max_output_tokens"] == 1  # no limit sent: one all the same
+
+
 def test_vllm_decode_leg_passes_transfer_params_unchanged():
     params = {"do_remote_prefill": True, "remote_block_ids": [[1, 2]], "remote_engine_id": "e",
               "extra_future_key": {"nested": [1]}}

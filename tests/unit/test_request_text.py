@@ -112,3 +112,17 @@ def test_text_prompts_ask_for_special_tokens_unless_told_otherwise():
 def test_bad_bodies_are_bad_requests(call):
     with pytest.raises(BadRequest):
         call()
+
+
+def test_reasoning_effort_reaches_the_template_as_vllm_hands_it():
+    """vLLM passes ``reasoning_effort`` and (unless the kwargs set it) ``enable_thinking`` =
+    effort is not "none" to the template (``build_chat_params``)."""
+    template = ChatTemplate("{{ reasoning_effort }}|{{ enable_thinking }}|{{ messages[0].content }}")
+    templates = ChatTemplates(template, template)
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    assert chat_prompt(body, templates).text == "||hi"
+    assert chat_prompt({**body, "reasoning_effort": "low"}, templates).text == "low|True|hi"
+    assert chat_prompt({**body, "reasoning_effort": "none"}, templates).text == "none|False|hi"
+    kwargs = {"enable_thinking": True, "reasoning_effort": "high"}
+    assert chat_prompt({**body, "reasoning_effort": "none", "chat_template_kwargs": kwargs},
+                       templates).text == "none|True|hi"

@@ -176,3 +176,37 @@ def test_random_streams_match_a_plain_parse_for_any_split(events, crlf, cuts):
     chunks = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
     split = sniff(*chunks)
     assert (split.cached_tokens, split.prompt_tokens) == oracle(events)
+
+
+# The shapes vLLM answers /v1/responses and /v1/messages with (cached 64 of a 100-token prompt).
+RESPONSES_USAGE = {"input_tokens": 100, "output_tokens": 3, "total_tokens": 103,
+                   "input_tokens_details": {"cached_tokens": 64},
+                   "output_tokens_details": {"reasoning_tokens": 0}}
+RESPONSES_JSON = json.dumps({"id": "resp_1", "object": "response", "status": "completed",
+                             "output": [], "usage": RESPONSES_USAGE}).encode()
+RESPONSES_STREAM = sse(
+    {"type": "response.created", "response": {"id": "resp_1", "usage": None}},
+    {"type": "response.output_text.delta", "delta": "no cache here"},
+    {"type": "response.completed", "response": {"id": "resp_1", "usage": RESPONSES_USAGE}})
+# Anthropic: input_tokens is what was neither read from nor written to the cache
+ANTHROPIC_USAGE = {"input_tokens": 4, "output_tokens": 3, "cache_read_input_tokens": 64,
+                   "cache_creation_input_tokens": 32}
+ANTHROPIC_JSON = json.dumps({"id": "msg_1", "type": "message", "content": [],
+                             "usage": ANTHROPIC_USAGE}).encode()
+ANTHROPIC_STREAM = sse(
+    {"type": "message_start", "message": {"id": "msg_1", "usage": ANTHROPIC_USAGE}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "a"}},
+    {"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": ANTHROPIC_USAGE})
+
+
+def test_responses_and_anthropic_usage_json_and_stream():
+    for body in (RESPONSES_JSON, RESPONSES_STREAM, ANTHROPIC_JSON, ANTHROPIC_STREAM):
+        for cut in (0, 7, len(body) // 2, len(body) - 3):
+            sniffer = sniff(body[:cut], body[cut:])
+            assert (sniffer.cached_tokens, sniffer.prompt_tokens) == (64, 100), (body, cut)
+
+
+def test_anthropic_usage_without_cache_fields_reports_nothing():
+    body = json.dumps({"type": "message", "usage": {"input_tokens": 9,
+                                                    "output_tokens": 1}}).encode()
+    assert sniff(body).cached_tokens is None
