@@ -2,7 +2,7 @@
 request path's tokenization in one call (``cortex.profile.segment_cache`` is its user).
 
 ``PieceCache(capacity_bytes, passes, max_misses, bos_id, native, words, encode_one,
-encode_many, lookup_class)``:
+encode_many, lookup_class, chunks=None, chunk_over=0)``:
 
 * an LRU of piece text -> ``array('I')`` ids bounded by ``cached_bytes`` <= ``capacity_bytes``
   (a piece costs its UTF-8 bytes + 4 per id + 96); a piece costing more than the whole budget
@@ -13,8 +13,11 @@ encode_many, lookup_class)``:
 * ``finish(pieces, found, cold, cold_ids, bos_id)``: each cold piece's ids (any sequence of
   ints) counted as a miss and remembered; the prompt's ids assembled in piece order, ``bos_id``
   first unless ``None``;
-* ``encode_now(text, add_special_tokens, offload_min_chars)``: ``token_spans.split_pieces(text,
-  passes, max_misses)`` + ``lookup``, then
+* ``chunked(pieces)``: with ``chunks`` given, every ordinary piece (``(text, None)``) longer
+  than ``chunk_over`` characters replaced by ``(chunk, None)`` for each of ``chunks(text)``, in
+  order; otherwise (and when no piece is that long) ``pieces`` itself;
+* ``encode_now(text, add_special_tokens, offload_min_chars)``: ``chunked(token_spans.
+  split_pieces(text, passes, max_misses))`` + ``lookup``, then
   ``lookup_class(pieces, found, cold, bos)`` if the cold pieces hold ``offload_min_chars``
   characters or more, else their ids (``encode_many(cold)`` when given and there is more than
   one, else per piece ``native.cached_ids(piece, words)`` for an ASCII piece when ``native`` is
@@ -37,7 +40,10 @@ class PieceCache:
                  bos_id: int | None, native: Any, words: Any,
                  encode_one: Callable[[str], Sequence[int]],
                  encode_many: Callable[[list[str]], list[Sequence[int]]] | None,
-                 lookup_class: Callable[..., Any]) -> None: ...
+                 lookup_class: Callable[..., Any],
+                 chunks: Callable[[str], list[str]] | None = None,
+                 chunk_over: int = 0) -> None: ...
+    def chunked(self, pieces: list[tuple[str, int | None]]) -> list[tuple[str, int | None]]: ...
     @property
     def cached_pieces(self) -> int: ...
     def lookup(self, pieces: list[tuple[str, int | None]],

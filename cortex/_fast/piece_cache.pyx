@@ -59,9 +59,12 @@ cdef class PieceCache:
     cdef object _encode_one          # a cold piece's ids (the Python path)
     cdef object _encode_many         # the cold pieces' ids together, or None
     cdef object _lookup_class
+    cdef object _chunks              # a long piece's chunks (``LineCutter.chunks``), or None
+    cdef Py_ssize_t _chunk_over      # pieces this long or shorter are never chunked
 
     def __init__(self, Py_ssize_t capacity_bytes, tuple passes, int max_misses, bos_id,
-                 native, words, encode_one, encode_many, lookup_class):
+                 native, words, encode_one, encode_many, lookup_class, chunks=None,
+                 Py_ssize_t chunk_over=0):
         if capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
         self._entries = OrderedDict()
@@ -76,10 +79,40 @@ cdef class PieceCache:
         self._encode_one = encode_one
         self._encode_many = encode_many
         self._lookup_class = lookup_class
+        self._chunks = chunks
+        self._chunk_over = chunk_over
 
     @property
     def cached_pieces(self):
         return len(self._entries)
+
+    def chunked(self, list pieces):
+        """``pieces`` with every ordinary piece longer than ``chunk_over`` replaced by its
+        chunks (the list itself when none is)."""
+        return self._chunked(pieces)
+
+    cdef list _chunked(self, list pieces):
+        cdef tuple one
+        cdef Py_ssize_t i, n = len(pieces), over = self._chunk_over
+        cdef list out
+        if self._chunks is None:
+            return pieces
+        for i in range(n):
+            one = <tuple>pieces[i]
+            if one[1] is None and PyUnicode_GET_LENGTH(one[0]) > over:
+                break
+        else:
+            return pieces
+        out = pieces[:i]
+        chunks = self._chunks
+        for i in range(i, n):
+            one = <tuple>pieces[i]
+            if one[1] is None and PyUnicode_GET_LENGTH(one[0]) > over:
+                for chunk in chunks(one[0]):
+                    out.append((chunk, None))
+            else:
+                out.append(one)
+        return out
 
     # -- the steps, for a caller that encodes the cold pieces elsewhere (a worker thread) -----
 
@@ -102,7 +135,7 @@ cdef class PieceCache:
         """The prompt's ids as ``array('I')``, or, when its cold pieces hold
         ``offload_min_chars`` characters or more, its ``Lookup`` (hits counted) for a worker
         thread to encode."""
-        cdef list pieces = split_pieces(text, self._passes, self._max_misses)
+        cdef list pieces = self._chunked(split_pieces(text, self._passes, self._max_misses))
         cdef list found = [], cold = []
         cdef Py_ssize_t cold_chars = 0
         bos_id = self._bos_id if add_special_tokens else None

@@ -3,7 +3,11 @@
 The rendered prompt is cut where the tokenizer itself cuts (``segments.Segmenter``: at added
 tokens matched in the raw text); each ordinary piece is encoded on its own and cached, each
 added-token piece maps straight to its id. A multi-turn chat therefore pays only for its new
-message.
+message. With a ``cutter`` (``line_cuts.LineCutter``, exact for the tokenizers it is enabled
+for), an ordinary piece longer than its ``min_chars`` is cached as chunks cut at line starts,
+so a message that grew between turns pays for its new text and one chunk, not for all of it;
+and a cold piece that is not pure ASCII is encoded as runs of lines, the ASCII runs through
+``fast`` (code with a few non-ASCII comments, English among Chinese).
 
 Invariants:
 
@@ -37,6 +41,7 @@ from typing import Protocol
 
 from cortex._fast.piece_cache import ENTRY_OVERHEAD_BYTES, PieceCache
 from cortex.profile.fast_pieces import FastPieceEncoder
+from cortex.profile.line_cuts import LineCutter
 from cortex.profile.segments import FIND_MAX_MISSES, Piece, Segmenter
 
 __all__ = ["ENTRY_OVERHEAD_BYTES", "OFFLOAD_MIN_CHARS", "Lookup", "SegmentCachedTokenizer"]
@@ -74,6 +79,7 @@ class SegmentCachedTokenizer:
     __slots__ = (
         "_batch_cold",
         "_bos_id",
+        "_cutter",
         "_fast",
         "_pieces",
         "_segmenter",
@@ -90,17 +96,21 @@ class SegmentCachedTokenizer:
         bos_id: int | None = None,
         batch_cold: bool = False,
         fast: FastPieceEncoder | None = None,
+        cutter: LineCutter | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._segmenter = segmenter
         self._bos_id = bos_id
         self._batch_cold = batch_cold
         self._fast = fast if fast is not None and fast.enabled else None
+        self._cutter = cutter if cutter is not None and cutter.enabled else None
         native = None if self._fast is None else self._fast.native_words
         self._pieces = PieceCache(  # (ValueError for capacity_bytes < 0)
             capacity_bytes, segmenter.passes, FIND_MAX_MISSES, bos_id,
             None if native is None else native[0], None if native is None else native[1],
-            self._encode_one, self.encode_pieces if batch_cold else None, Lookup)
+            self._encode_one, self.encode_pieces if batch_cold else None, Lookup,
+            None if self._cutter is None else self._cutter.chunks,
+            0 if self._cutter is None else self._cutter.min_chars)
         self.encode_now = self._pieces.encode_now
 
     @property
@@ -144,7 +154,7 @@ class SegmentCachedTokenizer:
 
     def lookup(self, text: str, add_special_tokens: bool = False) -> Lookup:
         """Split ``text`` and take every piece the cache holds (counted as hits)."""
-        pieces = self._segmenter.split(text)
+        pieces = self._pieces.chunked(self._segmenter.split(text))
         found, cold = self._pieces.lookup(pieces)
         return Lookup(pieces, found, cold, self._bos_id if add_special_tokens else None)
 
@@ -161,8 +171,17 @@ class SegmentCachedTokenizer:
         return [self._encode_one(piece) for piece in pieces]
 
     def _encode_one(self, piece: str) -> Sequence[int]:
-        ids = None if self._fast is None else self._fast.encode(piece)
-        return self._tokenizer.encode(piece, add_special_tokens=False).ids if ids is None else ids
+        fast = self._fast
+        if fast is None:
+            return self._tokenizer.encode(piece, add_special_tokens=False).ids
+        if piece.isascii() or self._cutter is None:
+            ids = fast.encode(piece)
+            return self._tokenizer.encode(piece, add_special_tokens=False).ids if ids is None else ids
+        out: list[int] = []
+        for run, is_ascii in self._cutter.runs(piece):  # exact cuts: ids concatenate
+            ids = fast.encode(run) if is_ascii else None
+            out += self._tokenizer.encode(run, add_special_tokens=False).ids if ids is None else ids
+        return out
 
     def finish(self, lookup: Lookup, cold_ids: Sequence[Sequence[int]]) -> array[int]:
         """Remember the cold pieces' ids (counted as misses) and assemble the prompt's ids."""
