@@ -19,7 +19,7 @@ Invariants:
   id plus a fixed per-entry overhead); a piece larger than the whole budget is encoded but not
   kept. ``hits``/``misses`` count pieces, ``hit_tokens``/``miss_tokens`` their tokens.
 * Cold pieces of one call are encoded one by one (default: measured faster on this 2-core
-  machine), or together through ``encode_batch`` (Rust threads) with ``batch_cold``. One by
+  machine), or together through ``encode_batch_fast`` (Rust threads) with ``batch_cold``. One by
   one, a pure-ASCII piece goes through ``fast`` (``fast_pieces.FastPieceEncoder``, exact; ~3x
   faster than ``encode`` on short English text, ~10x with DeepSeek-V3's native splitter) when
   one is given and it applies.
@@ -80,6 +80,7 @@ class SegmentCachedTokenizer:
         "_batch_cold",
         "_bos_id",
         "_cutter",
+        "_encode_batch",
         "_fast",
         "_pieces",
         "_segmenter",
@@ -104,6 +105,7 @@ class SegmentCachedTokenizer:
         self._batch_cold = batch_cold
         self._fast = fast if fast is not None and fast.enabled else None
         self._cutter = cutter if cutter is not None and cutter.enabled else None
+        self._encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
         native = None if self._fast is None else self._fast.native_words
         self._pieces = PieceCache(  # (ValueError for capacity_bytes < 0)
             capacity_bytes, segmenter.passes, FIND_MAX_MISSES, bos_id,
@@ -161,26 +163,35 @@ class SegmentCachedTokenizer:
     def encode_pieces(self, pieces: list[str], batch: bool | None = None) -> list[Sequence[int]]:
         """Token ids of each piece (no cache access: safe to run in a worker thread).
 
-        ``batch`` (default: the ``batch_cold`` setting) uses ``encode_batch``, which releases
+        ``batch`` (default: the ``batch_cold`` setting) encodes them in one call, which releases
         the GIL while it works; a single ``encode`` holds it (measured)."""
         if batch is None:
             batch = self._batch_cold and len(pieces) > 1
         if batch:
-            encodings = self._tokenizer.encode_batch(pieces, add_special_tokens=False)
-            return [enc.ids for enc in encodings]
+            return self._plain(pieces)
         return [self._encode_one(piece) for piece in pieces]
+
+    def _plain(self, texts: list[str]) -> list[list[int]]:
+        """The tokenizer's own ids of each text: ``encode_batch_fast`` when it has it (no
+        offsets computed: 25-30% less time on Chinese, the same ids), else ``encode_batch``."""
+        encodings = self._encode_batch(texts, add_special_tokens=False)
+        return [enc.ids for enc in encodings]
 
     def _encode_one(self, piece: str) -> Sequence[int]:
         fast = self._fast
-        if fast is None:
-            return self._tokenizer.encode(piece, add_special_tokens=False).ids
-        if piece.isascii() or self._cutter is None:
-            ids = fast.encode(piece)
-            return self._tokenizer.encode(piece, add_special_tokens=False).ids if ids is None else ids
+        ids = None if fast is None or not piece.isascii() else fast.encode(piece)
+        if ids is not None:
+            return ids
+        if fast is None or self._cutter is None:
+            return self._plain([piece])[0]
+        # exact cuts: the runs' ids concatenate; the slow runs go to the tokenizer in one call
+        runs = self._cutter.runs(piece)
+        found = [fast.encode(run) if is_ascii else None for run, is_ascii in runs]
+        slow_runs = [run for (run, _), ids in zip(runs, found) if ids is None]
+        slow = iter(self._plain(slow_runs) if slow_runs else ())
         out: list[int] = []
-        for run, is_ascii in self._cutter.runs(piece):  # exact cuts: ids concatenate
-            ids = fast.encode(run) if is_ascii else None
-            out += self._tokenizer.encode(run, add_special_tokens=False).ids if ids is None else ids
+        for ids in found:
+            out += next(slow) if ids is None else ids
         return out
 
     def finish(self, lookup: Lookup, cold_ids: Sequence[Sequence[int]]) -> array[int]:
