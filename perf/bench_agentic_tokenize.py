@@ -188,9 +188,9 @@ def cold(fam: Family, iterations: int, context_tokens: int) -> dict:
             "plain_encode_ms_p50": round(statistics.median(plain) * 1e3, 2)}
 
 
-def session_trace(fam: Family, sessions: int, agents: int, turns: int, seed: int) -> list[str]:
+def session_trace(fam: Family, sessions: int, agents: int, turns: int, seed: int):
     """Every request text of ``sessions`` sessions of ``turns`` turns, interleaved at random
-    (each session's turns in order)."""
+    (each session's turns in order), generated as it goes (the same for the same seed)."""
     rng = random.Random(seed)
     prompts = []
     for _ in range(agents):
@@ -203,7 +203,6 @@ def session_trace(fam: Family, sessions: int, agents: int, turns: int, seed: int
     order = [s for s in range(sessions) for _ in range(turns)]
     rng.shuffle(order)
     done = [0] * sessions
-    texts = []
     for s in order:  # a turn: the previous answer and tool result, then a new ask
         messages, tools = chats[s]
         if done[s]:
@@ -212,32 +211,32 @@ def session_trace(fam: Family, sessions: int, agents: int, turns: int, seed: int
             messages.append({"role": "user", "content": "Tool result:\n"
                              + at.json_output(rng, 6)})
         ask = at.english(rng, 80) if rng.random() < 0.7 else at.chinese(rng, 60)
-        texts.append(fam.render([*messages, {"role": "user", "content": ask}], tools))
+        yield fam.render([*messages, {"role": "user", "content": ask}], tools)
         messages.append({"role": "user", "content": ask})
         done[s] += 1
-    return texts
 
 
 def sessions_hit_rate(fam: Family, sessions: int, agents: int, turns: int,
                       capacities_mb: list[int]) -> dict:
-    texts = session_trace(fam, sessions, agents, turns, seed=14)
     out: dict[str, object] = {"sessions": sessions, "agents": agents, "turns": turns,
-                              "requests": len(texts),
-                              "chars_mean": round(statistics.mean(len(t) for t in texts))}
+                              "requests": sessions * turns}
     rows = {}
     for mb in [*capacities_mb, 0]:
         cache = fam.profile.new_cached_tokenizer(capacity_bytes=(mb << 20) if mb else 1 << 40)
-        high = 0
-        t0 = time.perf_counter()
-        for text in texts:
+        high = chars = 0
+        elapsed = 0.0
+        for text in session_trace(fam, sessions, agents, turns, seed=14):
+            chars += len(text)
+            t0 = time.perf_counter()
             cache.encode_array(text)
+            elapsed += time.perf_counter() - t0
             high = max(high, cache.cached_bytes)
-        elapsed = time.perf_counter() - t0
         total = cache.hit_tokens + cache.miss_tokens
+        out["chars_mean"] = round(chars / (sessions * turns))
         row = {"hit_rate": round(cache.hit_tokens / total, 4),
                "max_cached_mb": round(high / 2**20, 2),
                "pieces": cache.cached_pieces,
-               "ms_per_request": round(elapsed * 1e3 / len(texts), 3)}
+               "ms_per_request": round(elapsed * 1e3 / (sessions * turns), 3)}
         rows["unbounded" if mb == 0 else f"{mb}MB"] = row
     out["by_capacity"] = rows
     out["working_set_mb"] = rows["unbounded"]["max_cached_mb"]
@@ -253,10 +252,10 @@ def main() -> None:
     parser.add_argument("--sections", default="warm_turn,growing,cold,sessions")
     parser.add_argument("--context-tokens", type=int, default=32_000)
     parser.add_argument("--new-tokens", type=int, default=2_000)
-    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--sessions", type=int, default=2000)
     parser.add_argument("--agents", type=int, default=4)
     parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--capacities-mb", default="4,16,64")
+    parser.add_argument("--capacities-mb", default="4,16,64,256")
     args = parser.parse_args()
     if args.quick:
         args.iterations, args.sessions, args.turns = 8, 40, 3
