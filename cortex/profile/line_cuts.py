@@ -34,7 +34,9 @@ not cut at) turns cutting off; ``why_not_cutting`` says why. Proven by
 
 Rules: ``chunks`` cuts at the first cut at least ``min_chars`` after the chunk's start, so a
 piece's chunks depend only on the text up to one line after them (a grown piece keeps its
-earlier chunks); pieces shorter than that are never looked at. ``runs`` cuts at every cut and
+earlier chunks); pieces shorter than that are never looked at. The request path cuts with the
+compiled twin of ``chunks`` (``cortex._fast.piece_cache.line_chunks``, property-tested equal:
+the ``re`` version cost ~100 µs per 32k-token prompt, every piece of it seen before). ``runs`` cuts at every cut and
 joins lines into runs that are all ASCII or not (the fast encoder takes the ASCII ones).
 """
 

@@ -111,8 +111,7 @@ class SegmentCachedTokenizer:
             capacity_bytes, segmenter.passes, FIND_MAX_MISSES, bos_id,
             None if native is None else native[0], None if native is None else native[1],
             self._encode_one, self.encode_pieces if batch_cold else None, Lookup,
-            None if self._cutter is None else self._cutter.chunks,
-            0 if self._cutter is None else self._cutter.min_chars)
+            0 if self._cutter is None else self._cutter.min_chars)  # LineCutter.chunks's cut
         self.encode_now = self._pieces.encode_now
 
     @property

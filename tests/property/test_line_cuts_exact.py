@@ -26,6 +26,7 @@ def _families() -> list[tuple[str, object, bytes]]:
 
 
 FAMILIES = _families()
+_DS_SEGMENTER = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
 _CUTTERS = {name: (tok, LineCutter(tok, Segmenter.from_tokenizer_json(raw), min_chars=1))
             for name, tok, raw in FAMILIES}
 
@@ -78,8 +79,7 @@ def test_chunks_and_runs_encode_like_the_whole(family: str, text: str, min_chars
        st.lists(_line, min_size=1, max_size=5).map("\n".join))
 def test_a_grown_text_keeps_its_earlier_chunks(text: str, min_chars: int, more: str) -> None:
     tok, _ = _CUTTERS["deepseek"]
-    cutter = LineCutter(tok, Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes()),
-                        min_chars=min_chars)
+    cutter = LineCutter(tok, _DS_SEGMENTER, min_chars=min_chars)
     before = cutter.chunks(text)
     after = cutter.chunks(text + more)
     assert after[:len(before) - 1] == before[:-1]
@@ -98,3 +98,13 @@ def test_a_cut_needs_a_known_pre_tokenizer() -> None:
     cutter = LineCutter(gpt2, Segmenter({}))
     assert not cutter.enabled and "ByteLevel" in str(cutter.why_not_cutting)
     assert cutter.chunks("a\n" * 2000) == ["a\n" * 2000]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(_texts, st.lists(_line, max_size=40).map("\n".join)), st.integers(1, 30))
+def test_the_compiled_chunker_equals_its_reference(text: str, size: int) -> None:
+    from cortex._fast.piece_cache import line_chunks
+
+    tok, _ = _CUTTERS["deepseek"]
+    reference = LineCutter(tok, _DS_SEGMENTER, min_chars=size)
+    assert line_chunks(text, size) == reference.chunks(text)
