@@ -117,6 +117,20 @@ class ModelProfile:
         """The template of a request without tools."""
         return None if self.chat_templates is None else self.chat_templates.default
 
+    def tokenization_notes(self) -> list[str]:
+        """What an operator should know once about this profile's tokenization: each exact
+        shortcut that is off, and why (a slower path, never a wrong id)."""
+        notes = []
+        for what, reason in (
+            ("fast ASCII encoding", None if self.fast_pieces is None
+             else self.fast_pieces.why_not_fast),
+            ("line cuts of long pieces", None if self.line_cuts is None
+             else self.line_cuts.why_not_cutting),
+        ):
+            if reason is not None:
+                notes.append(f"{what} off: {reason}")
+        return notes
+
     def new_cached_tokenizer(self, capacity_bytes: int = 64 << 20) -> SegmentCachedTokenizer:
         return SegmentCachedTokenizer(
             self.tokenizer,

@@ -69,3 +69,21 @@ def test_the_ascii_lines_of_a_mixed_piece_take_the_fast_path() -> None:
     text = "def unique_name_xyz(a):\n    return a\n# 注释\nprint(unique_name_xyz(1))\n"
     assert cache.encode(text) == tokenizer.encode(text, add_special_tokens=False).ids
     assert fast.cached_words > 0  # the ASCII lines' words went through the fast encoder
+
+
+def test_a_profile_says_which_shortcut_is_off_and_why() -> None:
+    profile = load_profile(ProfileSpec("deepseek", None, 16, builtin="deepseek"))
+    assert profile.tokenization_notes() == []
+    tokenizer = ds.tokenizer()
+    from tokenizers import Tokenizer, normalizers
+
+    lowered = Tokenizer.from_str(tokenizer.to_str())
+    lowered.normalizer = normalizers.Lowercase()
+    segmenter = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
+    import dataclasses
+
+    off = dataclasses.replace(profile, fast_pieces=FastPieceEncoder(lowered, segmenter),
+                              line_cuts=LineCutter(lowered, segmenter))
+    assert off.tokenization_notes() == [
+        "fast ASCII encoding off: normalizer Lowercase is not modelled",
+        "line cuts of long pieces off: normalizer Lowercase is not modelled"]
