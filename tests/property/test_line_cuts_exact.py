@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cortex.profile.fast_pieces import FastPieceEncoder
 from cortex.profile.line_cuts import CUT, LineCutter
+from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter
 from tests import deepseek_profile as ds
 from tests import qwen_profile as qw
@@ -108,3 +110,23 @@ def test_the_compiled_chunker_equals_its_reference(text: str, size: int) -> None
     tok, _ = _CUTTERS["deepseek"]
     reference = LineCutter(tok, _DS_SEGMENTER, min_chars=size)
     assert line_chunks(text, size) == reference.chunks(text)
+
+
+_CACHES = {}
+for _name, _tok, _raw in FAMILIES:
+    _segmenter = Segmenter.from_tokenizer_json(_raw)
+    _CACHES[_name] = (_tok, SegmentCachedTokenizer(
+        _tok, _segmenter, capacity_bytes=1 << 20, fast=FastPieceEncoder(_tok, _segmenter),
+        cutter=LineCutter(_tok, _segmenter, min_chars=5)))
+
+
+@pytest.mark.parametrize("family", sorted(_CACHES))
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(_texts, st.sampled_from(["<|im_start|>", "<tool_call>", "<｜User｜>"])),
+                max_size=4).map("".join))
+def test_the_segment_cache_with_cuts_equals_one_encode(family: str, text: str) -> None:
+    # chunks of long pieces, runs of ASCII lines through the fast path, the rest in one batch
+    tok, cache = _CACHES[family]
+    expected = _ids(tok, text)
+    assert cache.encode(text) == expected
+    assert cache.encode_now(text, False, 1 << 30).tolist() == expected
