@@ -26,7 +26,9 @@ sides apart equals encoding the whole, because:
   own normal forms;
 * every added token of the tokenizer is cut out by the segmenter (so none spans a cut).
 
-A cut stays a cut in any sub-text holding it (the rule reads one line ahead, never past the next
+No Unicode table is consulted (the solid characters are explicit code points: ASCII, and CJK
+Unified Ideographs that are letters in every Unicode version since 1.1), so onig's and Python's
+Unicode versions cannot disagree about a cut. A cut stays a cut in any sub-text holding it (the rule reads one line ahead, never past the next
 ``\\n``), so cutting at several is exact too. Anything else (other normalizers or pre-tokenizers,
 a model other than BPE without dropout, truncation or padding, added tokens the segmenter does
 not cut at) turns cutting off; ``why_not_cutting`` says why. Proven by

@@ -17,7 +17,8 @@ Invariants:
   against one plain full encode.
 * The cache is an LRU bounded by the bytes it holds (piece text as UTF-8 plus 4 bytes per token
   id plus a fixed per-entry overhead); a piece larger than the whole budget is encoded but not
-  kept. ``hits``/``misses`` count pieces, ``hit_tokens``/``miss_tokens`` their tokens.
+  kept. ``hits``/``misses`` count pieces (a long piece's chunks one by one),
+  ``hit_tokens``/``miss_tokens`` their tokens.
 * Cold pieces of one call are encoded one by one (default: measured faster on this 2-core
   machine), or together through ``encode_batch_fast`` (Rust threads) with ``batch_cold``. One by
   one, a pure-ASCII piece goes through ``fast`` (``fast_pieces.FastPieceEncoder``, exact; ~3x
