@@ -262,7 +262,11 @@ def main() -> None:
     sections = set(args.sections.split(","))
     result: dict[str, object] = {"benchmark": "agentic_tokenize", "quick": args.quick,
                                  "iterations": args.iterations}
-    for name, profile in profiles(args.families.split(",")).items():
+    families = args.families.split(",")
+    if "qwen" in families and not os.path.exists(os.path.join(QWEN_DIR, "tokenizer.json")):
+        families.remove("qwen")  # built by `make engines`
+        result["qwen"] = {"skipped": f"no tokenizer in {QWEN_DIR}: run `make engines`"}
+    for name, profile in profiles(families).items():
         fam = Family(name, profile)
         fast = profile.fast_pieces
         row: dict[str, object] = {"why_not_fast": None if fast is None else fast.why_not_fast}
