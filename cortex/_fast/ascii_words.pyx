@@ -221,3 +221,84 @@ cdef class DeepSeekV3Words:
         if gap < hi:
             self._emit(piece, gap, hi, out, cache)
         return 0
+
+
+cdef inline unsigned char _lower(unsigned char c) noexcept:
+    return c + 32 if 65 <= c <= 90 else c
+
+
+cdef class Qwen2Words(DeepSeekV3Words):
+    """The same for Qwen2's (``max_digits`` 1) or Llama-3's (3) one ``Split`` pattern:
+    ``(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,max_digits}
+    | ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+``; flag 2 marks
+    ``[^\\s\\p{L}\\p{N}]``, flag 8 ``[^\\r\\n\\p{L}\\p{N}]`` (flag 4 unused)."""
+
+    cdef int max_digits
+
+    def __init__(self, bytes table, int max_digits):
+        DeepSeekV3Words.__init__(self, table)
+        if max_digits < 1:
+            raise ValueError("max_digits must be >= 1")
+        self.max_digits = max_digits
+
+    cdef int _scan(self, str piece, list out, WordIds cache) except -1:
+        """Every match of the pattern, leftmost-first at each position, as ``re`` finds them
+        (every ASCII character starts one: letters, digits, ``\\s`` and the rest each have an
+        alternative, so there are no gaps)."""
+        cdef const unsigned char* text = <const unsigned char*>PyUnicode_DATA(piece)
+        cdef const unsigned char* flags = self.flags
+        cdef Py_ssize_t n = PyUnicode_GET_LENGTH(piece)
+        cdef Py_ssize_t i = 0, j, k, last_newline
+        cdef unsigned char here, after, c1, c2
+        while i < n:
+            here = flags[text[i]]
+            after = flags[text[i + 1]] if i + 1 < n else 0
+            j = -1
+            if text[i] == 39 and i + 1 < n:  # (?i:'s|'t|'re|'ve|'m|'ll|'d)
+                c1 = _lower(text[i + 1])
+                if c1 == 115 or c1 == 116 or c1 == 109 or c1 == 100:      # s t m d
+                    j = i + 2
+                elif i + 2 < n:
+                    c2 = _lower(text[i + 2])
+                    if (c2 == 101 and (c1 == 114 or c1 == 118)) or (c1 == 108 and c2 == 108):
+                        j = i + 3                                        # re ve ll
+            if j >= 0:
+                pass
+            elif (here & F_OPTIONAL) and (after & F_LETTER):
+                j = i + 2                  # [^\r\n\p{L}\p{N}]\p{L}+
+                while j < n and flags[text[j]] & F_LETTER:
+                    j += 1
+            elif here & F_LETTER:
+                j = i + 1                  # \p{L}+
+                while j < n and flags[text[j]] & F_LETTER:
+                    j += 1
+            elif here & F_DIGIT:
+                j = i + 1                  # \p{N}{1,max_digits}
+                while j < n and j - i < self.max_digits and flags[text[j]] & F_DIGIT:
+                    j += 1
+            elif (here & F_PUNCT) or (text[i] == 32 and (after & F_PUNCT)):
+                j = i if here & F_PUNCT else i + 1   # ' '?[^\s\p{L}\p{N}]+[\r\n]*
+                while j < n and flags[text[j]] & F_PUNCT:
+                    j += 1
+                while j < n and flags[text[j]] & F_NEWLINE:
+                    j += 1
+            elif here & F_SPACE:
+                k = i
+                last_newline = -1
+                while k < n and flags[text[k]] & F_SPACE:
+                    if flags[text[k]] & F_NEWLINE:
+                        last_newline = k
+                    k += 1
+                if last_newline >= 0:      # \s*[\r\n]+ : up to the run's last newline
+                    j = last_newline + 1
+                elif k == n:               # \s+(?!\S) at the end of the text
+                    j = n
+                elif k - 1 > i:            # \s+(?!\S) : all but the space before a non-space
+                    j = k - 1
+                else:                      # \s+ : one space before a non-space
+                    j = k
+            else:
+                raise ValueError("the flag table leaves an ASCII character unmatched")
+            self._emit(piece, i, j, out, cache)
+            i = j
+        return 0

@@ -2,7 +2,7 @@
 request path's tokenization in one call (``cortex.profile.segment_cache`` is its user).
 
 ``PieceCache(capacity_bytes, passes, max_misses, bos_id, native, words, encode_one,
-encode_many, lookup_class)``:
+encode_many, lookup_class, chunk_chars=0)``:
 
 * an LRU of piece text -> ``array('I')`` ids bounded by ``cached_bytes`` <= ``capacity_bytes``
   (a piece costs its UTF-8 bytes + 4 per id + 96); a piece costing more than the whole budget
@@ -13,13 +13,20 @@ encode_many, lookup_class)``:
 * ``finish(pieces, found, cold, cold_ids, bos_id)``: each cold piece's ids (any sequence of
   ints) counted as a miss and remembered; the prompt's ids assembled in piece order, ``bos_id``
   first unless ``None``;
-* ``encode_now(text, add_special_tokens, offload_min_chars)``: ``token_spans.split_pieces(text,
-  passes, max_misses)`` + ``lookup``, then
+* ``chunked(pieces)``: with ``chunk_chars`` > 0, every ordinary piece (``(text, None)``)
+  longer than ``chunk_chars`` characters replaced by ``(chunk, None)`` for each of
+  ``line_chunks(text, chunk_chars)``, in order; otherwise (and when no piece is that long)
+  ``pieces`` itself;
+* ``encode_now(text, add_special_tokens, offload_min_chars)``: ``chunked(token_spans.
+  split_pieces(text, passes, max_misses))`` + ``lookup``, then
   ``lookup_class(pieces, found, cold, bos)`` if the cold pieces hold ``offload_min_chars``
   characters or more, else their ids (``encode_many(cold)`` when given and there is more than
   one, else per piece ``native.cached_ids(piece, words)`` for an ASCII piece when ``native`` is
   given, falling back to ``encode_one(piece)``) and ``finish``; ``bos`` is ``bos_id`` when
   ``add_special_tokens``, else ``None``.
+
+``line_chunks(text, size)`` equals ``line_cuts.LineCutter(..., min_chars=size).chunks(text)``
+for an enabled cutter (its reference; property-tested equal).
 """
 
 from array import array
@@ -37,7 +44,9 @@ class PieceCache:
                  bos_id: int | None, native: Any, words: Any,
                  encode_one: Callable[[str], Sequence[int]],
                  encode_many: Callable[[list[str]], list[Sequence[int]]] | None,
-                 lookup_class: Callable[..., Any]) -> None: ...
+                 lookup_class: Callable[..., Any],
+                 chunk_chars: int = 0) -> None: ...
+    def chunked(self, pieces: list[tuple[str, int | None]]) -> list[tuple[str, int | None]]: ...
     @property
     def cached_pieces(self) -> int: ...
     def lookup(self, pieces: list[tuple[str, int | None]],
@@ -47,3 +56,5 @@ class PieceCache:
                cold_ids: list[Sequence[int]], bos_id: int | None) -> array[int]: ...
     def encode_now(self, text: str, add_special_tokens: bool,
                    offload_min_chars: int) -> Any: ...
+
+def line_chunks(text: str, size: int) -> list[str]: ...

@@ -17,11 +17,55 @@ from collections import OrderedDict
 from cortex._fast.token_spans import split_pieces
 
 cdef extern from "Python.h":
+    ctypedef unsigned int Py_UCS4
     bint PyUnicode_IS_ASCII(object)
+    Py_ssize_t PyUnicode_FindChar(object, Py_UCS4, Py_ssize_t, Py_ssize_t, int) except -2
+    Py_UCS4 PyUnicode_READ_CHAR(object, Py_ssize_t)
 
 ENTRY_OVERHEAD_BYTES = 96  # a piece's fixed charge: dict slot, OrderedDict links, array header
 cdef Py_ssize_t _OVERHEAD = ENTRY_OVERHEAD_BYTES
 cdef array.array _IDS_TEMPLATE = py_array.array("I")
+
+
+cdef inline bint _solid(Py_UCS4 c) noexcept:
+    return 0x21 <= c <= 0x7E or 0x4E00 <= c <= 0x9FA5
+
+
+cdef list _line_chunks(str text, Py_ssize_t size):
+    """``line_cuts.LineCutter.chunks`` (its reference): cut just after the first ``\\n`` at least
+    ``size`` characters into each chunk that is followed by ``[ \\t]*`` and a solid character
+    (ASCII ``!``..``~`` or U+4E00..U+9FA5)."""
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), start = 0, at, k
+    cdef Py_UCS4 c
+    cdef list out = []
+    if n <= size:
+        return [text]
+    at = size - 1
+    while at < n:
+        at = PyUnicode_FindChar(text, 10, at, n, 1)
+        if at < 0:
+            break
+        k = at + 1
+        while k < n:
+            c = PyUnicode_READ_CHAR(text, k)
+            if c != 32 and c != 9:
+                break
+            k += 1
+        if k < n and _solid(PyUnicode_READ_CHAR(text, k)):
+            out.append(text[start:at + 1])
+            start = at + 1
+            at = start + size - 1
+        else:
+            at += 1
+    out.append(text[start:])
+    return out
+
+
+def line_chunks(str text, Py_ssize_t size):
+    """The native chunker alone (for its property test against ``LineCutter.chunks``)."""
+    if size < 1:
+        raise ValueError("size must be >= 1")
+    return _line_chunks(text, size)
 
 
 cdef inline array.array _as_ids(object ids):
@@ -59,9 +103,11 @@ cdef class PieceCache:
     cdef object _encode_one          # a cold piece's ids (the Python path)
     cdef object _encode_many         # the cold pieces' ids together, or None
     cdef object _lookup_class
+    cdef Py_ssize_t _chunk_chars     # longer ordinary pieces are cut into chunks; 0: never
 
     def __init__(self, Py_ssize_t capacity_bytes, tuple passes, int max_misses, bos_id,
-                 native, words, encode_one, encode_many, lookup_class):
+                 native, words, encode_one, encode_many, lookup_class,
+                 Py_ssize_t chunk_chars=0):
         if capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
         self._entries = OrderedDict()
@@ -76,10 +122,40 @@ cdef class PieceCache:
         self._encode_one = encode_one
         self._encode_many = encode_many
         self._lookup_class = lookup_class
+        if chunk_chars < 0:
+            raise ValueError("chunk_chars must be >= 0")
+        self._chunk_chars = chunk_chars
 
     @property
     def cached_pieces(self):
         return len(self._entries)
+
+    def chunked(self, list pieces):
+        """``pieces`` with every ordinary piece longer than ``chunk_chars`` replaced by its
+        chunks (the list itself when none is)."""
+        return self._chunked(pieces)
+
+    cdef list _chunked(self, list pieces):
+        cdef tuple one
+        cdef Py_ssize_t i, n = len(pieces), over = self._chunk_chars
+        cdef list out
+        if over == 0:
+            return pieces
+        for i in range(n):
+            one = <tuple>pieces[i]
+            if one[1] is None and PyUnicode_GET_LENGTH(one[0]) > over:
+                break
+        else:
+            return pieces
+        out = pieces[:i]
+        for i in range(i, n):
+            one = <tuple>pieces[i]
+            if one[1] is None and PyUnicode_GET_LENGTH(one[0]) > over:
+                for chunk in _line_chunks(<str>one[0], over):
+                    out.append((chunk, None))
+            else:
+                out.append(one)
+        return out
 
     # -- the steps, for a caller that encodes the cold pieces elsewhere (a worker thread) -----
 
@@ -102,7 +178,7 @@ cdef class PieceCache:
         """The prompt's ids as ``array('I')``, or, when its cold pieces hold
         ``offload_min_chars`` characters or more, its ``Lookup`` (hits counted) for a worker
         thread to encode."""
-        cdef list pieces = split_pieces(text, self._passes, self._max_misses)
+        cdef list pieces = self._chunked(split_pieces(text, self._passes, self._max_misses))
         cdef list found = [], cold = []
         cdef Py_ssize_t cold_chars = 0
         bos_id = self._bos_id if add_special_tokens else None

@@ -34,6 +34,7 @@ Rules:
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from array import array
@@ -65,6 +66,8 @@ from cortex.scheduling.inflight import Hold
 from cortex.scheduling.p2c import PowerOfTwo
 from cortex.scheduling.round_robin import RoundRobin
 from cortex.workers.spec import WorkerSpec
+
+log = logging.getLogger("cortex.gateway")
 
 # Trust order of ledger states: a worker is as trusted as its least trusted DP rank.
 _DISTRUST = {TargetState.READY: 0, TargetState.SYNCING: 1, TargetState.STALE: 2,
@@ -128,6 +131,8 @@ class ModelPool:
         self.clock = clock
         self.tokenizer = (None if self.profile is None or passthrough
                           else self.profile.new_cached_tokenizer(segment_cache_bytes))
+        for note in [] if self.tokenizer is None else self.profile.tokenization_notes():
+            log.info("model %s: %s (slower, still exact)", model, note)
         self.pending = PendingWork()
         self.workers: dict[str, WorkerSpec] = {}
         self._families: tuple[EngineFamily, ...] = ()  # of the workers (``_membership_changed``)

@@ -9,8 +9,9 @@ bytes mapped as ``ByteLevel`` maps them, and each word run through the tokenizer
 Applies (decided once per tokenizer; ``why_not_fast`` says why not, like
 ``Segmenter.why_not_splitting``) only when every step is modelled exactly:
 
-* no normalizer (absent or an empty ``Sequence``); no truncation, no padding; the post-processor
-  absent or ``ByteLevel`` (it trims offsets, never changes ids);
+* no normalizer (absent or an empty ``Sequence``), or ``NFC``/``NFKC`` (Qwen2.5's): both are
+  the identity on ASCII text, and only ASCII pieces are encoded here; no truncation, no
+  padding; the post-processor absent or ``ByteLevel`` (it trims offsets, never changes ids);
 * pre-tokenizer: a ``Sequence`` of ``Split(Regex, behavior=Isolated, invert=false)`` followed by
   one ``ByteLevel(add_prefix_space=false, use_regex=false)``, every regex translatable
   (``_translate``) and unable to match the empty string;
@@ -28,16 +29,20 @@ points it matches — ``\\p{X}``/``\\P{X}`` (general categories, one or two lett
 ``unicodedata`` at import, ``\\s``/``\\S`` as onig defines them for ASCII (TAB, LF, VT, FF, CR,
 space: Unicode ``White_Space``; Python's own ``\\s`` would add 0x1C-0x1F), literals and ranges
 as written (ranges past ASCII clipped). Groups, alternation, lookaheads and greedy or lazy
-quantifiers mean the same in both backtracking engines. Anything else (anchors, ``.``, other
-escapes, flags, possessive quantifiers, nested or intersected classes) is refused.
+quantifiers mean the same in both backtracking engines. A case-insensitive group ``(?i:...)``
+of literal alternatives (Qwen2's and Llama-3's contractions, ``'s|'t|'re|...``) stays one: on
+ASCII text both engines fold exactly A-Z to a-z (their Unicode folds, such as ``ſ`` for ``s``,
+need a non-ASCII character). Anything else (anchors, ``.``, other escapes, other flags,
+possessive quantifiers, nested or intersected classes, classes inside ``(?i:``) is refused.
 
 Isolated splits: matches and the gaps between them are pieces, empty ones dropped; each later
 split applies within every piece of the earlier ones (``tokenizers`` ``Pattern::find_matches``).
 DeepSeek-V3's own pair of ASCII-relevant splits (``DEEPSEEK_V3_SPLITS``, recognised by their
 translations) is split natively instead, by ``cortex._fast.ascii_words`` from a flag table of
 the pattern's own classes, which also takes the words' cached ids in the same pass; the ``re``
-path is its reference (property-tested equal). The two ``re.split`` passes were two thirds of a
-new message's encode: ``perf/bench_tokenize.py`` ``new_message`` 0.29x -> 0.09x of ``encode``.
+path is its reference (property-tested equal). Qwen2's and Llama-3's one split (``QWEN2_SPLIT``,
+``LLAMA3_SPLIT``) likewise, by ``ascii_words.Qwen2Words``. The two ``re.split`` passes were two
+thirds of a new message's encode: ``perf/bench_tokenize.py`` ``new_message`` 0.29x -> 0.09x of ``encode``.
 
 The word cache is a ``cortex._fast.word_ids.WordIds`` table of at most ``word_cache_entries``
 words (cleared when full) of at most ``MAX_CACHED_WORD_CHARS`` chars (at most 4 MB of slots,
@@ -61,7 +66,7 @@ try:  # Python 3.11+
 except ImportError:  # pragma: no cover - Python < 3.11
     import sre_parse as _sre_parse  # type: ignore[no-redef]
 
-from cortex._fast.ascii_words import DeepSeekV3Words
+from cortex._fast.ascii_words import DeepSeekV3Words, Qwen2Words
 from cortex._fast.word_ids import WordIds
 from cortex.profile.segments import Segmenter
 
@@ -81,6 +86,7 @@ _ALL_CATEGORY_NAMES = frozenset((
 ))
 _SIMPLE_ESCAPES = {"t": 0x09, "n": 0x0A, "r": 0x0D, "f": 0x0C}
 MAX_CACHED_WORD_CHARS = 64
+ASCII_IDENTITY_NORMALIZERS = ("NFC", "NFKC")  # leave every ASCII text as it is
 WORD_CACHE_ENTRIES = 1 << 16
 
 
@@ -169,6 +175,8 @@ def _parse_class(pattern: str, i: int) -> tuple[frozenset[int], int]:
 
 
 _QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
+# ``(?i:`` + literal alternatives + ``)``: the only flagged group translated (see docstring)
+_CASELESS_LITERALS = re.compile(r"\(\?i:((?:[^\\()\[\]{}.*+?^$|]+\|)*[^\\()\[\]{}.*+?^$|]+)\)")
 # A translated pattern that is one class without ASCII members, repeated or not (``_translate``
 # has refused a minimum width of 0): it can match no ASCII text at all.
 _NO_ASCII_ONLY = re.compile(re.escape(_emit_class(frozenset())) + r"(?:\+|\{\d+(?:,\d*)?\})?\??")
@@ -193,6 +201,13 @@ def _translate(pattern: str) -> str:
         elif c == "\\":
             item, i = _escape_set(pattern, i)
             out.append(_emit_class(item if isinstance(item, frozenset) else frozenset((item,))))
+            quantifiable = True
+        elif c == "(" and pattern.startswith("(?i:", i):
+            m = _CASELESS_LITERALS.match(pattern, i)
+            if m is None or not m.group(1).isascii():
+                raise UnsupportedPattern("(?i: group that is not ASCII literal alternatives")
+            out.append("(?i:" + "|".join(re.escape(a) for a in m.group(1).split("|")) + ")")
+            i = m.end()
             quantifiable = True
         elif c == "(":
             for opener in ("(?:", "(?!", "(?="):
@@ -281,11 +296,45 @@ def deepseek_v3_flags() -> bytes:
     return bytes(table)
 
 
+# Qwen2's one split (Llama-3's is the same with ``\p{N}{1,3}``): natively ``ascii_words.Qwen2Words``.
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+               r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = QWEN2_SPLIT.replace("|\\p{N}|", "|\\p{N}{1,3}|")
+
+
+def qwen2_flags() -> bytes:
+    """The flag table of ``ascii_words.Qwen2Words``, from ``QWEN2_SPLIT``'s own classes (in
+    order: optional, other, CR LF twice); raises ``UnsupportedPattern`` if they are not shaped
+    as the native splitter assumes."""
+    classes = []
+    i = QWEN2_SPLIT.find("[")
+    while i >= 0:
+        codes, i = _parse_class(QWEN2_SPLIT, i)
+        classes.append(codes)
+        i = QWEN2_SPLIT.find("[", i)
+    optional, other, newline, newline_again = classes
+    letters, digits = CATEGORIES["L"], CATEGORIES["N"]
+    if not (newline == newline_again == {0x0A, 0x0D} and newline <= ONIG_SPACE
+            and other == ASCII - ONIG_SPACE - letters - digits
+            and optional == ASCII - newline - letters - digits and not letters & digits):
+        raise UnsupportedPattern("Qwen2 classes not shaped as the native splitter assumes")
+    table = bytearray(128)
+    for flag, codes in ((1, letters), (2, other), (8, optional), (16, ONIG_SPACE),
+                        (32, newline), (64, digits)):
+        for code in codes:
+            table[code] |= flag
+    return bytes(table)
+
+
 def _native_splitter(translated: list[str]) -> DeepSeekV3Words | None:
-    """The native splitter when ``translated`` are DeepSeek-V3's splits, else None."""
-    if translated != [_translate(p) for p in DEEPSEEK_V3_SPLITS]:
-        return None
-    return DeepSeekV3Words(deepseek_v3_flags())
+    """The native splitter when ``translated`` are DeepSeek-V3's splits or Qwen2's or Llama-3's
+    one, else None."""
+    if translated == [_translate(p) for p in DEEPSEEK_V3_SPLITS]:
+        return DeepSeekV3Words(deepseek_v3_flags())
+    for split, max_digits in ((QWEN2_SPLIT, 1), (LLAMA3_SPLIT, 3)):
+        if translated == [_translate(split)]:
+            return Qwen2Words(qwen2_flags(), max_digits)
+    return None
 
 
 def _byte_level_table() -> dict[int, str]:
@@ -311,7 +360,7 @@ def _why_not(tokenizer: Any, segmenter: Segmenter) -> tuple[str | None, list[str
     normalizer = _state(tokenizer.normalizer)
     if normalizer is not None and not (
         normalizer.get("type") == "Sequence" and not normalizer.get("normalizers")
-    ):
+    ) and normalizer.get("type") not in ASCII_IDENTITY_NORMALIZERS:
         return f"normalizer {normalizer.get('type')} is not modelled", []
     post = _state(tokenizer.post_processor)
     if post is not None and post.get("type") != "ByteLevel":

@@ -58,6 +58,7 @@ from cortex.profile.hf_settings import (
     pick_template,
     read_hf_settings,
 )
+from cortex.profile.line_cuts import LineCutter
 from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter
 
@@ -106,6 +107,8 @@ class ModelProfile:
     chat_templates: ChatTemplates | None = field(repr=False, compare=False)
     # exact fast encode of ASCII pieces; ``fast_pieces.why_not_fast`` says when it is off
     fast_pieces: FastPieceEncoder | None = field(default=None, repr=False, compare=False)
+    # exact cuts of long pieces at line starts; ``line_cuts.why_not_cutting`` says when off
+    line_cuts: LineCutter | None = field(default=None, repr=False, compare=False)
     # the named special tokens every chat template gets (HF's ``special_tokens_map``)
     template_tokens: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -114,6 +117,20 @@ class ModelProfile:
         """The template of a request without tools."""
         return None if self.chat_templates is None else self.chat_templates.default
 
+    def tokenization_notes(self) -> list[str]:
+        """What an operator should know once about this profile's tokenization: each exact
+        shortcut that is off, and why (a slower path, never a wrong id)."""
+        notes = []
+        for what, reason in (
+            ("fast ASCII encoding", None if self.fast_pieces is None
+             else self.fast_pieces.why_not_fast),
+            ("line cuts of long pieces", None if self.line_cuts is None
+             else self.line_cuts.why_not_cutting),
+        ):
+            if reason is not None:
+                notes.append(f"{what} off: {reason}")
+        return notes
+
     def new_cached_tokenizer(self, capacity_bytes: int = 64 << 20) -> SegmentCachedTokenizer:
         return SegmentCachedTokenizer(
             self.tokenizer,
@@ -121,6 +138,7 @@ class ModelProfile:
             capacity_bytes=capacity_bytes,
             bos_id=self.bos_id if self.add_bos else None,
             fast=self.fast_pieces,
+            cutter=self.line_cuts,
         )
 
 
@@ -200,6 +218,7 @@ def load_profile(spec: ProfileSpec) -> ModelProfile:
         segmenter=segmenter,
         chat_templates=templates,
         fast_pieces=FastPieceEncoder(tokenizer, segmenter),
+        line_cuts=LineCutter(tokenizer, segmenter),
         template_tokens=tokens,
     )
 

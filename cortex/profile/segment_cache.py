@@ -3,7 +3,11 @@
 The rendered prompt is cut where the tokenizer itself cuts (``segments.Segmenter``: at added
 tokens matched in the raw text); each ordinary piece is encoded on its own and cached, each
 added-token piece maps straight to its id. A multi-turn chat therefore pays only for its new
-message.
+message. With a ``cutter`` (``line_cuts.LineCutter``, exact for the tokenizers it is enabled
+for), an ordinary piece longer than its ``min_chars`` is cached as chunks cut at line starts,
+so a message that grew between turns pays for its new text and one chunk, not for all of it;
+and a cold piece that is not pure ASCII is encoded as runs of lines, the ASCII runs through
+``fast`` (code with a few non-ASCII comments, English among Chinese).
 
 Invariants:
 
@@ -13,9 +17,10 @@ Invariants:
   against one plain full encode.
 * The cache is an LRU bounded by the bytes it holds (piece text as UTF-8 plus 4 bytes per token
   id plus a fixed per-entry overhead); a piece larger than the whole budget is encoded but not
-  kept. ``hits``/``misses`` count pieces, ``hit_tokens``/``miss_tokens`` their tokens.
+  kept. ``hits``/``misses`` count pieces (a long piece's chunks one by one),
+  ``hit_tokens``/``miss_tokens`` their tokens.
 * Cold pieces of one call are encoded one by one (default: measured faster on this 2-core
-  machine), or together through ``encode_batch`` (Rust threads) with ``batch_cold``. One by
+  machine), or together through ``encode_batch_fast`` (Rust threads) with ``batch_cold``. One by
   one, a pure-ASCII piece goes through ``fast`` (``fast_pieces.FastPieceEncoder``, exact; ~3x
   faster than ``encode`` on short English text, ~10x with DeepSeek-V3's native splitter) when
   one is given and it applies.
@@ -37,6 +42,7 @@ from typing import Protocol
 
 from cortex._fast.piece_cache import ENTRY_OVERHEAD_BYTES, PieceCache
 from cortex.profile.fast_pieces import FastPieceEncoder
+from cortex.profile.line_cuts import LineCutter
 from cortex.profile.segments import FIND_MAX_MISSES, Piece, Segmenter
 
 __all__ = ["ENTRY_OVERHEAD_BYTES", "OFFLOAD_MIN_CHARS", "Lookup", "SegmentCachedTokenizer"]
@@ -74,6 +80,8 @@ class SegmentCachedTokenizer:
     __slots__ = (
         "_batch_cold",
         "_bos_id",
+        "_cutter",
+        "_encode_batch",
         "_fast",
         "_pieces",
         "_segmenter",
@@ -90,17 +98,21 @@ class SegmentCachedTokenizer:
         bos_id: int | None = None,
         batch_cold: bool = False,
         fast: FastPieceEncoder | None = None,
+        cutter: LineCutter | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._segmenter = segmenter
         self._bos_id = bos_id
         self._batch_cold = batch_cold
         self._fast = fast if fast is not None and fast.enabled else None
+        self._cutter = cutter if cutter is not None and cutter.enabled else None
+        self._encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
         native = None if self._fast is None else self._fast.native_words
         self._pieces = PieceCache(  # (ValueError for capacity_bytes < 0)
             capacity_bytes, segmenter.passes, FIND_MAX_MISSES, bos_id,
             None if native is None else native[0], None if native is None else native[1],
-            self._encode_one, self.encode_pieces if batch_cold else None, Lookup)
+            self._encode_one, self.encode_pieces if batch_cold else None, Lookup,
+            0 if self._cutter is None else self._cutter.min_chars)  # LineCutter.chunks's cut
         self.encode_now = self._pieces.encode_now
 
     @property
@@ -144,25 +156,43 @@ class SegmentCachedTokenizer:
 
     def lookup(self, text: str, add_special_tokens: bool = False) -> Lookup:
         """Split ``text`` and take every piece the cache holds (counted as hits)."""
-        pieces = self._segmenter.split(text)
+        pieces = self._pieces.chunked(self._segmenter.split(text))
         found, cold = self._pieces.lookup(pieces)
         return Lookup(pieces, found, cold, self._bos_id if add_special_tokens else None)
 
     def encode_pieces(self, pieces: list[str], batch: bool | None = None) -> list[Sequence[int]]:
         """Token ids of each piece (no cache access: safe to run in a worker thread).
 
-        ``batch`` (default: the ``batch_cold`` setting) uses ``encode_batch``, which releases
+        ``batch`` (default: the ``batch_cold`` setting) encodes them in one call, which releases
         the GIL while it works; a single ``encode`` holds it (measured)."""
         if batch is None:
             batch = self._batch_cold and len(pieces) > 1
         if batch:
-            encodings = self._tokenizer.encode_batch(pieces, add_special_tokens=False)
-            return [enc.ids for enc in encodings]
+            return self._plain(pieces)
         return [self._encode_one(piece) for piece in pieces]
 
+    def _plain(self, texts: list[str]) -> list[list[int]]:
+        """The tokenizer's own ids of each text: ``encode_batch_fast`` when it has it (no
+        offsets computed: 25-30% less time on Chinese, the same ids), else ``encode_batch``."""
+        encodings = self._encode_batch(texts, add_special_tokens=False)
+        return [enc.ids for enc in encodings]
+
     def _encode_one(self, piece: str) -> Sequence[int]:
-        ids = None if self._fast is None else self._fast.encode(piece)
-        return self._tokenizer.encode(piece, add_special_tokens=False).ids if ids is None else ids
+        fast = self._fast
+        ids = None if fast is None or not piece.isascii() else fast.encode(piece)
+        if ids is not None:
+            return ids
+        if fast is None or self._cutter is None:
+            return self._plain([piece])[0]
+        # exact cuts: the runs' ids concatenate; the slow runs go to the tokenizer in one call
+        runs = self._cutter.runs(piece)
+        found = [fast.encode(run) if is_ascii else None for run, is_ascii in runs]
+        slow_runs = [run for (run, _), ids in zip(runs, found) if ids is None]
+        slow = iter(self._plain(slow_runs) if slow_runs else ())
+        out: list[int] = []
+        for ids in found:
+            out += next(slow) if ids is None else ids
+        return out
 
     def finish(self, lookup: Lookup, cold_ids: Sequence[Sequence[int]]) -> array[int]:
         """Remember the cold pieces' ids (counted as misses) and assemble the prompt's ids."""

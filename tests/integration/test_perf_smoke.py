@@ -35,6 +35,20 @@ def _tokenize(result: dict) -> None:
     assert {"prose", "markup"} <= set(result["split_16kb"])
 
 
+def _agentic_tokenize(result: dict) -> None:
+    for family in ("deepseek", "qwen"):
+        row = result[family]
+        if "skipped" in row and family == "qwen":
+            continue
+        assert set(row["warm_turn"]) == {"context_tokens", "english", "chinese", "code"}
+        assert row["warm_turn"]["context_tokens"] > 30_000
+        sessions = row["sessions"]
+        for name, got in sessions["by_capacity"].items():
+            assert got["hit_rate"] <= sessions["ideal_hit_rate"]
+            if name != "unbounded":
+                assert got["max_cached_mb"] <= int(name.removesuffix("MB"))
+
+
 def _request_steps(result: dict) -> None:
     for size in ("small_us_p50", "large_us_p50"):
         steps = result[size]
@@ -100,6 +114,7 @@ def _api_render(result: dict) -> None:
 
 
 CHECKS = {
+    "bench_agentic_tokenize.py": _agentic_tokenize,
     "bench_api_render.py": _api_render,
     "bench_cpu_ab.py": _cpu_ab,
     "bench_http.py": _http,

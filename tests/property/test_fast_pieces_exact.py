@@ -1,13 +1,16 @@
 """The fast ASCII path equals ``Tokenizer.encode`` with the real 128k-vocab DeepSeek tokenizer,
 for arbitrary ASCII text: all 128 code points, weighted towards realistic text (words, digit
 runs, punctuation, whitespace runs with \\r\\n\\t, control characters) and the vocabulary's
-ASCII added tokens (which the segmenter cuts out before the fast path sees a piece)."""
+ASCII added tokens (which the segmenter cuts out before the fast path sees a piece). The same
+for Qwen2.5's tokenizer (NFC normalizer, one regex with a case-insensitive group; ``re`` splits,
+no native splitter), when ``make engines`` has built it."""
 
 from __future__ import annotations
 
 import json
 import string
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +19,7 @@ from cortex.profile.fast_pieces import FastPieceEncoder
 from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter, added_tokens_from_json
 from tests import deepseek_profile as ds
+from tests import qwen_profile as qw
 
 _TOKENIZER = ds.tokenizer()
 _SEGMENTER = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
@@ -98,3 +102,64 @@ def test_native_cached_ids_are_the_words_ids_or_none_on_a_miss(text: str, rng) -
         expected = [i for word in words for i in cache[word]]
     found = _FAST._native.cached_ids(text, table)
     assert (None if found is None else list(found)) == expected
+
+
+_QWEN = qw.tokenizer()
+_QWEN_SEGMENTER = (None if _QWEN is None else
+                   Segmenter.from_tokenizer_json(qw.tokenizer_json_bytes()))
+_QWEN_FAST = (None if _QWEN is None else
+              FastPieceEncoder(_QWEN, _QWEN_SEGMENTER, word_cache_entries=512))
+_qwen_fragment = st.one_of(_fragment, st.sampled_from(
+    ["'s", "'S", "'ll", "'LL", "'Re", "'ve", "'m", "'d", "'x", "''s", " 's", "<|im_start|>",
+     "<tool_call>", "<|im_end|>", "1234567"]))
+
+
+@pytest.mark.skipif(_QWEN is None, reason=qw.MISSING)
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(_qwen_fragment, max_size=24).map("".join))
+def test_qwen_fast_path_equals_encode_on_ascii_pieces(text: str) -> None:
+    assert _QWEN_FAST is not None and _QWEN_FAST.enabled, _QWEN_FAST.why_not_fast
+    for piece, token_id in _QWEN_SEGMENTER.split(text):
+        if token_id is None:
+            assert list(_QWEN_FAST.encode(piece)) == _QWEN.encode(piece,
+                                                                  add_special_tokens=False).ids
+    cache = SegmentCachedTokenizer(_QWEN, _QWEN_SEGMENTER, fast=_QWEN_FAST)
+    assert cache.encode(text) == _QWEN.encode(text, add_special_tokens=False).ids
+
+
+_QWEN_ALPHABET = "aZ0!$_' \t\n\r\x0b\x1c\x00\x7fsStTlLeE"
+_qwen_words_text = st.lists(st.one_of(_qwen_fragment, st.text(alphabet=_QWEN_ALPHABET,
+                                                              max_size=8)), max_size=32)
+
+
+def _regex_words(split: str):
+    import re
+
+    from cortex.profile.fast_pieces import _isolate, _translate
+
+    pattern = re.compile(f"({_translate(split)})")
+    return lambda text: _isolate(pattern, [text])
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_qwen_words_text.map("".join))
+def test_native_qwen2_and_llama3_words_equal_the_regex_splits(text: str) -> None:
+    # cortex._fast.ascii_words.Qwen2Words against its reference, re (no tokenizer needed)
+    from cortex._fast.ascii_words import Qwen2Words
+    from cortex.profile.fast_pieces import LLAMA3_SPLIT, QWEN2_SPLIT, qwen2_flags
+
+    for split, digits in ((QWEN2_SPLIT, 1), (LLAMA3_SPLIT, 3)):
+        assert Qwen2Words(qwen2_flags(), digits).words(text) == _regex_words(split)(text)
+
+
+def test_native_qwen2_words_equal_the_regex_splits_on_every_short_string() -> None:
+    from cortex._fast.ascii_words import Qwen2Words
+    from cortex.profile.fast_pieces import QWEN2_SPLIT, qwen2_flags
+
+    native, reference = Qwen2Words(qwen2_flags(), 1), _regex_words(QWEN2_SPLIT)
+    alphabet = "aS0!_' \t\n\r\x0b\x1c\x00"
+    texts = [""] + list(alphabet)
+    for _ in range(2):
+        texts += [t + c for t in texts if len(t) == len(texts[-1]) for c in alphabet]
+    for text in texts:
+        assert native.words(text) == reference(text), repr(text)

@@ -4,7 +4,9 @@ added-token strings inside user text, empty messages), warm and cold, one cache 
 examples (and a tiny one that evicts all the time). The cold and shared caches encode pure-ASCII
 pieces through the fast path (``fast_pieces``), the tiny one through ``Tokenizer.encode`` only.
 The request path's compiled ``encode_now`` is held to the same: inline, handed off as a
-``Lookup`` (then finished as a worker thread would), with BOS, and with ``batch_cold``."""
+``Lookup`` (then finished as a worker thread would), with BOS, and with ``batch_cold``. Caches
+with a ``LineCutter`` of a few characters (long pieces cached as chunks, non-ASCII pieces
+encoded as runs of lines, ASCII runs through the fast path) are held to the same."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortex.profile.fast_pieces import FastPieceEncoder
+from cortex.profile.line_cuts import LineCutter
 from cortex.profile.segment_cache import Lookup, SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter, added_tokens_from_json
 from tests import deepseek_profile as ds
@@ -29,6 +32,9 @@ _TEMPLATE = ds.chat_template()
 _NOW_SHARED = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=1 << 20, fast=_FAST,
                                      bos_id=0)
 _NOW_TINY = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=600, batch_cold=True)
+_CUTTER = LineCutter(_TOKENIZER, _SEGMENTER, min_chars=3)
+_CUT_SHARED = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=1 << 20, fast=_FAST,
+                                     cutter=_CUTTER)
 
 # Added tokens that matter most (chat markers, BOS/EOS, non-special raw ones) and some others,
 # plus near misses that must not split.
@@ -36,6 +42,7 @@ _MARKERS = [ds.BOS, ds.EOS, "<｜User｜>", "<｜Assistant｜>", "<｜tr｜>", "
             "<｜fim▁hole｜>", "<｜User｜", "｜>", "<｜", "<|im_start|>"]
 _fragment = st.one_of(
     st.text(max_size=12),
+    st.text(alphabet="\n\n  \tx}中é\u0301\u3000🙂7", max_size=16),
     st.text(alphabet=" \t\n\r\u00a0\u3000", max_size=4),
     st.text(alphabet="aé中文🙂1 2.\n'", max_size=12),
     st.text(alphabet=st.characters(max_codepoint=127), max_size=12),
@@ -71,6 +78,10 @@ def test_cached_encode_equals_plain_full_encode(conv: tuple) -> None:
     assert cold_cache.encode(text) == expected  # warm, every piece a hit
     assert _SHARED.encode(text) == expected  # pieces seen in earlier examples
     assert _TINY.encode(text) == expected  # constant eviction
+    cut_cache = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, fast=_FAST, cutter=_CUTTER)
+    assert cut_cache.encode(text) == expected  # chunks, runs
+    assert cut_cache.encode(text) == expected  # every chunk a hit
+    assert _CUT_SHARED.encode(text) == expected
 
 
 def _encode_now(cache: SegmentCachedTokenizer, text: str, bos: bool, offload_min: int) -> list:
@@ -90,6 +101,7 @@ def test_encode_now_equals_plain_full_encode(conv: tuple, offload_min: int) -> N
     assert _encode_now(cold_cache, text, False, offload_min) == expected  # warm
     assert _encode_now(_NOW_SHARED, text, True, offload_min) == [0, *expected]  # BOS first
     assert _encode_now(_NOW_TINY, text, False, offload_min) == expected  # eviction, batches
+    assert _encode_now(_CUT_SHARED, text, False, offload_min) == expected  # chunks, runs
     assert cold_cache.misses == len({p for p, t in _SEGMENTER.split(text) if t is None})
 
 

@@ -139,3 +139,37 @@ async def test_a_block_aligned_prompt_is_served_one_block_short(fresh):
             assert await front.settled("/v1/completions", body, first.worker)
             again = await front.send("/v1/completions", body)
             assert again.predicted == again.reported == (length - 1) // BLOCK * BLOCK, again
+
+
+def long_lines(seed: int, count: int) -> str:
+    """Lines of code, English, Chinese, JSON, empty lines and lines of blanks only (where a cut
+    after every newline would be wrong: ``\\n  \\t\\n`` is one pre-token)."""
+    import random
+
+    rng = random.Random(seed)
+    kinds = ["    return cache.get(key)  # 命中", "def route(prompt):", "缓存命中率在长上下文中很重要。",
+             '{"path": "a/b.py", "line": 42}', "", "  \t", "The router sends it to worker 2.",
+             "\u3000全角空格开头", "🙂 emoji first", "e\u0301 combining", "}", "\tindented\ttab",
+             " ", "   "]
+    return "\n".join(rng.choice(kinds) + (f" {rng.randint(0, 999)}" if rng.random() < 0.5 else "")
+                     for _ in range(count))
+
+
+async def test_a_long_message_that_grows_is_tokenized_as_vllm(fresh):
+    # long pieces are cached as chunks cut at line starts (cortex.profile.line_cuts): the
+    # second turn's message extends the first's, so its earlier chunks come from the cache
+    name, servers, model_dir = fresh
+    base = long_lines(1, 1500)
+    async with cortex_front(servers, name, model_dir) as front:
+        engine = servers[0]
+        for content in (base, base + "\n" + long_lines(2, 60)):
+            for path, body in (  # (with every newline a cut, both fail: checked)
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": content}]}),
+                ("/v1/completions", {"prompt": content}),
+            ):
+                ours = front.prompt_ids(path, body)
+                request = ({"model": name, **body} if "messages" in body else
+                           {"model": name, "prompt": content, "add_special_tokens": True})
+                theirs = await trio.to_thread.run_sync(engine.tokenize, request)
+                assert ours == theirs, (name, path, len(content))
+        assert front.pool.tokenizer.hits > 0
