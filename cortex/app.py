@@ -182,6 +182,7 @@ async def run_gateway(config: CortexConfig, *,
         metrics.watch_models(lambda: [(name, None if pool.passthrough else pool.exact_off)
                                       for name, pool in sorted(pools.items())])
         metrics.watch_pd(lambda: gateway.pd.counters)
+        metrics.watch_tokenize_pool(lambda: gateway.tokenize_pool)
         metrics.watch_admission(lambda: [(model, admission.counters) for model, admission
                                          in sorted(gateway.admissions.items())])
         control = ControlApp(metrics=metrics, readiness=gateway.readiness,
