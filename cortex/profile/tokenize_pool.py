@@ -14,7 +14,8 @@ Rules:
 * The pool is ``trio_parallel``'s worker context (spawned processes, kept while the gateway
   runs: no idle timeout). ``run`` starts all ``processes`` of them before ``task_status``
   reports the pool started (each loads every pooled model's profile from the same files as
-  the gateway: ~1 s and ~150 MiB each), so the first cold request pays no start.
+  the gateway: 1-3 s and ~120 MiB each with DeepSeek-V3's), so that the first cold request
+  pays no start.
 * At most ``processes`` jobs run at once (a ``CapacityLimiter``); more wait in it, in order.
 * A job cannot be cancelled midway: a request cancelled while its text is encoded waits for
   it, as with a worker thread, so the cache never sees half a result.
