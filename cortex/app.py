@@ -165,11 +165,13 @@ async def run_gateway(config: CortexConfig, *,
                                         owned=owned))
         await nursery.start(run_monitor, registry, fetch, settings)
         await nursery.start(run_memory_trim, config.server.memory_trim_s)
-        if config.server.tokenize_processes:  # started before the data plane takes requests
+        pooled = [model.profile_spec() for model in config.models
+                  if not model.passthrough and model.name not in profiles.load_errors()]
+        if config.server.tokenize_processes and pooled:  # before the data plane serves
             gateway.tokenize_pool = await nursery.start(TokenizePool(
-                [model.profile_spec() for model in config.models
-                 if not model.passthrough and model.name not in profiles.load_errors()],
-                config.server.tokenize_processes).run)
+                pooled, config.server.tokenize_processes).run)
+        elif config.server.tokenize_processes:
+            log.warning("server.tokenize_processes: no model is tokenized, no process started")
         metrics.watch_ledger(lambda: ledger_figures(book))
         metrics.watch_workers(lambda: [v for pool in pools.values() for v in pool.views()])
         metrics.watch_ingest(lambda: [(book.info(t).worker, book.info(t).rank, c)

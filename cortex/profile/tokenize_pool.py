@@ -15,7 +15,8 @@ Rules:
   runs: no idle timeout). ``run`` starts all ``processes`` of them before ``task_status``
   reports the pool started (each loads every pooled model's profile from the same files as
   the gateway: 1-3 s and ~120 MiB each with DeepSeek-V3's), so that the first cold request
-  pays no start.
+  pays no start. A process that cannot start stops Cortex's start (a ``ConfigError``: exit 2
+  with the reason).
 * At most ``processes`` jobs run at once (a ``CapacityLimiter``); more wait in it, in order.
 * A job cannot be cancelled midway: a request cancelled while its text is encoded waits for
   it, as with a worker thread, so the cache never sees half a result.
@@ -44,6 +45,7 @@ from functools import partial
 import trio
 import trio_parallel
 
+from cortex.errors import ConfigError
 from cortex.profile import pool_worker
 from cortex.profile.model_profile import ProfileSpec
 
@@ -76,8 +78,14 @@ class TokenizePool:
             loaded: list[list[str]] = []
 
             async def warm() -> None:
-                loaded.append(await context.run_sync(pool_worker.loaded_models,
-                                                     limiter=self._limiter))
+                try:
+                    loaded.append(await context.run_sync(pool_worker.loaded_models,
+                                                         limiter=self._limiter))
+                except trio_parallel.BrokenWorkerError as error:  # Cortex does not start
+                    code = getattr(error.args[-1], "exitcode", None) if error.args else None
+                    problem = (f"server.tokenize_processes: a tokenizer process did not start "
+                               f"(exit code {code}; its error is on stderr)")
+                    raise ConfigError([problem]) from error
 
             async with trio.open_nursery() as nursery:  # concurrent: one process each
                 for _ in range(self.processes):

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import multiprocessing
 
+import pytest
 import trio
 import trio.testing
 
+from cortex.errors import ConfigError
 from cortex.profile import trio_tokenize
 from cortex.profile.model_profile import ProfileSpec
 from cortex.profile.segment_cache import SegmentCachedTokenizer
@@ -87,3 +89,17 @@ async def test_unknown_model_and_dead_process_fall_back_to_a_thread():
         ids = await pool.encode("m", PIECES[1:2])
         assert ids is not None and list(ids[0]) == plain(PIECES[1])
         nursery.cancel_scope.cancel()
+
+
+async def test_a_process_that_cannot_start_stops_the_start_with_the_reason():
+    broken = ProfileSpec("m", 123, 16)  # type: ignore[arg-type]  # load_profile: TypeError
+    with pytest.raises(BaseExceptionGroup) as raised:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(TokenizePool([broken], 1).run)
+    ours, rest = raised.value.split(ConfigError)
+    assert rest is None and ours is not None
+    while isinstance(ours, BaseExceptionGroup):
+        (ours,) = ours.exceptions
+    assert ours.problems == ["server.tokenize_processes: a tokenizer process did not start "
+                             "(exit code 1; its error is on stderr)"]
+    assert not pool_processes()
