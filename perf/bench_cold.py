@@ -208,11 +208,13 @@ def ratios(figures: dict[str, dict[str, float]]) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="smoke run")
-    parser.add_argument("--text", default="code,zh", help="comma-separated: code, zh, en")
+    parser.add_argument("--text", help="comma-separated: code, zh, en (default: code,zh; "
+                                       "--quick: code)")
     parser.add_argument("--systems", default=",".join([*SYSTEMS, "sglang-router"]))
     parser.add_argument("--phases", default="stall,cold_tput,warm_tput")
     args = parser.parse_args()
     params = PARAMS["quick" if args.quick else "full"]
+    texts_wanted = args.text or ("code" if args.quick else "code,zh")
     wanted = [name for name in args.systems.split(",") if name]
     phases = set(args.phases.split(","))
     skipped = {name: why for name, why in peers.missing_peers().items() if name in wanted}
@@ -240,7 +242,7 @@ def main() -> int:
             systems[name] = (running.port, running.pids())
         cortexes = {name: v for name, v in systems.items() if name.startswith("cortex")}
         result["load_average_before"] = [round(x, 2) for x in os.getloadavg()]
-        for kind in args.text.split(","):
+        for kind in texts_wanted.split(","):
             out: dict[str, object] = {}
             if "stall" in phases:
                 out["stall_32k"] = trio.run(stall_phase, cortexes, Texts(kind, 32_000, 1),
