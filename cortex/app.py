@@ -168,8 +168,10 @@ async def run_gateway(config: CortexConfig, *,
         pooled = [model.profile_spec() for model in config.models
                   if not model.passthrough and model.name not in profiles.load_errors()]
         if config.server.tokenize_processes and pooled:  # before the data plane serves
+            fingerprints = {spec.model: profile.fingerprint for spec in pooled
+                            if (profile := profiles.profile(spec.model)) is not None}
             gateway.tokenize_pool = await nursery.start(TokenizePool(
-                pooled, config.server.tokenize_processes).run)
+                pooled, fingerprints, config.server.tokenize_processes).run)
         elif config.server.tokenize_processes:
             log.warning("server.tokenize_processes: no model is tokenized, no process started")
         metrics.watch_ledger(lambda: ledger_figures(book))

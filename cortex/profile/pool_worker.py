@@ -10,9 +10,11 @@ Rules:
 
 * The results are ``array('I')``: they pickle as one bytes copy each, so the gateway's event
   loop unpickles a 32k-token answer in microseconds (a list of ints would cost ~1 ms there).
-* A model that is not loaded here is a ``KeyError`` in the job; the caller (the pool) then
-  falls back to a worker thread. ``load`` skips a profile that does not load (the gateway's
-  own load already reported why), so the process starts whatever happens.
+* Exact or nothing: a job names the model and the fingerprint of the gateway's profile
+  (tokenizer, template, block size, BOS); a process whose profile of that model is missing
+  or differs — its files changed on disk before a replaced process loaded them — answers
+  ``None`` and the caller (the pool) falls back to a worker thread. ``load`` skips a profile
+  that does not load (the gateway's own load already reported why).
 * Module state (``_TOKENIZERS``) exists only in pool processes; the gateway never calls
   ``load``.
 """
@@ -29,7 +31,7 @@ from cortex.profile.segment_cache import SegmentCachedTokenizer
 
 __all__ = ["encode_cold", "load", "loaded_models"]
 
-_TOKENIZERS: dict[str, SegmentCachedTokenizer] = {}
+_TOKENIZERS: dict[str, tuple[str, SegmentCachedTokenizer]] = {}  # model -> (fingerprint, ...)
 
 
 def load(specs: Sequence[ProfileSpec], nice: int = 0) -> None:
@@ -44,15 +46,19 @@ def load(specs: Sequence[ProfileSpec], nice: int = 0) -> None:
             profile = load_profile(spec)
         except ProfileError:
             continue
-        _TOKENIZERS[spec.model] = profile.new_cached_tokenizer(0)
+        _TOKENIZERS[spec.model] = (profile.fingerprint, profile.new_cached_tokenizer(0))
 
 
-def loaded_models() -> list[str]:
-    """The models this process can encode (the pool's warm-up job)."""
-    return sorted(_TOKENIZERS)
+def loaded_models() -> dict[str, str]:
+    """The models this process can encode, with their profiles' fingerprints (the pool's
+    warm-up job)."""
+    return {model: fingerprint for model, (fingerprint, _) in _TOKENIZERS.items()}
 
 
-def encode_cold(model: str, pieces: list[str]) -> list[array[int]]:
-    """The ids of each piece of ``pieces`` (``KeyError``: ``model`` is not loaded here)."""
-    tokenizer = _TOKENIZERS[model]
-    return [array("I", ids) for ids in tokenizer.encode_pieces(pieces, batch=False)]
+def encode_cold(model: str, fingerprint: str, pieces: list[str]) -> list[array[int]] | None:
+    """The ids of each piece of ``pieces``; ``None`` when this process has no profile of
+    ``model`` with that ``fingerprint``."""
+    loaded = _TOKENIZERS.get(model)
+    if loaded is None or loaded[0] != fingerprint:
+        return None
+    return [array("I", ids) for ids in loaded[1].encode_pieces(pieces, batch=False)]

@@ -24,10 +24,12 @@ Rules:
   every request needs, wins the core over a tokenization, which only one request needs.
 * They ignore SIGINT and SIGTERM (a signal to the whole process group must not take them
   away from a draining gateway); they exit when the gateway closes their pipes, or with it.
-* ``encode`` returns ``None`` when the pool cannot do a job — a model its processes did not
-  load, a process that died (``trio_parallel.BrokenWorkerError``; the next job starts a new
-  one) — and the caller encodes in a worker thread instead. Each such fallback is logged
-  with its reason and counted (``fallbacks``).
+* Exact or nothing: a model is pooled only if every process loaded a profile with the
+  gateway's fingerprint, and each job carries it (``pool_worker``).
+* ``encode`` returns ``None`` when the pool cannot do a job — a model not pooled, a process
+  that died (``trio_parallel.BrokenWorkerError``; the next job starts a new one) or whose
+  profile differs — and the caller encodes in a worker thread instead. Each such fallback
+  (but a model never pooled) is logged with its reason and counted (``fallbacks``).
 
 Limits: the pool speeds up cold text only. Everything else a request costs (HTTP, the body's
 parse, the chat template, the segment cache, block keys, the decision, the proxying) stays
@@ -39,7 +41,7 @@ from __future__ import annotations
 import logging
 import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 import trio
@@ -57,10 +59,15 @@ NICE = 5  # the pool's processes' niceness over the gateway's (CFS weight ~3x lo
 
 
 class TokenizePool:
-    def __init__(self, specs: Sequence[ProfileSpec], processes: int, nice: int = NICE) -> None:
+    """``fingerprints``: model -> the fingerprint of the gateway's own profile of it; the pool
+    encodes only for models whose processes loaded a profile with the same fingerprint."""
+
+    def __init__(self, specs: Sequence[ProfileSpec], fingerprints: Mapping[str, str],
+                 processes: int, nice: int = NICE) -> None:
         if processes < 1:
             raise ValueError("a tokenize pool needs at least one process")
         self.specs = tuple(specs)
+        self.fingerprints = dict(fingerprints)
         self.processes = processes
         self.nice = nice
         self.models: frozenset[str] = frozenset()  # loaded in every process (after ``run``)
@@ -75,7 +82,7 @@ class TokenizePool:
         init = partial(pool_worker.load, self.specs, self.nice)
         async with trio_parallel.open_worker_context(
                 init=init, idle_timeout=math.inf, grace_period=5.0) as context:
-            loaded: list[list[str]] = []
+            loaded: list[dict[str, str]] = []
 
             async def warm() -> None:
                 try:
@@ -90,7 +97,8 @@ class TokenizePool:
             async with trio.open_nursery() as nursery:  # concurrent: one process each
                 for _ in range(self.processes):
                     nursery.start_soon(warm)
-            common = set(loaded[0]).intersection(*loaded[1:])
+            common = {model for model, fingerprint in self.fingerprints.items()
+                      if all(found.get(model) == fingerprint for found in loaded)}
             self.models = frozenset(common)
             missing = sorted({spec.model for spec in self.specs} - common)
             log.info("tokenize pool: %d processes for %s%s", self.processes,
@@ -111,10 +119,17 @@ class TokenizePool:
             return None
         self.jobs += 1
         try:
-            return await context.run_sync(pool_worker.encode_cold, model, pieces,
-                                          limiter=self._limiter)
+            ids = await context.run_sync(pool_worker.encode_cold, model,
+                                         self.fingerprints[model], pieces,
+                                         limiter=self._limiter)
         except trio_parallel.BrokenWorkerError as error:
             self.fallbacks += 1
             log.warning("tokenize pool: a process died (%s); this request's text is encoded "
                         "in a thread, the next job starts a new process", error)
             return None
+        if ids is None:
+            self.fallbacks += 1
+            log.warning("tokenize pool: a process has no profile of %s equal to the "
+                        "gateway's (its files changed since Cortex started?); this request's "
+                        "text is encoded in a thread", model)
+        return ids

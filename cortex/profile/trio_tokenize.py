@@ -19,8 +19,8 @@ cold pieces go to one of its processes instead, and to a thread only when the po
 them: a thread keeps the loop waiting for the GIL (above), a process does not. Through the
 gateway (``perf/bench_cold.py``) small requests' p90 rose by 1.5–6 ms while a thread tokenized
 cold 32k-token prompts, by 0.1–2.5 ms with one pool process (up to 3.8 ms with two on two
-busy cores: perf/RESULTS.md); and ``encode_batch`` skips the
-ASCII fast path (32k tokens of English: 556 ms in a thread, 39–49 ms in a pool process).
+busy cores: perf/RESULTS.md); and ``encode_batch`` skips the ASCII fast path (32k tokens of
+English: 556 ms in a thread, 39–49 ms in a pool process).
 
 ``encode_array`` is the whole path. The request path splits it: the tokenizer's compiled
 ``encode_now`` (synchronous) returns the ids when nothing has to be offloaded — the common

@@ -1,8 +1,9 @@
 """The tokenize pool (``cortex.profile.tokenize_pool``) with real spawned processes: the ids
 equal one plain encode (code, Chinese, English), the segment cache is fed as with a thread,
-a model the processes did not load and a process that died fall back (counted), and the pool
-recovers with a new process. (A process that dies between jobs, or while a job is being
-written to it, is replaced by ``trio_parallel`` without the caller noticing.)"""
+a model the processes did not load (or loaded with another fingerprint) and a process that
+died fall back (counted), and the pool recovers with a new process. (A process that dies
+between jobs, or while a job is being written to it, is replaced by ``trio_parallel``
+without the caller noticing.)"""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import trio.testing
 
 from cortex.errors import ConfigError
 from cortex.profile import trio_tokenize
-from cortex.profile.model_profile import ProfileSpec
+from cortex.profile.model_profile import ProfileSpec, load_profile
 from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter
 from cortex.profile.tokenize_pool import TokenizePool
@@ -23,6 +24,7 @@ from tests import deepseek_profile as ds
 TOK = ds.tokenizer()
 SEG = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
 SPEC = ProfileSpec("m", None, 16, builtin="deepseek")
+FINGERPRINT = {"m": load_profile(SPEC).fingerprint}
 PIECES = [
     "def encode(self, text: str) -> list[int]:\n    return self._ids[text]  # 缓存\n" * 40,
     "分词器把文本切成词元，前缀缓存按块保存。" * 60,
@@ -40,7 +42,7 @@ def pool_processes() -> list[multiprocessing.Process]:
 
 async def test_pool_ids_equal_one_plain_encode_and_feed_the_segment_cache():
     async with trio.open_nursery() as nursery:
-        pool: TokenizePool = await nursery.start(TokenizePool([SPEC], 1).run)
+        pool: TokenizePool = await nursery.start(TokenizePool([SPEC], FINGERPRINT, 1).run)
         assert pool.models == {"m"} and len(pool_processes()) == 1
         ids = await pool.encode("m", PIECES)
         assert ids is not None and [list(piece) for piece in ids] == [plain(p) for p in PIECES]
@@ -58,7 +60,7 @@ async def test_pool_ids_equal_one_plain_encode_and_feed_the_segment_cache():
 
 async def test_unknown_model_and_dead_process_fall_back_to_a_thread():
     async with trio.open_nursery() as nursery:
-        pool: TokenizePool = await nursery.start(TokenizePool([SPEC], 1).run)
+        pool: TokenizePool = await nursery.start(TokenizePool([SPEC], FINGERPRINT, 1).run)
         assert await pool.encode("other", PIECES[:1]) is None and pool.fallbacks == 0
         cache = SegmentCachedTokenizer(TOK, SEG)
         ids = await trio_tokenize.encode_array(cache, PIECES[1], offload_min_chars=0,
@@ -88,6 +90,18 @@ async def test_unknown_model_and_dead_process_fall_back_to_a_thread():
         assert answers == [None] and pool.fallbacks == 1
         ids = await pool.encode("m", PIECES[1:2])
         assert ids is not None and list(ids[0]) == plain(PIECES[1])
+
+        pool.fingerprints["m"] = "another profile"  # as a process loading changed files sees
+        assert await pool.encode("m", PIECES[1:2]) is None and pool.fallbacks == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_model_whose_processes_load_another_profile_is_not_pooled():
+    async with trio.open_nursery() as nursery:
+        pool: TokenizePool = await nursery.start(
+            TokenizePool([SPEC], {"m": "the gateway's profile is another"}, 1).run)
+        assert pool.models == frozenset()
+        assert await pool.encode("m", PIECES[:1]) is None and pool.jobs == 0
         nursery.cancel_scope.cancel()
 
 
@@ -95,7 +109,7 @@ async def test_a_process_that_cannot_start_stops_the_start_with_the_reason():
     broken = ProfileSpec("m", 123, 16)  # type: ignore[arg-type]  # load_profile: TypeError
     with pytest.raises(BaseExceptionGroup) as raised:
         async with trio.open_nursery() as nursery:
-            await nursery.start(TokenizePool([broken], 1).run)
+            await nursery.start(TokenizePool([broken], {"m": "x"}, 1).run)
     ours, rest = raised.value.split(ConfigError)
     assert rest is None and ours is not None
     while isinstance(ours, BaseExceptionGroup):
