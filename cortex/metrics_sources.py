@@ -339,7 +339,7 @@ _TOKENIZE_POOL_FIGURES = (
     ("jobs", "cortex_tokenize_pool_jobs_total", "counter",
      "Prompts whose new text a pool process encoded"),
     ("fallbacks", "cortex_tokenize_pool_fallbacks_total", "counter",
-     "Prompts encoded in a thread because their pool process died mid-job"),
+     "Prompts the pool could not encode (a process died, or has another profile)"),
 )
 
 
