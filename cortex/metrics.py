@@ -49,6 +49,7 @@ from cortex.metrics_sources import (
     pd_writer,
     pool_writer,
     probe_writer,
+    tokenize_pool_writer,
     worker_writer,
     write_process,
 )
@@ -284,6 +285,10 @@ class CortexMetrics:
     def watch_pd(self, source: Callable[[], object]) -> None:
         """Export the PD orchestrator's outcome counters (``PdCounters``)."""
         self._writers.append(pd_writer(source))
+
+    def watch_tokenize_pool(self, source: Callable[[], object | None]) -> None:
+        """Export the tokenize pool's figures (``TokenizePool``), once it runs."""
+        self._writers.append(tokenize_pool_writer(source))
 
     def watch_admission(self, source: Callable[[], Iterable[tuple[str, object]]]) -> None:
         """Export each model's admission counters (``(model, AdmissionCounters)`` pairs)."""

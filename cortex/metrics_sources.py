@@ -333,6 +333,25 @@ def _labelled_writer(label: str, source: Callable[[], Iterable[tuple[str, object
     return write
 
 
+_TOKENIZE_POOL_FIGURES = (
+    ("processes", "cortex_tokenize_pool_processes", "gauge",
+     "Processes that encode long new prompt text (server.tokenize_processes)"),
+    ("jobs", "cortex_tokenize_pool_jobs_total", "counter",
+     "Prompts whose new text a pool process encoded"),
+    ("fallbacks", "cortex_tokenize_pool_fallbacks_total", "counter",
+     "Prompts the pool could not encode (a process died, or has another profile)"),
+)
+
+
+def tokenize_pool_writer(source: Callable[[], object | None]) -> Writer:
+    """The tokenize pool's figures (``TokenizePool``); nothing without a pool."""
+    def write(out: TextWriter) -> None:
+        pool = source()
+        if pool is not None:
+            _per_worker([("", pool)], out, _TOKENIZE_POOL_FIGURES)
+    return write
+
+
 def pd_writer(source: Callable[[], object]) -> Writer:
     """The PD orchestrator's outcome counters (``PdCounters``)."""
     def write(out: TextWriter) -> None:

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -201,19 +202,23 @@ def start_mock(model: str, name: str = "mock", kv_events: bool = False) -> Runni
 
 def start_cortex(workers: list[Running], model: str, tokenizer: str,
                  template: str, name: str = "cortex", repo: Path = REPO,
-                 python: str = sys.executable, passthrough: bool = False) -> Running:
+                 python: str = sys.executable, passthrough: bool = False,
+                 flags: Sequence[str] = (), cpus: str | None = None) -> Running:
     """``python -m cortex serve`` in front of ``workers`` (mocks; their KV-event endpoints, if
     they have them, unless ``passthrough``) run from ``repo`` (its working directory comes
     first on ``sys.path``, so another checkout — with its extensions built — runs its own
     code) by the interpreter ``python`` (another one compares interpreters on the same
-    code)."""
+    code), with more configuration ``flags``; ``cpus`` (``taskset -c`` list) pins it and
+    every process it starts to those CPUs."""
     tmpdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
     port, control = free_port(), free_port()
     served = (f"{model},passthrough=true" if passthrough
               else f"{model},tokenizer={tokenizer},block_size=16,chat_template={template}")
     argv = [python, "-m", "cortex", "serve", "--server-host", HOST,
             "--server-port", str(port), "--control-port", str(control),
-            "--log-level", "warning", "--model", served]
+            "--log-level", "warning", "--model", served, *flags]
+    if cpus is not None:
+        argv = ["taskset", "-c", cpus, *argv]
     for index, worker in enumerate(workers):
         spec = f"{worker.url},name=w{index},engine=sglang,model={model}"
         if "events" in worker.extra and not passthrough:

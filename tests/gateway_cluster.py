@@ -208,10 +208,10 @@ async def gateway_cluster(
                        if engine.pd is not None and engine.pd.listens else None)
             for engine, flavor, role in zip(engines, flavors, roles, strict=True))
         config = CortexConfig(
-            server=ServerConfig(host="127.0.0.1", port=0),
             control=ControlConfig(host="127.0.0.1", port=0, admin_token=ADMIN_TOKEN),
             models=(model_config(),), workers=workers,
-            **{"health": HealthConfig(interval_s=0.2, timeout_s=2.0, load_interval_s=0.2),
+            **{"server": ServerConfig(host="127.0.0.1", port=0),
+               "health": HealthConfig(interval_s=0.2, timeout_s=2.0, load_interval_s=0.2),
                **(config_changes or {})})
         running = await nursery.start(run_gateway, config)
         cluster = Cluster(engines, running, config, scopes)

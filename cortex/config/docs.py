@@ -51,6 +51,10 @@ DOCS: dict[str, str] = {
     "server.port": "TCP port of the data plane (0: any free port)",
     "server.memory_trim_s": "seconds between two returns of freed memory to the system "
                             "(glibc malloc_trim, after floods; 0: never)",
+    "server.tokenize_processes": "processes that encode a prompt's long new text (each loads "
+                                 "every model's tokenizer: 1-3 s and ~120 MiB); 0: a thread of "
+                                 "the gateway, which makes other requests wait a few ms "
+                                 "(README \"Every core\")",
     "server.limits.max_connections": "open client connections; more wait in the listen backlog",
     "server.limits.max_header_bytes": "bytes of request line + header block",
     "server.limits.max_header_count": "header lines per request",

@@ -50,9 +50,12 @@ class ServerConfig:
     port: int = 8080
     limits: ServerLimits = field(default_factory=ServerLimits)
     memory_trim_s: float = 30.0  # freed memory given back to the system this often (0: never)
+    tokenize_processes: int = 0  # processes encoding long cold text (0: a worker thread)
 
     def __post_init__(self) -> None:
         problems = _port_problems(self.port)
+        if not 0 <= self.tokenize_processes <= 256:
+            problems.append("tokenize_processes must be in [0, 256] (0: a worker thread)")
         if not self.host:
             problems.append("host must not be empty")
         if not (self.memory_trim_s == 0 or 1 <= self.memory_trim_s <= 86400):

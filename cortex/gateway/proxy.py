@@ -82,6 +82,7 @@ from cortex.logs import request_started
 from cortex.pd.orchestrate import PdOrchestrator
 from cortex.pd.plan import PdSettings
 from cortex.profile.segment_cache import Lookup
+from cortex.profile.tokenize_pool import TokenizePool
 from cortex.profile.trio_tokenize import OFFLOAD_MIN_CHARS, encode_offloaded
 from cortex.profile.unrenderable import Unrenderable
 from cortex.upstream.connection import NOT_READY
@@ -112,6 +113,7 @@ class Gateway:
     ) -> None:
         self.pools = pools
         self.client_dp_rank = client_dp_rank  # clients may pick the DP rank (else stripped)
+        self.tokenize_pool: TokenizePool | None = None  # cold text's processes, once started
         self.upstream = upstream
         self.retries = retries
         self.observer = observer or RouteObserver()
@@ -176,7 +178,9 @@ class Gateway:
                                                           prompt.add_special_tokens,
                                                           OFFLOAD_MIN_CHARS)
                     if type(token_ids) is Lookup:  # a long new text: off the trio thread
-                        token_ids = await encode_offloaded(pool.tokenizer, token_ids)
+                        token_ids = await encode_offloaded(pool.tokenizer, token_ids,
+                                                           pool=self.tokenize_pool,
+                                                           model=pool.model)
                     tokenize_s = perf_counter() - tokenize_start
         headers = forwarded_headers(request.headers, self.client_dp_rank)
         unable = _not_serving(pool, endpoint)

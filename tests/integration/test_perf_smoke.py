@@ -113,9 +113,24 @@ def _api_render(result: dict) -> None:
     assert all(result[api]["p50"] > 0 for api in ("chat", "messages", "responses"))
 
 
+def _cold(result: dict) -> None:
+    figures = result["code"]
+    for name in ("cortex", "cortex-1cpu", "cortex-pool1", "cortex-pool2"):
+        stall = figures["stall_32k"][name]
+        assert stall["idle_us"]["n"] > 0 and stall["loaded_us"]["n"] > 0
+        assert stall["cold_ms"]["p50"] > 0
+        for phase in ("cold_tput_8k", "warm_tput_8k"):
+            assert figures[phase][name]["req_per_s"] > 0
+    for name in ("cortex-pool1", "cortex-pool2"):  # the pool's processes did the cold work
+        cold = figures["cold_tput_8k"][name]
+        assert cold["main_process_cpu_ms_per_request"] < cold["cpu_ms_per_request"]
+    assert set(figures["cold_tput_8k"]["ratios"]) >= {"cortex", "cortex-pool2"}
+
+
 CHECKS = {
     "bench_agentic_tokenize.py": _agentic_tokenize,
     "bench_api_render.py": _api_render,
+    "bench_cold.py": _cold,
     "bench_cpu_ab.py": _cpu_ab,
     "bench_http.py": _http,
     "bench_gateway.py": _gateway,

@@ -377,3 +377,16 @@ def test_choices_are_case_insensitive():
     assert config.log.level == "warning"
     assert load_config(flags("--worker", "http://h:1,engine=vLLM,role=Prefill"),
                        env={}).workers[0].engine == "vllm"
+
+
+def test_tokenize_processes_from_every_layer_and_its_range(tmp_path):
+    assert CortexConfig().server.tokenize_processes == 0  # a thread unless asked
+    path = write(tmp_path, "[server]\ntokenize_processes = 3\n")
+    assert load_config(env={}, path=path).server.tokenize_processes == 3
+    env = {"CORTEX_SERVER_TOKENIZE_PROCESSES": "2"}
+    assert load_config(env=env, path=path).server.tokenize_processes == 2
+    assert load_config(flags("--server-tokenize-processes", "1"), env=env,
+                       path=path).server.tokenize_processes == 1
+    for bad in ("-1", "257"):
+        assert problems_of(flags("--server-tokenize-processes", bad), env={}) == [
+            "server: tokenize_processes must be in [0, 256] (0: a worker thread)"]
