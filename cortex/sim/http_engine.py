@@ -63,14 +63,12 @@ from cortex.errors import BadRequest, CortexError, NotFound
 from cortex.events.model import EngineFamily
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.profile.request_text import split_model_name
-from cortex.sim import api_bodies, bodies, pd
+from cortex.sim import api_bodies, bodies, pd, request_fields
 from cortex.sim.engine_view import SimEngineView
 from cortex.sim.generation import Generation
 from cortex.sim.http_faults import EngineCrashed
 from cortex.sim.tokenize import cache_read_limit
 
-DEFAULT_MAX_TOKENS = 16
-MAX_OUTPUT_TOKENS = 1 << 20
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -124,12 +122,12 @@ class SimHttpHandler:
     # ------------------------------------------------------------ generation routes
 
     async def _chat(self, request: HttpRequest) -> HttpResponse:
-        body = _json_body(request)
+        body = request_fields.json_body(request)
         tokenizer = self.engine.tokenizer
         return await self._openai(request, body, "chat", lambda: tokenizer.chat_ids(body))
 
     async def _completions(self, request: HttpRequest) -> HttpResponse:
-        body = _json_body(request)
+        body = request_fields.json_body(request)
         return await self._openai(
             request,
             body,
@@ -138,17 +136,17 @@ class SimHttpHandler:
         )
 
     async def _messages(self, request: HttpRequest) -> HttpResponse:
-        body = _json_body(request)
+        body = request_fields.json_body(request)
         return await self._api(request, body, api_bodies.MessagesShape,
                                self.engine.tokenizer.messages_chat, "max_tokens")
 
     async def _count_tokens(self, request: HttpRequest) -> HttpResponse:
         tokenizer = self.engine.tokenizer
         return _json(200, {"input_tokens": len(tokenizer.chat_ids(tokenizer.messages_chat(
-            _json_body(request))))})
+            request_fields.json_body(request))))})
 
     async def _responses(self, request: HttpRequest) -> HttpResponse:
-        body = _json_body(request)
+        body = request_fields.json_body(request)
         previous = body.pop("previous_response_id", None)
         if previous is not None and previous not in self._stored:
             return _json(404, bodies.error_body(f"Response with id '{previous}' not found.",
@@ -162,7 +160,7 @@ class SimHttpHandler:
         """A Messages or Responses request: rendered as its chat, answered in its shapes."""
         engine = self.engine
         rank, lora = self._rank(request, body), self._lora(body)
-        out = _max_tokens(body.get(max_name), max_name)
+        out = request_fields.max_tokens(body.get(max_name), max_name)
         token_ids = engine.tokenizer.chat_ids(as_chat(body))
         model = body.get("model")
         shape = make_shape(model if isinstance(model, str) and model
@@ -172,8 +170,8 @@ class SimHttpHandler:
         if (early := await self._fault_gate()) is not None:
             return early
         generation, extra = await self._generation(body, rank, token_ids, out, lora,
-                                                   _salt(body))
-        if not _bool(body, "stream", False):
+                                                   request_fields.cache_salt(body))
+        if not request_fields.flag(body, "stream", False):
             async with generation as gen:
                 text = "".join([text async for _, text, _ in gen])
                 return _json(200, {**shape.full(text, gen.prompt_tokens, gen.produced,
@@ -202,20 +200,20 @@ class SimHttpHandler:
         engine = self.engine
         rank = self._rank(request, body)
         lora = self._lora(body)
-        if _positive(body, "n", 1) != 1:
+        if request_fields.positive(body, "n", 1) != 1:
             raise BadRequest("the simulated engine answers n=1 only")
         max_tokens = body.get("max_completion_tokens") if kind == "chat" else None
         if max_tokens is None:
             max_tokens = body.get("max_tokens")
-        out = _max_tokens(max_tokens, "max_tokens")
+        out = request_fields.max_tokens(max_tokens, "max_tokens")
         token_ids = tokenize()
-        salt = _salt(body)
+        salt = request_fields.cache_salt(body)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             model = engine.served_model_name
         if (early := await self._fault_gate()) is not None:
             return early
-        stream = _bool(body, "stream", False)
+        stream = request_fields.flag(body, "stream", False)
         shape = bodies.OpenAIShape(kind, model, bodies.response_id(kind, engine.name))
         generation, extra = await self._generation(body, rank, token_ids, out, lora, salt)
         if not stream:
@@ -241,16 +239,16 @@ class SimHttpHandler:
 
     async def _generate(self, request: HttpRequest) -> HttpResponse:
         engine = self.engine
-        body = _json_body(request)
+        body = request_fields.json_body(request)
         rank = self._rank(request, body)
         lora = self._lora(body)
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict):
             raise BadRequest("sampling_params must be an object (one request per call)")
-        out = _max_tokens(params.get("max_new_tokens"), "max_new_tokens")
+        out = request_fields.max_tokens(params.get("max_new_tokens"), "max_new_tokens")
         name = "input_ids" if body.get("input_ids") is not None else "text"
         prompts = body.get(name)
-        salt = _salt(body)
+        salt = request_fields.cache_salt(body)
         rid = body.get("rid")
         if not isinstance(rid, str) or not rid:
             rid = bodies.response_id("generate", engine.name)
@@ -262,12 +260,12 @@ class SimHttpHandler:
         if (early := await self._fault_gate()) is not None:
             return early
         logprobs = None
-        if _bool(body, "return_logprob", False):
+        if request_fields.flag(body, "return_logprob", False):
             decode = engine.pd is not None and engine.pd.role == "decode"
             logprobs = [] if decode else bodies.input_logprobs(token_ids)
         began = trio.current_time()
         generation, _ = await self._generation(body, rank, token_ids, out, lora, salt)
-        if not _bool(body, "stream", False):
+        if not request_fields.flag(body, "stream", False):
             async with generation as gen:
                 pieces = [(text, tid) async for _, text, tid in gen]
                 e2e = trio.current_time() - began
@@ -295,11 +293,11 @@ class SimHttpHandler:
         request on a PD engine, with its own room); the answer is a JSON list in item order.
         The simulator streams single prompts only."""
         engine = self.engine
-        if _bool(body, "stream", False):
+        if request_fields.flag(body, "stream", False):
             raise BadRequest("the simulated engine streams one prompt per request")
         if (early := await self._fault_gate()) is not None:
             return early
-        wants_logprobs = _bool(body, "return_logprob", False)
+        wants_logprobs = request_fields.flag(body, "return_logprob", False)
         decode = engine.pd is not None and engine.pd.role == "decode"
         answers: list[Any] = [None] * len(items)
         began = trio.current_time()
@@ -441,7 +439,7 @@ class SimHttpHandler:
 
     async def _faults(self, request: HttpRequest) -> HttpResponse:
         if request.method == b"POST":
-            self.engine.faults.update(_json_body(request))
+            self.engine.faults.update(request_fields.json_body(request))
         return _json(200, self.engine.faults.as_dict())
 
 
@@ -455,50 +453,3 @@ def _first_leaf(group: BaseExceptionGroup) -> BaseException:
 
 def _json(status: int, payload: object) -> HttpResponse:
     return json_response(status, msgspec.json.encode(payload))
-
-
-def _json_body(request: HttpRequest) -> dict[str, Any]:
-    try:
-        body = msgspec.json.decode(request.body) if request.body else {}
-    except msgspec.DecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequest("request body is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    return body
-
-
-def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise BadRequest(f"{name} must be a boolean")
-    return value
-
-
-def _positive(body: dict[str, Any], name: str, default: int) -> int:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if type(value) is not int or value < 1:
-        raise BadRequest(f"{name} must be a positive integer")
-    return value
-
-
-def _max_tokens(value: object, name: str) -> int:
-    if value is None:
-        return DEFAULT_MAX_TOKENS
-    if type(value) is not int or not 1 <= value <= MAX_OUTPUT_TOKENS:
-        raise BadRequest(f"{name} must be an integer in [1, {MAX_OUTPUT_TOKENS}]")
-    return value
-
-
-def _salt(body: dict[str, Any]) -> str | None:
-    salt = body.get("cache_salt")
-    if salt is None or isinstance(salt, str):
-        return salt or None
-    raise BadRequest("cache_salt must be a string")
-
-
