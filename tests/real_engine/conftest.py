@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_engine.farm import VllmFarm
+from tests.real_engine.farm import ServerSet, VllmFarm
 from tests.real_engine.vllm_server import EngineEnv, engine_env
 
 HERE = Path(__file__).resolve().parent
+FAMILIES = ["deepseek-tiny", "qwen-tiny"]  # the tokenizer families `make engines` builds
 
 
 def pytest_collection_modifyitems(config, items):
@@ -49,3 +50,13 @@ def farm(engines: EngineEnv, engine_logs: Path) -> Iterator[VllmFarm]:
     farm = VllmFarm(engines, engine_logs)
     yield farm
     farm.stop_all()
+
+
+@pytest.fixture(params=FAMILIES)
+def fresh(request, farm, engines):
+    """Two servers of the family, their prefix caches emptied (and the cleared event sent)."""
+    name = request.param
+    servers = farm.servers(ServerSet(name))
+    for server in servers:
+        server.reset_prefix_cache()
+    return name, servers, str(engines.model(name))

@@ -28,9 +28,7 @@ import trio
 
 from tests.front_http_client import RawClient
 from tests.real_engine.cortex_front import BLOCK, cortex_front
-from tests.real_engine.farm import ServerSet
 
-FAMILIES = ["deepseek-tiny", "qwen-tiny"]
 ORACLE = Path(__file__).with_name("vllm_oracle.py")
 SYSTEM = "You are a terse assistant. Answer in one word. " * 6
 WEATHER = {"name": "get_weather", "description": "Current weather of a city",
@@ -135,15 +133,6 @@ def vllm_renders(engine_python: Path, template: str, model: str,
     done = subprocess.run([str(engine_python), str(ORACLE)], input=json.dumps(todo),
                           capture_output=True, text=True, check=True, timeout=300)
     return [{"model": model, **body} for body in json.loads(done.stdout)]
-
-
-@pytest.fixture(params=FAMILIES)
-def fresh(request, farm, engines):
-    name = request.param
-    servers = farm.servers(ServerSet(name))
-    for server in servers:
-        server.reset_prefix_cache()
-    return name, servers, str(engines.model(name))
 
 
 async def test_cortex_renders_messages_and_responses_as_vllm(fresh, engines):

@@ -20,9 +20,6 @@ import pytest
 import trio
 
 from tests.real_engine.cortex_front import BLOCK, cortex_front
-from tests.real_engine.farm import ServerSet
-
-FAMILIES = ["deepseek-tiny", "qwen-tiny"]
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",
@@ -79,16 +76,6 @@ COMPLETIONS = [
     {"prompt": [11, 22, 33, 44, 55]},
     {"prompt": "no special tokens please", "add_special_tokens": False},
 ]
-
-
-@pytest.fixture(params=FAMILIES)
-def fresh(request, farm, engines):
-    """Two servers of the family, their prefix caches emptied (and the cleared event sent)."""
-    name = request.param
-    servers = farm.servers(ServerSet(name))
-    for server in servers:
-        server.reset_prefix_cache()
-    return name, servers, str(engines.model(name))
 
 
 async def test_cortex_tokenizes_every_request_shape_as_vllm(fresh):
