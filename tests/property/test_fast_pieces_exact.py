@@ -135,9 +135,10 @@ _qwen_words_text = st.lists(st.one_of(_qwen_fragment, st.text(alphabet=_QWEN_ALP
 def _regex_words(split: str):
     import re
 
-    from cortex.profile.fast_pieces import _isolate, _translate
+    from cortex.profile.fast_pieces import _isolate
+    from cortex.profile.onig_ascii import translate
 
-    pattern = re.compile(f"({_translate(split)})")
+    pattern = re.compile(f"({translate(split)})")
     return lambda text: _isolate(pattern, [text])
 
 

@@ -8,13 +8,8 @@ import json
 import pytest
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from cortex.profile.fast_pieces import (
-    ASCII,
-    FastPieceEncoder,
-    UnsupportedPattern,
-    _matches_no_ascii,
-    _translate,
-)
+from cortex.profile.fast_pieces import FastPieceEncoder
+from cortex.profile.onig_ascii import ASCII, UnsupportedPattern, matches_no_ascii, translate
 from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import AddedToken, Segmenter
 from tests import deepseek_profile as ds
@@ -51,7 +46,7 @@ def onig_matches(pattern: str, text: str) -> list[str]:
 def test_each_ascii_class_is_what_onig_matches(cls: str) -> None:
     import re
 
-    translated = re.compile(_translate(cls))
+    translated = re.compile(translate(cls))
     for cp in ASCII:
         ch = chr(cp)
         assert bool(translated.fullmatch(ch)) == (onig_matches(cls, ch) == [ch]), (cls, cp)
@@ -61,7 +56,7 @@ def test_each_ascii_class_is_what_onig_matches(cls: str) -> None:
 def test_deepseek_splits_find_what_onig_finds(pattern: str) -> None:
     import re
 
-    translated = re.compile(_translate(pattern))
+    translated = re.compile(translate(pattern))
     text = "".join(chr(c) for c in range(128)) + " Hello,  world!\r\n\n  x 1234 it's\t\tok  "
     assert [m.group(0) for m in translated.finditer(text)] == onig_matches(pattern, text)
 
@@ -74,14 +69,14 @@ def test_deepseek_splits_find_what_onig_finds(pattern: str) -> None:
 )
 def test_unmodelled_constructs_are_refused(pattern: str) -> None:
     with pytest.raises(UnsupportedPattern):
-        _translate(pattern)
+        translate(pattern)
 
 
 def test_a_caseless_group_of_literals_finds_what_onig_finds() -> None:
     import re
 
     pattern = r"(?i:'s|'t|'re|'ll)|[a-z]+|\s+"
-    translated = re.compile(_translate(pattern))
+    translated = re.compile(translate(pattern))
     text = "it's IT'S we'LL they'Re 'T 'x ' s ''s"
     assert [m.group(0) for m in translated.finditer(text)] == onig_matches(pattern, text)
 
@@ -92,7 +87,7 @@ def test_a_caseless_group_of_literals_finds_what_onig_finds() -> None:
 ])
 def test_a_split_that_can_match_no_ascii_text_is_recognised(pattern: str, no_ascii: bool) -> None:
     # "é" is a literal, not a class: left in (still exact, just not skipped)
-    assert _matches_no_ascii(_translate(pattern)) is no_ascii
+    assert matches_no_ascii(translate(pattern)) is no_ascii
 
 
 def test_deepseek_skips_its_cjk_split_for_ascii_pieces():
