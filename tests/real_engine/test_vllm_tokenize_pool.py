@@ -12,10 +12,14 @@ from tests.real_engine.cortex_front import BLOCK, cortex_front
 from tests.real_engine.farm import ServerSet
 
 # each turn's new text is 2,048 characters or more (offloaded), the chat under the tiny models'
-# 2,048-token context: ~850 tokens, then ~1,800
-CODE = "def route(self, ids):  # 最长前缀\n    return self.ledger.match(ids)\n" * 32
+# 2,048-token context: ~880 tokens, then ~1,800. Every line differs: the segment cache cuts long
+# pieces at line starts and encodes a repeated chunk once, so repeated lines would add up to
+# less than 2,048 new characters.
+CODE = "".join(f"def route(self, ids):  # 最长前缀{i:02}\n    return self.ledger.match(ids)\n"
+               for i in range(32))
 CHINESE = "网关按前缀把请求送到缓存所在的引擎，工具的输出也一样。" * 10
-TOOL = '{"path": "src/gateway/路由.py", "lines": [12, 40], "ok": true}\n' * 34
+TOOL = "".join(f'{{"path": "src/gateway/路由.py", "lines": [{i:02}, 40], "ok": true}}\n'
+               for i in range(34))
 
 
 @pytest.mark.parametrize("family", ["deepseek-tiny", "qwen-tiny"])
