@@ -18,6 +18,10 @@ request path does; microseconds unless named ``_ms``):
   appended: p50/p99 of the second request, against ``encode_new_us_p50`` (~2k tokens alone through
   ``Tokenizer.encode``) and ``encode_whole_us_p50`` (a whole ~30k-token message).
 * ``cold_32k_ms``: the whole context through a fresh cache (fresh word cache too).
+* ``inline``: what the request path (``encode_now``) holds the loop for when a new message of
+  each kind (``english``, ``chinese``, ``code``, ``json``) is just under the offload threshold
+  (``OFFLOAD_MIN_CHARS`` characters, each non-ASCII piece's counted ``NON_ASCII_CHAR_COST``
+  times): p50/p99 and how many were offloaded (should be 0).
 * ``sessions``: many concurrent agent sessions sharing long system/tool prompts (``--agents``
   distinct ones), each growing turn by turn (a user ask, an answer with code, a tool result),
   the sessions' turns interleaved at random; the same trace through caches of each
@@ -48,6 +52,7 @@ from benchkit import machine_info
 
 from cortex.profile.model_profile import ModelProfile, ProfileSpec, load_profile
 from cortex.profile.request_keys import request_block_keys
+from cortex.profile.segment_cache import NON_ASCII_CHAR_COST, OFFLOAD_MIN_CHARS, Lookup
 
 BLOCK = 16
 QWEN_DIR = os.path.join(os.path.dirname(HERE), ".engines", "models", "qwen-tiny")
@@ -244,12 +249,38 @@ def sessions_hit_rate(fam: Family, sessions: int, agents: int, turns: int,
     return out
 
 
+def inline(fam: Family, iterations: int, context_tokens: int) -> dict:
+    """How long the request path's inline encode holds the loop for new text just under the
+    offload threshold, per kind: a warm context plus one new user message whose cold pieces'
+    weighted size (``offload_weight``) is just below ``OFFLOAD_MIN_CHARS``."""
+    rng = random.Random(13)
+    messages, tools, text, _ = context(fam, rng, context_tokens)
+    cache = fam.profile.new_cached_tokenizer()
+    cache.encode_array(text)
+    out: dict[str, object] = {"offload_min_chars": OFFLOAD_MIN_CHARS}
+    for kind in (*at.KINDS, "json"):
+        samples, chars, offloaded = [], [], 0
+        for _ in range(iterations):
+            new = at.message_of(kind, rng, 2000)
+            weight = NON_ASCII_CHAR_COST if not new.isascii() else 1
+            new = new[:int(OFFLOAD_MIN_CHARS / weight * 0.95)]
+            full = fam.render([*messages, {"role": "user", "content": new}], tools)
+            t0 = time.perf_counter()
+            found = cache.encode_now(full, False, OFFLOAD_MIN_CHARS)
+            samples.append(time.perf_counter() - t0)
+            offloaded += isinstance(found, Lookup)
+            chars.append(len(new))
+        out[kind] = {**summary(samples), "new_chars": round(statistics.mean(chars)),
+                     "offloaded": offloaded}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small, fast smoke run")
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--families", default="deepseek,qwen")
-    parser.add_argument("--sections", default="warm_turn,growing,cold,sessions")
+    parser.add_argument("--sections", default="warm_turn,growing,cold,inline,sessions")
     parser.add_argument("--context-tokens", type=int, default=32_000)
     parser.add_argument("--new-tokens", type=int, default=2_000)
     parser.add_argument("--sessions", type=int, default=2000)
@@ -278,6 +309,8 @@ def main() -> None:
                                      args.context_tokens - 2000, args.new_tokens)
         if "cold" in sections:
             row["cold_32k"] = cold(fam, 2 if args.quick else 5, args.context_tokens)
+        if "inline" in sections:
+            row["inline"] = inline(fam, args.iterations, args.context_tokens)
         if "sessions" in sections:
             row["sessions"] = sessions_hit_rate(
                 fam, args.sessions, args.agents, args.turns,

@@ -20,7 +20,8 @@ encode_many, lookup_class, chunk_chars=0)``:
 * ``encode_now(text, add_special_tokens, offload_min_chars)``: ``chunked(token_spans.
   split_pieces(text, passes, max_misses))`` + ``lookup``, then
   ``lookup_class(pieces, found, cold, bos)`` if the cold pieces hold ``offload_min_chars``
-  characters or more, else their ids (``encode_many(cold)`` when given and there is more than
+  characters or more (each character of a non-ASCII piece counted ``NON_ASCII_CHAR_COST``
+  times), else their ids (``encode_many(cold)`` when given and there is more than
   one, else per piece ``native.cached_ids(piece, words)`` for an ASCII piece when ``native`` is
   given, falling back to ``encode_one(piece)``) and ``finish``; ``bos`` is ``bos_id`` when
   ``add_special_tokens``, else ``None``.
@@ -32,6 +33,9 @@ for an enabled cutter (its reference; property-tested equal).
 from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
+
+ENTRY_OVERHEAD_BYTES: int
+NON_ASCII_CHAR_COST: int
 
 class PieceCache:
     capacity_bytes: int

@@ -24,6 +24,8 @@ cdef extern from "Python.h":
 
 ENTRY_OVERHEAD_BYTES = 96  # a piece's fixed charge: dict slot, OrderedDict links, array header
 cdef Py_ssize_t _OVERHEAD = ENTRY_OVERHEAD_BYTES
+NON_ASCII_CHAR_COST = 4  # a non-ASCII character against ASCII ones, in tokenizer work
+cdef Py_ssize_t _NON_ASCII = NON_ASCII_CHAR_COST
 cdef array.array _IDS_TEMPLATE = py_array.array("I")
 
 
@@ -176,8 +178,9 @@ cdef class PieceCache:
 
     def encode_now(self, str text, bint add_special_tokens, Py_ssize_t offload_min_chars):
         """The prompt's ids as ``array('I')``, or, when its cold pieces hold
-        ``offload_min_chars`` characters or more, its ``Lookup`` (hits counted) for a worker
-        thread to encode."""
+        ``offload_min_chars`` characters or more (a non-ASCII piece's counted
+        ``NON_ASCII_CHAR_COST`` times each), its ``Lookup`` (hits counted) for a worker thread
+        to encode."""
         cdef list pieces = self._chunked(split_pieces(text, self._passes, self._max_misses))
         cdef list found = [], cold = []
         cdef Py_ssize_t cold_chars = 0
@@ -185,8 +188,9 @@ cdef class PieceCache:
         self._lookup(pieces, found, cold)
         if not cold:
             return self._finish(pieces, found, cold, [], bos_id)
-        for piece in cold:
-            cold_chars += PyUnicode_GET_LENGTH(piece)
+        for piece in cold:  # a non-ASCII character costs the tokenizer several ASCII ones
+            cold_chars += PyUnicode_GET_LENGTH(piece) * (
+                1 if PyUnicode_IS_ASCII(piece) else _NON_ASCII)
         if cold_chars >= offload_min_chars:
             return self._lookup_class(pieces, found, cold, bos_id)
         return self._finish(pieces, found, cold, self._encode_cold(cold), bos_id)

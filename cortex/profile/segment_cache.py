@@ -40,15 +40,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from cortex._fast.piece_cache import ENTRY_OVERHEAD_BYTES, PieceCache
+from cortex._fast.piece_cache import ENTRY_OVERHEAD_BYTES, NON_ASCII_CHAR_COST, PieceCache
 from cortex.profile.fast_pieces import FastPieceEncoder
 from cortex.profile.line_cuts import LineCutter
 from cortex.profile.segments import FIND_MAX_MISSES, Piece, Segmenter
 
-__all__ = ["ENTRY_OVERHEAD_BYTES", "OFFLOAD_MIN_CHARS", "Lookup", "SegmentCachedTokenizer"]
+__all__ = ["ENTRY_OVERHEAD_BYTES", "NON_ASCII_CHAR_COST", "OFFLOAD_MIN_CHARS", "Lookup",
+           "SegmentCachedTokenizer"]
 OFFLOAD_MIN_CHARS = 2048  # new text this long (~500 tokens, ~1 ms of tokenizer work) or longer
 # goes to a worker thread (``trio_tokenize``); shorter is encoded inline (a thread hop costs
-# tens of microseconds)
+# tens of microseconds). A non-ASCII piece's characters count NON_ASCII_CHAR_COST times each
+# (Chinese: ~1 µs per character here against ~0.3 for code; perf/RESULTS.md)
 
 
 @dataclass(slots=True)

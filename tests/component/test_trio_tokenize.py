@@ -6,7 +6,12 @@ from __future__ import annotations
 import trio
 
 from cortex.profile import trio_tokenize
-from cortex.profile.segment_cache import ENTRY_OVERHEAD_BYTES, SegmentCachedTokenizer
+from cortex.profile.segment_cache import (
+    ENTRY_OVERHEAD_BYTES,
+    NON_ASCII_CHAR_COST,
+    OFFLOAD_MIN_CHARS,
+    SegmentCachedTokenizer,
+)
 from cortex.profile.segments import Segmenter
 from tests import deepseek_profile as ds
 
@@ -59,3 +64,16 @@ async def test_encode_now_hands_a_long_new_text_to_a_worker_thread_without_count
     inline = cache.encode_now(TEXT + "!", False, len(LONG))
     assert inline.tolist() == plain(TEXT + "!")  # only the "!" after <｜Assistant｜> is new
     assert cache.hits == 2 and cache.misses == 3
+
+
+def test_a_non_ascii_character_weighs_more_toward_the_offload_threshold():
+    """Chinese costs the tokenizer several times what ASCII does per character: 600 new
+    Chinese characters go to a worker under a 2,048-character threshold, 600 ASCII ones
+    stay inline (the loop would otherwise hold up to ~2.2 ms: perf/RESULTS.md)."""
+    chinese = "分词是请求路径中最主要的开销" * 43  # 602 characters, no line to cut at
+    english = "Tokenization costs" * 33  # 594 characters
+    assert 600 * NON_ASCII_CHAR_COST >= OFFLOAD_MIN_CHARS > 600
+    for text, offloaded in ((chinese, True), (english, False), ("中文" * 2, False)):
+        cache = SegmentCachedTokenizer(TOK, SEG)
+        found = cache.encode_now(f"{ds.BOS}{text}<｜Assistant｜>", False, OFFLOAD_MIN_CHARS)
+        assert isinstance(found, trio_tokenize.Lookup) is offloaded, text[:8]
