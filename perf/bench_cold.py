@@ -6,7 +6,8 @@ its KV path) and, each its own process(es) in front of both (``perf/peers.py``):
 * ``cortex``: cold text in a worker thread (``server.tokenize_processes = 0``, the default);
 * ``cortex-1cpu``: the same pinned to one CPU (``taskset -c 0``): Cortex on one core;
 * ``cortex-pool1`` / ``cortex-pool2``: cold text in 1 / 2 tokenizer processes
-  (``cortex.profile.tokenize_pool``), not pinned;
+  (``cortex.profile.tokenize_pool``), not pinned; ``cortex-pool2-1cpu``: two pinned to one
+  CPU with their gateway (a pinned process's children inherit its CPU set);
 * ``sglang-router`` (``cache_aware``), for reference, in the throughput phases.
 
 Texts (``--text``): ``code`` (lines of Cortex's own sources, shuffled per prompt; no fast
@@ -24,8 +25,9 @@ shared VM falls on all of them alike):
   one are kept). ``added_us`` = loaded − idle per percentile (target: ≤ 1,000 µs);
   ``cold_ms``: the cold prompts' round trip.
 * ``cold_tput`` (Measure 3): unique cold ~8k-token prompts, ``--connections`` connections
-  back to back, requests per second. ``ratios``: each system over ``cortex-1cpu`` (target
-  for both cores: ≥ 1.7x). ``cpu_ms_per_request`` (every process of the system) and
+  back to back, requests per second. ``ratios``: each system over ``cortex-1cpu``;
+  ``one_to_two_cores``: each configuration on both CPUs over the same pinned to one (target:
+  ≥ 1.7x). ``cpu_ms_per_request`` (every process of the system) and
   ``main_process_cpu_ms_per_request`` (the first alone: Cortex's event loop; its tokenizer
   processes are the rest) do not depend on how busy the machine is: on an otherwise idle
   host with ``n`` cores, a system whose loop costs ``m`` and whose pool costs ``c - m`` per
@@ -68,7 +70,9 @@ SYSTEMS = {  # name -> (extra cortex flags, cpus); sglang-router apart
     "cortex-1cpu": ((), "0"),
     "cortex-pool1": (("--server-tokenize-processes", "1"), None),
     "cortex-pool2": (("--server-tokenize-processes", "2"), None),
+    "cortex-pool2-1cpu": (("--server-tokenize-processes", "2"), "0"),
 }
+ONE_CORE_TWINS = {"cortex": "cortex-1cpu", "cortex-pool2": "cortex-pool2-1cpu"}
 PARAMS = {
     "full": {"rounds": 3, "idle": 300, "colds": 6, "slice_s": 6.0, "connections": 8,
              "warm_connections": 64},
@@ -81,9 +85,15 @@ HAN = ("的一是在不了有和人这中大为上个国我以要他时来用们
        "体制机当使点从业本去把性好应开它合还因由其些然前外天政四日那社义事平形相全表间样与关各重新线")
 
 
+CODE_TAG_LINES = 12  # ~450 characters of code: at least two tags in every 1,024-character chunk
+
+
 class Texts:
     """Base texts of about ``tokens`` tokens; ``cold(i)`` is base ``i % n`` behind a unique
-    first line (the whole message is then new to every cache)."""
+    first line (the whole message is then new to every cache). Code has lines: the segment
+    cache keeps a long piece's line chunks (``cortex.profile.line_cuts``, >= 1,024 characters
+    each), so a base's chunks would be warm from its second use on; its cold text carries a
+    unique comment line every ``CODE_TAG_LINES`` lines (every chunk holds one)."""
 
     def __init__(self, kind: str, tokens: int, seed: int, count: int = 24) -> None:
         rng = random.Random(seed)
@@ -104,9 +114,18 @@ class Texts:
             self.bases.append(text[:chars])
         self.kind = kind
         self.tag = rng.getrandbits(32)
+        self.groups = [["\n".join(lines[k:k + CODE_TAG_LINES])
+                        for k in range(0, len(lines), CODE_TAG_LINES)]
+                       for lines in (base.split("\n") for base in self.bases)] \
+            if kind == "code" else []
 
     def cold(self, i: int) -> bytes:
-        text = f"request {self.tag}-{i}\n{self.bases[i % len(self.bases)]}"
+        if self.groups:
+            base = "\n".join(f"# {self.tag}-{i}-{k}\n{group}"
+                             for k, group in enumerate(self.groups[i % len(self.groups)]))
+        else:
+            base = self.bases[i % len(self.bases)]
+        text = f"request {self.tag}-{i}\n{base}"
         return json.dumps({"model": MODEL, "max_tokens": 8, "messages": [
             {"role": "user", "content": text}]}).encode()
 
@@ -205,6 +224,12 @@ def ratios(figures: dict[str, dict[str, float]]) -> dict[str, float]:
             if base and name != "cortex-1cpu"}
 
 
+def scaling(figures: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Both cores over one, per configuration measured both ways (the 1 -> 2 core target)."""
+    return {name: round(figures[name]["req_per_s"] / figures[one]["req_per_s"], 2)
+            for name, one in ONE_CORE_TWINS.items() if name in figures and one in figures}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="smoke run")
@@ -251,7 +276,8 @@ def main() -> int:
                 texts = Texts(kind, 8_000, 2)
                 figures = trio.run(tput_phase, systems, texts.cold,
                                    int(params["connections"]), params)
-                out["cold_tput_8k"] = {**figures, "ratios": ratios(figures)}
+                out["cold_tput_8k"] = {**figures, "ratios": ratios(figures),
+                                       "one_to_two_cores": scaling(figures)}
             if "warm_tput" in phases:
                 texts = Texts(kind, 8_000, 3)
                 figures = trio.run(tput_phase, systems, texts.warm,
