@@ -49,12 +49,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import re
 import sys
 import time
-from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -68,13 +65,23 @@ import replay_cluster as rc
 import trace_text as tt
 from benchkit import machine_info
 from replay_report import markdown, summarize, table
+from replay_workload import (
+    QUICK,
+    Params,
+    basis_unique_blocks,
+    capacity_per_engine,
+    follows_for,
+    load_for,
+    slice_facts,
+    token_bound,
+    workload,
+)
 
 from cortex.upstream.limits import PoolLimits
 from cortex.upstream.pool import UpstreamPool
 from tests import deepseek_profile as ds
 
 MODEL = "trace-model"
-TRACES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthetic_trace.jsonl"}
 GATEWAY_POLICIES = ("cortex", "round_robin", "p2c", "consistent_hash")
 PD_ROUTERS = {"cortex-pd": "cortex"}  # router -> the gateway's policy, on a PD cluster
 ROUTERS = (*GATEWAY_POLICIES, *PD_ROUTERS, "sglang-router")
@@ -82,169 +89,6 @@ _CACHED = re.compile(rb'"cached_tokens":\s*(\d+)')
 _PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _OUTPUT = re.compile(rb'"completion_tokens":\s*(\d+)')
 _ENGINE = re.compile(rb'"id":\s*"[a-z]+-([^"]+)-\d+"')
-
-
-@dataclass(frozen=True, slots=True)
-class Params:
-    trace: str = "conversation"
-    start: int = 0
-    requests: int = 600
-    block_tokens: int = 64
-    engine_block: int = 16
-    engines: int = 8
-    flavors: str = "mixed"  # mixed | vllm | sglang
-    capacity: float = 0.5  # share of the unique blocks (see capacity_basis) the cluster holds
-    capacity_basis: str = "trace"  # trace: the whole trace file's unique blocks | slice
-    capacity_blocks: int = 0  # per engine; overrides --capacity when > 0
-    prefill_tokens_per_s: float = 2000.0  # 0: solved from --time-scale and --utilization
-    decode_ms_per_token: float = 5.0
-    max_running: int = 1
-    max_output: int = 16
-    time_scale: float = 0.0  # 0: from --utilization
-    utilization: float = 0.7
-    max_blocks: int = 64  # longer records keep their first 64 blocks (tokenization cost)
-    gsp: str = "32,8,2048,128"  # groups, prompts per group, system tokens, question tokens
-    gsp_rate: float = 4.0
-    seed: int = 0
-    affinity_tolerance_s: float = -1.0  # Cortex's exact_kv tolerance; < 0: its default
-    recompute_weight: float = -1.0  # Cortex's exact_kv recompute charge; < 0: its default
-    engine_procs: str = "engine"  # engine: one process per engine | flavor: one per flavor
-
-    def flavor_list(self) -> list[str]:
-        if self.flavors in ("vllm", "sglang"):
-            return [self.flavors] * self.engines
-        return ["vllm" if i % 2 == 0 else "sglang" for i in range(self.engines)]
-
-
-QUICK = {"requests": 40, "engines": 4, "block_tokens": 32, "engine_block": 16,
-         "prefill_tokens_per_s": 4000.0, "decode_ms_per_token": 2.0, "max_output": 8,
-         "max_blocks": 24, "capacity": 0.5, "utilization": 0.5}
-
-
-# -- workload ----------------------------------------------------------------------------------
-
-def shared_dir() -> Path:
-    override = os.environ.get("CORTEX_SHARED_DIR")
-    return Path(override) if override else HERE.parent.parent / "shared"
-
-
-def trace_path(p: Params) -> str:
-    name = TRACES.get(p.trace)
-    return str(shared_dir() / "data" / "traces" / name) if name else p.trace
-
-
-def workload(p: Params) -> list[tt.TraceRecord]:
-    if p.trace == "gsp":
-        groups, per_group, system, question = (int(v) for v in p.gsp.split(","))
-        records = list(tt.shared_prefix_records(groups, per_group, system, question, 256,
-                                                p.gsp_rate, p.seed))[p.start:p.start + p.requests]
-    else:
-        records = tt.read_trace(trace_path(p), p.start, p.requests)
-    out = []
-    for r in records:
-        if len(r.hash_ids) > p.max_blocks:
-            r = tt.TraceRecord(r.timestamp_ms, p.max_blocks * tt.TRACE_BLOCK, r.output_length,
-                               r.hash_ids[:p.max_blocks])
-        out.append(r)
-    return out
-
-
-def slice_facts(records: list[tt.TraceRecord]) -> dict[str, float]:
-    """Intrinsic reuse of the slice: 1 - unique/total blocks, and the block hit an infinite
-    single cache would get (ids are prefix-chained, so a seen id means its prefix is seen)."""
-    seen: set[int] = set()
-    total = hits = 0
-    for r in records:
-        hit = 0
-        for h in r.hash_ids:
-            if h not in seen:
-                break
-            hit += 1
-        hits += hit
-        total += len(r.hash_ids)
-        seen.update(r.hash_ids)
-    return {"blocks": total, "unique_blocks": len(seen),
-            "intrinsic_reuse": round(1 - len(seen) / total, 4) if total else 0.0,
-            "single_cache_block_hit": round(hits / total, 4) if total else 0.0}
-
-
-def token_bound(records: list[tt.TraceRecord], text: tt.TraceText, engine_block: int) -> float:
-    """The hit rate in prompt tokens of one engine with an infinite cache seeing the whole
-    slice: each request's longest earlier-seen id prefix, in whole engine blocks (BOS and the
-    message markers included), capped at ``(prompt - 1) // block`` blocks as engines do."""
-    seen: set[int] = set()
-    cached = prompt = 0
-    for r in records:
-        hit = 0
-        for h in r.hash_ids:
-            if h not in seen:
-                break
-            hit += 1
-        tokens = text.prompt_tokens(r)
-        shared = 1 + hit * text.block_tokens if hit else 0
-        cached += min(shared // engine_block, (tokens - 1) // engine_block) * engine_block
-        prompt += tokens
-        seen.update(r.hash_ids)
-    return round(cached / prompt, 4) if prompt else 0.0
-
-
-def capacity_per_engine(p: Params, unique_blocks: int) -> int:
-    """Engine blocks per engine: ``p.capacity`` of ``unique_blocks`` trace blocks, split."""
-    if p.capacity_blocks > 0:
-        return p.capacity_blocks
-    per_trace_block = p.block_tokens / p.engine_block
-    return max(8, math.ceil(p.capacity * unique_blocks * per_trace_block / p.engines))
-
-
-def basis_unique_blocks(p: Params, facts: dict[str, float]) -> int:
-    """The unique blocks ``--capacity`` is a share of: the whole trace file's (the issue's
-    regimes are stated for the trace) or the replayed slice's."""
-    if p.capacity_basis == "slice" or p.trace == "gsp":
-        return int(facts["unique_blocks"])
-    unique: set[int] = set()
-    for record in tt.read_trace(trace_path(p)):
-        unique.update(record.hash_ids)
-    return len(unique)
-
-
-def round_robin_uncached(records: list[tt.TraceRecord], text: tt.TraceText, engines: int,
-                         capacity_trace_blocks: int) -> list[int]:
-    """Offline estimate: uncached tokens per request under round robin with LRU caches."""
-    caches = [OrderedDict[int, None]() for _ in range(engines)]
-    out = []
-    for i, r in enumerate(records):
-        cache = caches[i % engines]
-        hit = 0
-        for h in r.hash_ids[:-1]:
-            if h not in cache:
-                break
-            hit += 1
-        for h in r.hash_ids:
-            cache[h] = None
-            cache.move_to_end(h)
-        while len(cache) > capacity_trace_blocks:
-            cache.popitem(last=False)
-        out.append(text.prompt_tokens(r) - hit * text.block_tokens)
-    return out
-
-
-def load_for(p: Params, records: list[tt.TraceRecord], text: tt.TraceText,
-             capacity: int) -> tuple[float, float]:
-    """``(time_scale, prefill_tokens_per_s)`` at which round robin would keep the engines
-    ``p.utilization`` busy (offline estimate): the one of the two left at 0 is solved for."""
-    per_trace_block = p.block_tokens / p.engine_block
-    uncached = sum(round_robin_uncached(records, text, p.engines,
-                                        int(capacity / per_trace_block)))
-    decode = sum(max(min(r.output_length, p.max_output) - 1, 0) for r in records) \
-        * p.decode_ms_per_token / 1000
-    span = max((records[-1].timestamp_ms - records[0].timestamp_ms) / 1000, 1e-3)
-    slots = p.utilization * p.engines * p.max_running * span
-    if p.prefill_tokens_per_s > 0:
-        scale = p.time_scale or slots / (uncached / p.prefill_tokens_per_s + decode)
-        return round(scale, 3), p.prefill_tokens_per_s
-    if p.time_scale <= 0 or slots / p.time_scale <= decode:
-        raise SystemExit("give --time-scale (and a utilization decode time leaves room for)")
-    return p.time_scale, round(uncached / (slots / p.time_scale - decode), 1)
 
 
 # -- client ------------------------------------------------------------------------------------
@@ -277,14 +121,20 @@ def bodies(records: list[tt.TraceRecord], text: tt.TraceText, p: Params) -> list
 
 
 async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
-                time_scale: float) -> list[Result]:
-    """Send every request at its scheduled time; stream every answer to its end."""
+                time_scale: float,
+                follows: list[tuple[int, float]] | None = None) -> list[Result]:
+    """Send every request at its scheduled time; stream every answer to its end.
+
+    ``follows[i] = (j, think_s)`` with ``j >= 0``: request ``i`` leaves ``think_s /
+    time_scale`` after request ``j``'s answer has ended (a session's next turn), not at its
+    timestamp."""
     limits = PoolLimits(max_connections_per_worker=4096, max_idle_per_worker=1024,
                         acquire_timeout_s=600.0)
     upstream = UpstreamPool(limits)
     results: list[Result] = []
     headers = [(b"content-type", b"application/json")]
     origin0 = records[0].timestamp_ms
+    answered = [trio.Event() for _ in records]
 
     async def one(i: int, due: float) -> None:
         sent = trio.current_time()
@@ -326,12 +176,23 @@ async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
             answer_cached if prefill_cached is None else prefill_cached,
             int(output.group(1)) if output else 0, predicted, mode.decode(),
             prefill_worker.decode(), answer_cached))
+        answered[i].set()
+
+    async def after(i: int, previous: int, think_s: float) -> None:
+        await answered[previous].wait()
+        due = trio.current_time() + think_s / time_scale
+        await trio.sleep_until(due)
+        await one(i, due)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(upstream.run)
         async with trio.open_nursery() as requests:
             start = trio.current_time() + 0.2
             for i, r in enumerate(records):
+                previous, think_s = follows[i] if follows else (-1, 0.0)
+                if previous >= 0:
+                    requests.start_soon(after, i, previous, think_s)
+                    continue
                 due = start + (r.timestamp_ms - origin0) / 1000 / time_scale
                 await trio.sleep_until(due)
                 requests.start_soon(one, i, due)
@@ -359,7 +220,7 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
         url = rc.start_sglang_router(procs, engines, MODEL) if router == "sglang-router" \
             else gateway.url
         started = time.monotonic()
-        results = trio.run(drive, url, records, payloads, time_scale)
+        results = trio.run(drive, url, records, payloads, time_scale, follows_for(p))
         wall = time.monotonic() - started
         ledger = gateway.ledger_report()
         summary = summarize(results, p, len(engines), ledger,

@@ -73,6 +73,7 @@ sys.path.insert(0, str(HERE.parent))
 import peers
 import replay as rp
 import replay_cluster as rc
+import replay_workload as rw
 import trace_text as tt
 from benchkit import machine_info
 
@@ -276,10 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(why)
     model_dir = env.model(p.family)
     text = tt.TraceText(tt.single_token_words(str(model_dir / "tokenizer.json")), p.block_tokens)
-    records = rp.workload(rp.Params(trace=p.trace, start=p.start, requests=p.requests,
+    records = rw.workload(rw.Params(trace=p.trace, start=p.start, requests=p.requests,
                                     max_blocks=p.max_blocks))
-    facts = rp.slice_facts(records)
-    facts["single_cache_token_hit"] = rp.token_bound(records, text, BLOCK)
+    facts = rw.slice_facts(records)
+    facts["single_cache_token_hit"] = rw.token_bound(records, text, BLOCK)
     payloads = [json.dumps({"model": p.family, "messages": text.messages(r), "stream": True,
                             "max_tokens": max(1, min(r.output_length, p.max_output)),
                             "stream_options": {"include_usage": True}}).encode()
