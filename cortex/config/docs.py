@@ -102,6 +102,9 @@ DOCS: dict[str, str] = {
     "scheduler.cost.recompute_weight": "extra charge, in units of the recompute time, on "
                                        "sending a request away from the worker holding more "
                                        "of its prefix (0: own TTFT alone)",
+    "scheduler.cost.recompute_charge_max_s": "most seconds of TTFT that charge may add (a "
+                                             "request waits at most this long behind a busy "
+                                             "holder of its prefix)",
     "scheduler.cost.alpha_per_cached_block": "linear form: weight per cached block",
     "scheduler.cost.beta_per_in_flight": "linear form: weight per request in flight",
     "scheduler.cost.gamma_per_queued_token": "linear form: weight per queued prefill token",

@@ -25,7 +25,13 @@ utilization, weights 2 / 4 / 6 / 10 kept 82 / 83 / 92 / 93 of 101 continuations 
 history's worker and raised the hit rate from 17.4% to 17.9% (99% of the slice's bound) while
 TTFT mean and p99 stayed within run-to-run noise, and the highest arrival rate under a 4 s
 p99 did not drop; the synthetic and shared-prefix workloads were unaffected. 0 compares the
-request's own TTFT alone.
+request's own TTFT alone. ``recompute_charge_max_s`` (default 1 s) bounds that charge: a
+request waits at most that much (plus the tolerance) behind a busy holder of its prefix. Without
+the bound, agentic traffic (long contexts whose recompute is seconds, and a system prompt every
+session of an agent shares) queued each agent's sessions on the worker holding its prompt: four
+agents' sessions on four of eight workers, TTFT mean 627 ms and p99 5.6 s where the bound gives
+390 ms and 3.1 s; on the conversation trace the bound costs 0.4 point of hit rate (17.5% vs
+17.9%) with TTFT unchanged (``perf/RESULTS.md``, "Agentic sessions").
 
 Both read ``queued_prefill_tokens`` and ``in_flight``, which Cortex updates at decision time,
 so a burst of requests sees its own earlier picks (the herding guard).
@@ -60,6 +66,7 @@ class CostConfig:
     engine_queue_s_per_request: float = 0.05
     affinity_tolerance_s: float = 0.25  # exact_kv: extra TTFT a longer hit may cost and still win
     recompute_weight: float = 10.0  # exact_kv: extra charge on recomputing another's cached blocks
+    recompute_charge_max_s: float = 1.0  # exact_kv: the most TTFT that charge may add
     alpha_per_cached_block: float = 1.0
     beta_per_in_flight: float = 1.0
     gamma_per_queued_token: float = 0.01
@@ -71,7 +78,7 @@ class CostConfig:
         if not self.default_prefill_tokens_per_s > 0:
             problems.append("default_prefill_tokens_per_s must be > 0")
         for name in ("decode_s_per_in_flight", "engine_queue_s_per_request", "affinity_tolerance_s",
-                     "recompute_weight", "alpha_per_cached_block", "beta_per_in_flight",
+                     "recompute_weight", "recompute_charge_max_s", "alpha_per_cached_block", "beta_per_in_flight",
                      "gamma_per_queued_token"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")

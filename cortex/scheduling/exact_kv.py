@@ -7,8 +7,8 @@ Rules:
   cost (ties by the request's tie order, ``cost.tie_before``), and the one with the longest hit
   (ties to the cheaper, then by the tie order). The longest hit wins if it costs at most
   ``affinity_tolerance_s`` more than the cheapest plus the recompute charge
-  (``recompute_weight`` × the tokens the cheapest would recompute ÷ its prefill rate; linear
-  form: neither, the score already weighs the hit); otherwise the cheapest does — a cache
+  (``recompute_weight`` × the tokens the cheapest would recompute ÷ its prefill rate, at most
+  ``recompute_charge_max_s``; linear form: neither, the score already weighs the hit); otherwise the cheapest does — a cache
   holder buried in queued work loses to an idle worker.
 * Herding guard: the cap and the cost read pending work counted at decision time, so a prefix
   every request shares (a system prompt cached on one worker) cannot pull a burst onto that
@@ -38,6 +38,7 @@ class ExactKv:
         ttft = self.cost.form == "ttft"
         self.tolerance_s = self.cost.affinity_tolerance_s if ttft else 0.0
         self.recompute_weight = self.cost.recompute_weight if ttft else 0.0
+        self.recompute_max_s = self.cost.recompute_charge_max_s
         self.loads = LoadSeconds(self.cost)
 
     def decide(
@@ -87,7 +88,7 @@ class ExactKv:
         return exact_verdict(
             request, self.tolerance_s, self.recompute_weight, cheap.worker, cheap_cost,
             cheap_blocks, cheap_s_per_token, None if long is None else long.worker, long_cost,
-            long_blocks)
+            long_blocks, self.recompute_max_s)
 
 
 def exact_verdict(
@@ -101,6 +102,7 @@ def exact_verdict(
     long: str | None,
     long_cost: float,
     long_blocks: int,
+    recompute_max_s: float = math.inf,
 ) -> Decision:
     """The decision between the cheapest open worker and the one with the longest hit.
 
@@ -110,9 +112,9 @@ def exact_verdict(
     of, block_size = len(request.keys), request.block_size
     if long is not None and long_blocks > cheap_blocks:
         extra = long_cost - cheap_cost
-        recompute_s = recompute_weight * (
+        recompute_s = min(recompute_weight * (
             request.uncached_tokens(cheap_blocks) - request.uncached_tokens(long_blocks)
-        ) * cheap_s_per_token
+        ) * cheap_s_per_token, recompute_max_s)
         if extra <= tolerance_s + recompute_s:
             return Decision(long, Mode.EXACT_KV_EVENTS,
                             f"longest hit: {long_blocks} of {of} blocks on {long}",

@@ -43,6 +43,7 @@ class FastScheduler:
         self.compiled = self.cost.form == "ttft"
         self.tolerance_s = self.cost.affinity_tolerance_s
         self.recompute_weight = self.cost.recompute_weight
+        self.recompute_max_s = self.cost.recompute_charge_max_s
         self.table = DecisionTable(
             ready_state=TargetState.READY,
             roles=(Role.BOTH, Role.PREFILL, Role.DECODE),
@@ -67,7 +68,7 @@ class FastScheduler:
             verdict = found[0]
             if verdict == "exact":
                 return exact_verdict(request, self.tolerance_s, self.recompute_weight,
-                                     *found[1:])
+                                     *found[1:], self.recompute_max_s)
             if verdict == "load_aware":
                 return load_aware_verdict(found[1])
             if verdict == "chain":  # no trusted hit on an open worker, not every ledger READY:

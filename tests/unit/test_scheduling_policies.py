@@ -389,3 +389,20 @@ def test_no_events_chain_routes_by_ring_then_round_robin_for_tiny_prompts():
 def test_consistent_hash_parameters_are_checked():
     with pytest.raises(ValueError):
         ConsistentHash(load_factor=0.5)
+
+
+def test_the_recompute_charge_holds_a_request_back_at_most_its_bound():
+    """w1 would recompute 8 blocks at 100 tokens/s (1.28 s; x 10 = 12.8 s): the charge is
+    bounded by ``recompute_charge_max_s``, so the holder may cost at most 0.1 + 1.0 s more."""
+    def pick(queued: int, bound: float) -> Decision:
+        config = CostConfig(decode_s_per_in_flight=0, affinity_tolerance_s=0.1,
+                            default_prefill_tokens_per_s=100, recompute_charge_max_s=bound)
+        workers = [worker("w0", queued_prefill_tokens=queued), worker("w1")]
+        return ExactKv(config).decide(request(8), workers, {"w0": 8})
+
+    assert pick(230, 1.0).worker == "w0"  # 2.30 - 1.28 = 1.02 s more: within 1.1
+    d = pick(250, 1.0)  # 1.22 s more
+    assert d.worker == "w1" and "(allowed 1.100 s)" in d.reason, d.reason
+    assert pick(250, 20.0).worker == "w0"  # unbounded: 12.9 s allowed
+    with pytest.raises(ConfigError):
+        CostConfig(recompute_charge_max_s=-1)
