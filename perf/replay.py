@@ -36,7 +36,11 @@ replay's gateway process reads from the prefill answer Cortex drains and adds as
 alone (vLLM bypass: decode held the prefix) has no prefill leg; the decode engine computed its
 prefill, so its own report counts. Load spread and utilization are per pool.
 
-Usage: ``python perf/replay.py [--quick] [--trace conversation|synthetic|gsp|PATH] ...``
+``--trace agentic`` replays agent sessions (``perf/agentic_trace.py``, knobs ``--agent-*``):
+closed loop, each turn sent a think time after the previous turn's answer has ended; give
+``--max-blocks`` above its longest context (~120 blocks).
+
+Usage: ``python perf/replay.py [--quick] [--trace conversation|synthetic|gsp|agentic|PATH] ...``
 (JSON on stdout or ``--out``; a table on stderr). ``--capacity-search`` runs each router at
 several time scales and reports the highest whose TTFT p99 stays under ``--p99-bound-ms``.
 ``--utilization U`` sets the load: the time scale (or, with ``--prefill-tokens-per-s 0`` and a

@@ -115,17 +115,23 @@ def workload(p: Params) -> list[tt.TraceRecord]:
     return out
 
 
+def seen_prefix(ids: tuple[int, ...], seen: set[int] | OrderedDict[int, None]) -> int:
+    """How many of ``ids``, from the first, are in ``seen``."""
+    hit = 0
+    for h in ids:
+        if h not in seen:
+            break
+        hit += 1
+    return hit
+
+
 def slice_facts(records: list[tt.TraceRecord]) -> dict[str, float]:
     """Intrinsic reuse of the slice: 1 - unique/total blocks, and the block hit an infinite
     single cache would get (ids are prefix-chained, so a seen id means its prefix is seen)."""
     seen: set[int] = set()
     total = hits = 0
     for r in records:
-        hit = 0
-        for h in r.hash_ids:
-            if h not in seen:
-                break
-            hit += 1
+        hit = seen_prefix(r.hash_ids, seen)
         hits += hit
         total += len(r.hash_ids)
         seen.update(r.hash_ids)
@@ -141,11 +147,7 @@ def token_bound(records: list[tt.TraceRecord], text: tt.TraceText, engine_block:
     seen: set[int] = set()
     cached = prompt = 0
     for r in records:
-        hit = 0
-        for h in r.hash_ids:
-            if h not in seen:
-                break
-            hit += 1
+        hit = seen_prefix(r.hash_ids, seen)
         tokens = text.prompt_tokens(r)
         shared = 1 + hit * text.block_tokens if hit else 0
         cached += min(shared // engine_block, (tokens - 1) // engine_block) * engine_block
