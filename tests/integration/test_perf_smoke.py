@@ -42,6 +42,10 @@ def _agentic_tokenize(result: dict) -> None:
             continue
         assert set(row["warm_turn"]) == {"context_tokens", "english", "chinese", "code"}
         assert row["warm_turn"]["context_tokens"] > 30_000
+        inline = row["inline"]  # new text just under the offload threshold stays on the loop
+        assert {kind: inline[kind]["offloaded"] for kind in ("english", "chinese", "code",
+                                                             "json")} == dict.fromkeys(
+            ("english", "chinese", "code", "json"), 0)
         sessions = row["sessions"]
         for name, got in sessions["by_capacity"].items():
             assert got["hit_rate"] <= sessions["ideal_hit_rate"]
@@ -125,6 +129,7 @@ def _cold(result: dict) -> None:
         cold = figures["cold_tput_8k"][name]
         assert cold["main_process_cpu_ms_per_request"] < cold["cpu_ms_per_request"]
     assert set(figures["cold_tput_8k"]["ratios"]) >= {"cortex", "cortex-pool2"}
+    assert set(figures["cold_tput_8k"]["one_to_two_cores"]) == {"cortex", "cortex-pool2"}
 
 
 CHECKS = {
