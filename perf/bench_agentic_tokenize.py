@@ -251,8 +251,9 @@ def sessions_hit_rate(fam: Family, sessions: int, agents: int, turns: int,
 
 def inline(fam: Family, iterations: int, context_tokens: int) -> dict:
     """How long the request path's inline encode holds the loop for new text just under the
-    offload threshold, per kind: a warm context plus one new user message whose cold pieces'
-    weighted size (``offload_weight``) is just below ``OFFLOAD_MIN_CHARS``."""
+    offload threshold, per kind: a warm context plus one new user message whose weighted size
+    (a non-ASCII message's characters counted ``NON_ASCII_CHAR_COST`` times) is 95% of
+    ``OFFLOAD_MIN_CHARS``."""
     rng = random.Random(13)
     messages, tools, text, _ = context(fam, rng, context_tokens)
     cache = fam.profile.new_cached_tokenizer()

@@ -11,9 +11,9 @@ end of the batch still waits for the interpreter's switch interval (5 ms).
 Rules: text whose cold part is shorter than ``offload_min_chars`` is encoded inline (a thread
 hop costs tens of microseconds), a non-ASCII piece's characters counted ``NON_ASCII_CHAR_COST``
 (4) times each: just under the threshold the loop is held ~0.3–0.5 ms by English, code or JSON
-and ~0.85 ms by Chinese (2.2 ms when its characters counted once; ``perf/
-bench_agentic_tokenize.py --sections inline``); ``limiter`` bounds the threads used (trio's default limiter
-otherwise). Cancellation while a thread encodes waits for it (trio's default), so the cache
+and ~0.85 ms by Chinese (2.2 ms when its characters counted once;
+``perf/bench_agentic_tokenize.py --sections inline``); ``limiter`` bounds the threads used
+(trio's default limiter otherwise). Cancellation while a thread encodes waits for it (trio's default), so the cache
 never sees half a result. Concurrent requests may encode the same new piece twice; the cache
 keeps one copy.
 

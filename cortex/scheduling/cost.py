@@ -30,8 +30,8 @@ request waits at most that much (plus the tolerance) behind a busy holder of its
 the bound, agentic traffic (long contexts whose recompute is seconds, and a system prompt every
 session of an agent shares) queued each agent's sessions on the worker holding its prompt: four
 agents' sessions on four of eight workers, TTFT mean 627 ms and p99 5.6 s where the bound gives
-390 ms and 3.1 s; on the conversation trace the bound costs 0.4 point of hit rate (17.5% vs
-17.9%) with TTFT unchanged (``perf/RESULTS.md``, "Agentic sessions").
+387 ms and 3.1 s; on the conversation trace the bound costs ~0.4 point of hit rate (17.5–17.6%
+vs 17.9%) with TTFT unchanged (``perf/RESULTS.md``, "Agentic sessions").
 
 Both read ``queued_prefill_tokens`` and ``in_flight``, which Cortex updates at decision time,
 so a burst of requests sees its own earlier picks (the herding guard).
@@ -78,8 +78,8 @@ class CostConfig:
         if not self.default_prefill_tokens_per_s > 0:
             problems.append("default_prefill_tokens_per_s must be > 0")
         for name in ("decode_s_per_in_flight", "engine_queue_s_per_request", "affinity_tolerance_s",
-                     "recompute_weight", "recompute_charge_max_s", "alpha_per_cached_block", "beta_per_in_flight",
-                     "gamma_per_queued_token"):
+                     "recompute_weight", "recompute_charge_max_s", "alpha_per_cached_block",
+                     "beta_per_in_flight", "gamma_per_queued_token"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if problems:

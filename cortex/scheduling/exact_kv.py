@@ -8,8 +8,8 @@ Rules:
   (ties to the cheaper, then by the tie order). The longest hit wins if it costs at most
   ``affinity_tolerance_s`` more than the cheapest plus the recompute charge
   (``recompute_weight`` × the tokens the cheapest would recompute ÷ its prefill rate, at most
-  ``recompute_charge_max_s``; linear form: neither, the score already weighs the hit); otherwise the cheapest does — a cache
-  holder buried in queued work loses to an idle worker.
+  ``recompute_charge_max_s``; linear form: neither, the score already weighs the hit);
+  otherwise the cheapest does — a cache holder buried in queued work loses to an idle worker.
 * Herding guard: the cap and the cost read pending work counted at decision time, so a prefix
   every request shares (a system prompt cached on one worker) cannot pull a burst onto that
   worker: once it is a tolerance's worth of TTFT or a cap's worth of requests ahead, the burst
