@@ -19,15 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cortex.config.tree import CortexConfig
+from cortex.host_literal import host_port
 from cortex.scheduling.view import Role
 from cortex.worker_lifecycle import model_of
 from cortex.workers.spec import WorkerSpec
 
 MAX_WORKERS = 16
-
-
-def address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def serve_summary(config: CortexConfig, workers: Sequence[WorkerSpec], data_port: int,
@@ -43,8 +40,8 @@ def serve_summary(config: CortexConfig, workers: Sequence[WorkerSpec], data_port
     shown = [_worker(spec) for spec in workers[:MAX_WORKERS]]
     if len(workers) > MAX_WORKERS:
         shown.append(f"... ({len(workers) - MAX_WORKERS} more)")
-    return (f"serving: data plane {address(config.server.host, data_port)}, control plane "
-            f"{address(config.control.host, control_port)}; "
+    return (f"serving: data plane {host_port(config.server.host, data_port)}, control plane "
+            f"{host_port(config.control.host, control_port)}; "
             f"models: {', '.join(models) or 'none'}; "
             f"workers: {', '.join(shown) or 'none'}")
 

@@ -30,6 +30,7 @@ from hypercorn.trio import serve
 
 from cortex.control import status_line
 from cortex.control.app import ControlApp
+from cortex.host_literal import host_port
 
 LOGGER = "cortex.control.hypercorn"
 
@@ -37,7 +38,7 @@ LOGGER = "cortex.control.hypercorn"
 def hypercorn_config(host: str, port: int, graceful_timeout_s: float = 5.0,
                      idle_timeout_s: float = 10.0, read_timeout_s: float = 30.0) -> Config:
     config = Config()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.bind = [host_port(host, port)]
     config.accesslog = None
     config.errorlog = logging.getLogger(LOGGER)
     config.graceful_timeout = graceful_timeout_s

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from cortex.errors import ConfigError
 from cortex.events.model import EngineFamily
+from cortex.host_literal import host_port
 
 _WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]", ""})
 
@@ -82,9 +83,7 @@ def rank_endpoint(endpoint: str, rank: int) -> str:
 
 def tcp_endpoint(host: str, port: int) -> str:
     """``tcp://host:port``; IPv6 literals get brackets."""
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"tcp://{host}:{port}"
+    return f"tcp://{host_port(host, port)}"
 
 
 def worker_sources(

@@ -40,6 +40,7 @@ import trio
 from cortex.errors import BadRequest
 from cortex.events.model import EngineFamily
 from cortex.front.limits import ServerLimits
+from cortex.host_literal import host_port
 from cortex.profile.model_profile import ModelProfile
 from cortex.sim.generation import Generation, RankCounters
 from cortex.sim.http_engine import SimHttpHandler
@@ -142,7 +143,7 @@ class SimEngine:
                 if self.pd is not None:
                     await nursery.start(self.pd.run, self.http_host)
                 host, port = await nursery.start(server.serve, self.http_host, self.http_port)
-                self.url = f"http://{_url_host(host)}:{port}"
+                self.url = f"http://{host_port(host, port)}"
                 task_status.started(self.url)
         finally:
             self.url = None
@@ -232,7 +233,3 @@ class SimEngine:
         for rank in range(self.dp_size):
             self.kv.clear(rank)
         return True
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

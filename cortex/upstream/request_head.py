@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 
 from cortex.errors import BadRequest, ConfigError
+from cortex.host_literal import host_port
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -71,8 +72,7 @@ def parse_origin(origin: str) -> Origin:
         port = 80
     if not host:
         raise ConfigError([f"upstream origin {origin!r}: empty host"])
-    shown = f"[{host}]" if ":" in host else host
-    return Origin(host, port, f"{shown}:{port}".encode("ascii"))
+    return Origin(host, port, host_port(host, port).encode("ascii"))
 
 
 def upstream_headers(origin: Origin, method: bytes, headers: Headers, body_length: int) -> Headers:

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from cortex.host_literal import url_host
 from cortex.scheduling.view import Role
 from cortex.workers.spec import Engine, WorkerSpec
 
@@ -117,7 +118,7 @@ def _port(base: int, port: int | None, offset: int | None) -> int | None:
 
 def spec_for(service: DnsService, endpoint: Endpoint) -> WorkerSpec:
     """The worker a resolved endpoint stands for (rules at the top)."""
-    host = f"[{endpoint.address}]" if ":" in endpoint.address else endpoint.address
+    host = url_host(endpoint.address)
     events = _port(endpoint.port, service.events_port, service.events_offset)
     replay = _port(endpoint.port, service.replay_port, service.replay_offset)
     return WorkerSpec(

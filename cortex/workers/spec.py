@@ -29,6 +29,7 @@ from functools import lru_cache
 from typing import Literal
 from urllib.parse import urlsplit
 
+from cortex.host_literal import url_host
 from cortex.scheduling.view import Role
 
 Engine = Literal["vllm", "sglang"]
@@ -112,7 +113,5 @@ def engine_address(url: str) -> str:
 def _origin_of(url: str) -> str:
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"  # an IPv6 literal keeps its brackets
+    host = url_host(parts.hostname or "")  # an IPv6 literal keeps its brackets
     return f"{parts.scheme}://{host}:{port}"
