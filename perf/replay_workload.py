@@ -182,11 +182,7 @@ def round_robin_uncached(records: list[tt.TraceRecord], text: tt.TraceText, engi
     out = []
     for i, r in enumerate(records):
         cache = caches[i % engines]
-        hit = 0
-        for h in r.hash_ids[:-1]:
-            if h not in cache:
-                break
-            hit += 1
+        hit = seen_prefix(r.hash_ids[:-1], cache)
         for h in r.hash_ids:
             cache[h] = None
             cache.move_to_end(h)
