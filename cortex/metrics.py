@@ -179,13 +179,19 @@ class CortexMetrics:
                                           "their model routes exactly, by model and reason "
                                           f"({', '.join(UNPREDICTED_REASONS)})",
                                           ("model", "reason"))
+        self._poisoned = CounterFamily(
+            "cortex_poisoned_requests_total",
+            "Requests whose failure followed them from worker to worker (two workers answered "
+            "a 5xx other than 502/503/504): the engine's answer was relayed, nothing more "
+            "retried and no worker's breaker counted it; by model and status",
+            ("model", "status"))
         build = GaugeFamily("cortex_build_info", "Cortex build (value is always 1)", ("version",))
         build.set((__version__,), 1)
         self._families = (build, self._route, self._tokenize, self._hash, self._decisions,
                           self._no_worker, self._predicted, self._reported, self._prompt,
                           self._error,
                           self._exact, self._upstream_errors, self._retries,
-                          self._unpredicted)
+                          self._poisoned, self._unpredicted)
         self._writers: list[Writer] = [write_process]
         if registry is not None:
             registry.register(_RegistryView(self))
@@ -238,6 +244,12 @@ class CortexMetrics:
         if status is not None and not (status == 429 or 500 <= status <= 599):
             raise ValueError(f"{status} is not a failing status")
         self._upstream_errors.inc((worker, phase, "none" if status is None else str(status)))
+
+    def record_poisoned(self, model: str, status: int) -> None:
+        """A request failed with ``status`` (a 5xx) on two workers: its own failure."""
+        if not 500 <= status <= 599:
+            raise ValueError(f"{status} is not a server error")
+        self._poisoned.inc((model, str(status)))
 
     def record_unpredicted(self, model: str, reason: str) -> None:
         """A request of a model that routes exactly went by load only (``reason``)."""

@@ -4,7 +4,10 @@ Upstream failures are labelled with the upstream client's phase (``acquire``, ``
 ``send``, ``head``, ``body``) and the worker's failing status (429, 5xx) when it answered one;
 a failing status counts as ``head``, and so does a body that broke before its first byte
 reached the client (still retryable). Every failure but a 429 (load, not a fault) counts toward
-the worker's circuit breaker; a refused connection also makes it unhealthy at once.
+the worker's circuit breaker, except a failure that may be the request's own
+(``cortex.gateway.blame``): that one counts only once another worker served the request
+(``blamed``), and never when the failure followed the request (``poisoned``, counted per model
+and status). A refused connection also makes the worker unhealthy at once.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ class MetricsObserver(RouteObserver):
         self.metrics.record_unpredicted(model, "prompt_too_long")
 
     def upstream_failed(
-        self, worker: str, error: Exception, retried: bool, after_first_byte: bool = False
+        self, worker: str, error: Exception, retried: bool, after_first_byte: bool = False,
+        *, blame: bool = True,
     ) -> None:
         phase = getattr(error, "phase", "head")
         if phase == "body" and not after_first_byte:
@@ -53,12 +57,19 @@ class MetricsObserver(RouteObserver):
         self.metrics.record_upstream_error(worker, phase, status)
         if retried:
             self.metrics.record_retry(phase)
-        if worker not in self.registry:
+        if not blame or worker not in self.registry:
             return
         if phase == "connect":
             self.registry.upstream_connect_failed(worker, str(error))
         elif status != 429:  # an overloaded worker answered: load, not a failure
             self.registry.upstream_answer_failed(worker, str(error))
+
+    def blamed(self, worker: str, error: Exception) -> None:
+        if worker in self.registry:
+            self.registry.upstream_answer_failed(worker, str(error))
+
+    def poisoned(self, model: str, status: int) -> None:
+        self.metrics.record_poisoned(model, status)
 
     def cached_tokens(self, model: str, route: Route, predicted: int, reported: int) -> None:
         self.metrics.record_cached_tokens(model, predicted, reported, route.prompt_tokens)

@@ -35,10 +35,21 @@ class RouteObserver:
         """A request for ``model`` was refused: no worker could take it."""
 
     def upstream_failed(
-        self, worker: str, error: Exception, retried: bool, after_first_byte: bool = False
+        self, worker: str, error: Exception, retried: bool, after_first_byte: bool = False,
+        *, blame: bool = True,
     ) -> None:
         """An exchange with ``worker`` failed; ``retried`` if another worker gets the request;
-        ``after_first_byte`` if the client had already received part of the response."""
+        ``after_first_byte`` if the client had already received part of the response;
+        ``blame``: the failure is the worker's (else it may be the request's own and waits for
+        a verdict: ``blamed`` or ``poisoned``, ``cortex.gateway.blame``)."""
+
+    def blamed(self, worker: str, error: Exception) -> None:
+        """A failure of ``worker`` reported earlier without blame turned out to be its own:
+        another worker served the same request."""
+
+    def poisoned(self, model: str, status: int) -> None:
+        """A request of ``model`` failed with ``status`` on two workers: the failure is the
+        request's own; the engine's answer was relayed and no worker was blamed."""
 
     def cached_tokens(self, model: str, route: Route, predicted: int, reported: int) -> None:
         """The engine reported how many prompt tokens it found cached for a routed request."""

@@ -11,10 +11,15 @@ Rules:
   (``HttpResponse.after_sent``), or when the request ends without one — not while the client
   waits.
 * Retries happen only before the first response byte reaches the client: a connect failure, a
-  connection that breaks before the first body chunk, or a 502/503/504 head moves the request to
-  another worker (the failed ones excluded), up to ``retries`` more attempts. Once the head and
+  connection that breaks before the first body chunk, or a 429/5xx head moves the request to
+  another worker (the failed ones excluded), up to ``retries`` more attempts, while another
+  worker could take it (else the engine's answer is relayed as it came). Once the head and
   first chunk are in hand the response is committed: a later failure ends the client's stream
   (the server closes the connection without the final chunk) and is never replayed.
+* Whose failure it is (``cortex.gateway.blame``): a 5xx other than 502/503/504 counts toward
+  the worker's breaker only once another worker served the request; when a second worker
+  answers one too, the failure follows the request (a poison request): that answer is relayed,
+  counted (``RouteObserver.poisoned``), nothing more is tried and no worker is blamed.
 * Everything an attempt holds — its in-flight accounting and its upstream connection — lives in
   one ``Exits`` (``cortex.gateway.exits``, a lean ``AsyncExitStack``) that the streamed body
   (``LegBody``) closes when it ends or is ``aclose``d, started or not (the server always
@@ -41,7 +46,7 @@ Rules:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from time import perf_counter
 from typing import Any
@@ -59,6 +64,7 @@ from cortex.errors import (
 )
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.gateway.admission import Admission
+from cortex.gateway.blame import RequestBlame, may_be_the_requests
 from cortex.gateway.endpoints import (
     ENDPOINTS,
     ENGINES,
@@ -85,6 +91,7 @@ from cortex.profile.segment_cache import Lookup
 from cortex.profile.tokenize_pool import TokenizePool
 from cortex.profile.trio_tokenize import OFFLOAD_MIN_CHARS, encode_offloaded
 from cortex.profile.unrenderable import Unrenderable
+from cortex.scheduling import Role
 from cortex.upstream.connection import NOT_READY
 from cortex.upstream.errors import UpstreamBroken
 from cortex.upstream.pool import UpstreamPool
@@ -110,8 +117,12 @@ class Gateway:
         pd: PdSettings | None = None,
         admission: AdmissionSettings | None = None,
         client_dp_rank: bool = False,
+        back_in: Callable[[Iterable[str]], float | None] | None = None,
     ) -> None:
+        """``back_in``: seconds until one of the named workers may take requests again (the
+        worker registry's), sent as ``Retry-After`` when no worker can take a request."""
         self.pools = pools
+        self.back_in = back_in
         self.client_dp_rank = client_dp_rank  # clients may pick the DP rank (else stripped)
         self.tokenize_pool: TokenizePool | None = None  # cold text's processes, once started
         self.upstream = upstream
@@ -194,8 +205,10 @@ class Gateway:
                                            prompt, started, tokenize_s)
             return await self._serve_single(pool, endpoint, request, body, headers, token_ids,
                                             prompt, started, tokenize_s, unable)
-        except NoWorkerAvailable:
+        except NoWorkerAvailable as error:
             self.observer.no_worker(pool.model)
+            if error.retry_after_s is None and self.back_in is not None:
+                error.retry_after_s = self.back_in(pool.workers)
             raise
 
     async def _serve_single(
@@ -213,6 +226,7 @@ class Gateway:
     ) -> HttpResponse:
         """``unable``: workers whose engine does not serve ``endpoint`` (never tried)."""
         failed: list[str] = list(unable)
+        blame = RequestBlame()
         last_error: CortexError | None = None
         record_decision: Callable[[], None] | None = None  # recorded after the answer, or on exit
         try:
@@ -229,20 +243,29 @@ class Gateway:
                         route.timings["tokenize_s"] = tokenize_s
                     record_decision = partial(self.observer.decided, pool.model, route,
                                               perf_counter() - started)
+                worker = route.worker.name
+                retry = attempt <= self.retries and _another_worker(pool, failed, worker)
                 try:
                     response = await self.serve_on(pool, route, endpoint, request, body,
-                                                   headers, attempt)
+                                                   headers, attempt, retry_statuses=retry,
+                                                   relay_engine_errors=blame.relay_next)
                 except (UpstreamError, RetryableStatus) as error:
-                    failed.append(route.worker.name)
+                    failed.append(worker)
                     last_error = (error if isinstance(error, UpstreamError)
-                                  else UpstreamError(f"{route.worker.name}: {error}"))
-                    self.observer.upstream_failed(route.worker.name, error, retried=(
-                        attempt <= self.retries))
+                                  else UpstreamError(f"{worker}: {error}"))
+                    suspect = (isinstance(error, RetryableStatus)
+                               and may_be_the_requests(error.status))
+                    if suspect:
+                        blame.suspect(worker, error)
+                    self.observer.upstream_failed(worker, error, retried=retry,
+                                                  blame=not suspect)
                     log.warning("attempt %d on %s failed before the first byte: %s", attempt,
-                                route.worker.name, error)
-                    if attempt > self.retries or len(failed) >= len(pool.workers):
+                                worker, error)
+                    if not retry:
                         break
                     continue
+                if blame.suspects:
+                    self._judge(pool.model, blame, response.status, worker)
                 if record_decision is not None:
                     response.after_sent = _in_turn(record_decision, response.after_sent)
                     record_decision = None
@@ -253,6 +276,17 @@ class Gateway:
             if record_decision is not None:
                 record_decision()
 
+    def _judge(self, model: str, blame: RequestBlame, status: int, worker: str) -> None:
+        """The verdict on a request's suspects once ``worker`` answered ``status``."""
+        if blame.poisoned(status):
+            names = ", ".join(name for name, _ in blame.suspects)
+            log.warning("request failed with %d on %s and on %s: the request's own failure "
+                        "(relayed, no worker blamed)", status, names, worker)
+            self.observer.poisoned(model, status)
+        elif not retryable_status(status):  # served elsewhere: the suspects' own failures
+            for name, error in blame.served():
+                self.observer.blamed(name, error)
+
     async def serve_on(
         self,
         pool: ModelPool,
@@ -262,25 +296,34 @@ class Gateway:
         body: dict,
         headers: list[tuple[bytes, bytes]],
         attempt: int,
+        *,
+        retry_statuses: bool | None = None,
+        relay_engine_errors: bool = False,
     ) -> HttpResponse:
         """One attempt (number ``attempt``, from 1) of ``request`` on ``route``'s worker alone:
         the client's response once the head and first chunk are in. Before that a failure
         raises ``UpstreamError``, or ``RetryableStatus`` for a 429 or 5xx head
-        (``retryable_status``) while attempts are left; the route's hold is released then, else by the response."""
+        (``retryable_status``) when ``retry_statuses`` (default: while attempts are left),
+        except a ``may_be_the_requests`` status under ``relay_engine_errors``; the route's
+        hold is released then, else by the response. A failing status relayed counts toward
+        the worker's breaker unless it may be the request's own (``cortex.gateway.blame``)."""
         worker = route.worker
         raw, sent_headers = with_dp_rank(worker.engine, body, request.body, headers, route.rank,
                                          self.client_dp_rank)
         stack = Exits()
         try:
             stack.enter_context(route.hold)
-            leg = await self.open_leg(stack, worker.origin, request.target, sent_headers, raw,
-                                      retry_statuses=attempt <= self.retries)
+            leg = await self.open_leg(
+                stack, worker.origin, request.target, sent_headers, raw,
+                retry_statuses=attempt <= self.retries if retry_statuses is None
+                else retry_statuses, relay_engine_errors=relay_engine_errors)
         except BaseException:
             await stack.aclose()
             raise
-        if retryable_status(leg.response.status):  # the last attempt's failure: relayed, counted
-            self.observer.upstream_failed(worker.name, RetryableStatus(leg.response.status),
-                                          retried=False)
+        status = leg.response.status
+        if retryable_status(status):  # a failure relayed (the last try, or the verdict): counted
+            self.observer.upstream_failed(worker.name, RetryableStatus(status), retried=False,
+                                          blame=not may_be_the_requests(status))
         decision = route.decision
         extra = decision_headers(worker.name, decision.mode.value,
                                  decision.predicted_cached_tokens, route.rank, attempt)
@@ -320,16 +363,21 @@ class Gateway:
         raw: bytes,
         *,
         retry_statuses: bool,
+        relay_engine_errors: bool = False,
     ) -> Leg:
         """Send one request and wait for its head and first body chunk (the last moment a
-        failure can still be retried). The exchange is closed by ``stack``."""
+        failure can still be retried). The exchange is closed by ``stack``. A failing status
+        raises ``RetryableStatus`` when ``retry_statuses``, unless ``relay_engine_errors`` and
+        it may be the request's own (``may_be_the_requests``)."""
         response = await stack.enter_async_context(self.upstream.request(
             origin, b"POST", target, headers, raw))
         if not 100 <= response.status <= 599:  # not HTTP: never relayed as it came
             raise UpstreamBroken(f"answered status {response.status}", origin=origin,
                                  phase="head", response_started=True)
-        if retry_statuses and retryable_status(response.status):
-            raise RetryableStatus(response.status)
+        status = response.status
+        if retry_statuses and retryable_status(status) and not (
+                relay_engine_errors and may_be_the_requests(status)):
+            raise RetryableStatus(status)
         chunks = response.body_chunks()
         first = response.chunk_now()  # a small answer came whole with its head: no await
         if first is NOT_READY:
@@ -371,7 +419,8 @@ class Gateway:
         if model is None:
             if len(self.pools) == 1:
                 return next(iter(self.pools.values()))
-            raise BadRequest("model is required: more than one model is served")
+            raise BadRequest("model is required: more than one model is served",
+                             reason="model_required")
         pool = self.pools.get(model)
         if pool is None:
             raise NotFound(f"model {model!r} is not served here")
@@ -427,6 +476,17 @@ def _client_headers(leg: Leg, *, with_length: bool) -> list[tuple[bytes, bytes]]
     return [(name, value) for name, value in leg.response.headers
             if name not in _DROPPED_RESPONSE_HEADERS and not name.startswith(b"x-cortex-")
             and (with_length or name != b"content-length")]
+
+
+def _another_worker(pool: ModelPool, failed: list[str], current: str) -> bool:
+    """Whether a live worker other than ``current`` and those that ``failed`` could take the
+    request (one above its watermarks counts: the request would wait for it)."""
+    for view in pool.views():
+        name = view.worker
+        if (view.healthy and view.role is Role.BOTH and name != current
+                and name not in failed):
+            return True
+    return False
 
 
 def _check_exact_for(pool: ModelPool, endpoint: Endpoint) -> None:

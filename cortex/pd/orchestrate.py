@@ -20,6 +20,10 @@ Rules (issue 6, protocols/pd-disaggregation.md):
   worker serves the request alone; otherwise the client gets a clear upstream error. Nothing is
   replayed after the first byte: a decode that dies mid-stream ends the client's stream with an
   error, and closing the exchanges aborts whatever an engine still runs.
+* Whose failure it is follows ``cortex.gateway.blame``: a leg's 5xx other than 502/503/504
+  counts toward its worker's breaker only once the request is served; a second such failure of
+  the same request is the request's own — counted (``poisoned``), nobody blamed, no further
+  pair and no fallback: the client gets a 502 naming the status.
 * Bypass (vLLM): when the decode worker already holds all but ``bypass_max_uncached_tokens``
   of the prompt, decode serves alone (it prefills the rest itself). SGLang decode servers need
   a bootstrap peer, so there is no bypass for them.
@@ -49,6 +53,7 @@ import trio
 from cortex.errors import CortexError, NoWorkerAvailable, UpstreamError
 from cortex.front.messages import HttpRequest, HttpResponse
 from cortex.gateway.admission import Admission
+from cortex.gateway.blame import RequestBlame, may_be_the_requests
 from cortex.gateway.endpoints import Endpoint, decision_headers
 from cortex.gateway.exits import Exits
 from cortex.gateway.legs import Leg, RetryableStatus
@@ -169,6 +174,7 @@ class PdOrchestrator:
         admission = self.gateway.admission_for(pool)
         failed_prefill: set[str] = set()
         failed_decode: set[str] = set()
+        blame = RequestBlame()
         last: BaseException | None = None
         for _ in range(self.settings.retries + 1):
             try:
@@ -202,14 +208,22 @@ class PdOrchestrator:
             except LegFailed as error:
                 last = error
                 log.warning("PD: %s", error)
+                status = getattr(error.error, "status", None)
+                suspect = status is not None and may_be_the_requests(status)
+                if suspect and blame.poisoned(status):  # it followed the request: its own
+                    self._poisoned(pool.model, error, status)
                 if error.leg == "prefill":
                     failed_prefill.add(error.worker)
                     self.counters.retried_prefill += 1
                 else:
                     failed_decode.add(error.worker)
                     self.counters.retried_decode += 1
-                self.gateway.observer.upstream_failed(error.worker, error.error, retried=True)
+                if suspect:
+                    blame.suspect(error.worker, error.error)
+                self.gateway.observer.upstream_failed(error.worker, error.error, retried=True,
+                                                      blame=not suspect)
                 continue
+            self._served(blame)
             self.counters.served += 1
             self.counters.by_engine[engine] = self.counters.by_engine.get(engine, 0) + 1
             return response
@@ -222,6 +236,7 @@ class PdOrchestrator:
             except CortexError as error:
                 last = error
             else:
+                self._served(blame)
                 self.counters.fallback_both += 1
                 return response
         self.counters.failed += 1
@@ -229,6 +244,22 @@ class PdOrchestrator:
             error = last.error
             raise error if isinstance(error, CortexError) else UpstreamError(str(last))
         raise last if last is not None else NoWorkerAvailable("no prefill/decode pair")
+
+    def _served(self, blame: RequestBlame) -> None:
+        """The request was served: its suspects' failures were their own."""
+        for name, suspected in blame.served():
+            self.gateway.observer.blamed(name, suspected)
+
+    def _poisoned(self, model: str, error: LegFailed, status: int) -> None:
+        """A leg failed with ``status`` after another worker had failed the same request that
+        way (``cortex.gateway.blame``): the request's own failure. Counted, nobody blamed,
+        nothing more tried: the client gets a clear 502 naming the engine's status."""
+        self.counters.failed += 1
+        self.gateway.observer.upstream_failed(error.worker, error.error, retried=False,
+                                              blame=False)
+        self.gateway.observer.poisoned(model, status)
+        raise UpstreamError(f"the request failed with {status} on two workers, last the "
+                            f"{error.leg} leg on {error.worker}: not retried") from None
 
     @staticmethod
     def _pair(pool: ModelPool, token_ids: Any, prompt: Any, not_prefill: set[str],
