@@ -11,7 +11,8 @@ Order of start (each step done before the next begins, via ``nursery.start``):
    ``server.tokenize_processes``, the processes that encode long cold text
    (``cortex.profile.tokenize_pool``; every one started and loaded before step 4);
 4. the control plane (hypercorn, loopback by default) and the data plane (lean llhttp server);
-   then one INFO line sums the start up: listeners, models, workers (``serve_summary``).
+   then one INFO line sums the start up: listeners, models, workers (``serve_summary``), and
+   one WARNING says what is missing when no worker is configured (``nothing_to_serve``).
 
 Once both planes listen, everything built so far (the tokenizer's tables, chat templates,
 configuration, compiled code) is moved out of the cyclic collector's generations
@@ -56,7 +57,7 @@ from cortex.memory_trim import run_memory_trim
 from cortex.metrics import CortexMetrics, ledger_figures
 from cortex.profile.profile_set import ProfileSet, load_profiles
 from cortex.profile.tokenize_pool import TokenizePool
-from cortex.serve_summary import serve_summary
+from cortex.serve_summary import nothing_to_serve, serve_summary
 from cortex.systemd import Notifier, run_watchdog
 from cortex.upstream.pool import UpstreamPool
 from cortex.worker_lifecycle import WorkerLifecycle, model_of
@@ -135,7 +136,8 @@ async def run_gateway(config: CortexConfig, *,
     observer = MetricsObserver(metrics, registry)
     gateway = Gateway(pools, upstream, retries=config.upstream.retries_before_first_byte,
                       observer=observer, pd=config.pd, admission=config.admission,
-                      client_dp_rank=config.scheduler.client_dp_rank)
+                      client_dp_rank=config.scheduler.client_dp_rank,
+                      back_in=registry.back_in)
     server = HttpServer(gateway.handle, config.server.limits,
                         on_exchange=log_exchange if config.log.access_log else None)
 
@@ -197,6 +199,9 @@ async def run_gateway(config: CortexConfig, *,
                                                    config.control.port))
         _, data_port = await nursery.start(server.serve, config.server.host, config.server.port)
         log.info("%s", serve_summary(config, registry.specs(), data_port, control_port))
+        missing = nothing_to_serve(config, registry.specs())
+        if missing is not None:
+            log.warning("%s", missing)
         task_status.started(Running(data_port, control_port, book, registry, pools, server,
                                     metrics, gateway, counters, reload_workers=workers.reload))
         await _until_signal(server, config.server.limits.drain_timeout_s)

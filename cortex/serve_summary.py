@@ -10,6 +10,8 @@ Rules:
   and its role unless ``both``, at most ``MAX_WORKERS`` of them and how many more.
 * A worker's model is ``cortex.worker_lifecycle.model_of``'s (the one configured model when
   the worker names none).
+* ``nothing_to_serve``: the warning logged once beside that line when no worker is configured
+  (nor discovered), saying what is missing and where to start; ``None`` otherwise.
 
 Pure: reads the configuration and worker specs it is given.
 """
@@ -57,3 +59,18 @@ def _worker(spec: WorkerSpec) -> str:
     if spec.role is not Role.BOTH:
         parts.append(spec.role.value)
     return " ".join(parts)
+
+
+def nothing_to_serve(config: CortexConfig, workers: Sequence[WorkerSpec]) -> str | None:
+    """What is missing when no request can be served yet (no worker, none from DNS)."""
+    if workers or config.discovery:
+        return None
+    later = ("add workers with --worker, [[workers]] in the configuration file (SIGHUP re-reads "
+             "them) or the admin API (POST /admin/workers); to try Cortex without a GPU, see the "
+             "README's 'Quick start without a GPU' (cortex sim starts engines and prints the "
+             "cortex serve line for them)")
+    if not config.models:
+        return ("nothing to serve: no model and no worker configured (--model NAME,... "
+                f"--worker URL,...), so every request is refused; {later}")
+    names = ", ".join(model.name for model in config.models)
+    return f"no worker configured: requests for {names} are answered 503; {later}"

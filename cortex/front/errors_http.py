@@ -3,7 +3,8 @@
 Rules:
 
 * The status is the error's ``http_status``; nothing else decides it. An error that knows when
-  to come back (``retry_after_s``: overload 429, saturation 503) adds ``Retry-After``.
+  to come back (``retry_after_s``: overload 429, saturation 503, no live worker 503 — when
+  the registry expects one back) adds ``Retry-After``.
 * The body is OpenAI-style JSON, so the official clients surface it as an API error:
   ``{"error": {"message": str(exc), "type": <snake_case class name>, "code": status}}``.
   A ``ConfigError`` also lists every problem under ``"problems"``.

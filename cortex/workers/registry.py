@@ -39,7 +39,7 @@ Rules and invariants:
 from __future__ import annotations
 
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -210,6 +210,32 @@ class WorkerRegistry:
         return result
 
     # ----------------------------------------------------------------- reports
+
+    def back_in(self, names: Iterable[str]) -> float | None:
+        """Seconds until one of ``names`` may take requests again, as far as the registry can
+        tell (a 503's ``Retry-After``): an open breaker's trial probe, a half-open one's trial
+        timeout, an unhealthy worker's next probe; ``None`` when none is expected back (none
+        registered, or all draining)."""
+        settings = self._settings
+        soonest: float | None = None
+        for name in names:
+            entry = self._entries.get(name)
+            if entry is None or entry.draining:
+                continue
+            state = entry.breaker.state
+            if state is BreakerState.OPEN:
+                retry_at = entry.breaker.retry_at()
+                assert retry_at is not None
+                wait = retry_at - self._clock() + settings.timeout_s
+            elif state is BreakerState.HALF_OPEN:
+                wait = settings.timeout_s
+            elif not entry.healthy:
+                wait = settings.interval_s
+            else:
+                wait = 0.0  # live already (it left the pool for another reason)
+            if soonest is None or wait < soonest:
+                soonest = wait
+        return soonest
 
     def probe_wait(self, name: str) -> float | None:
         """Seconds until the next probe of ``name`` may go: 0.0 now (in ``HALF_OPEN`` this

@@ -49,3 +49,30 @@ async def test_serve_logs_listeners_models_and_workers_once_it_serves():
     assert "; models: m (passthrough, 2 workers); " in message
     assert message.endswith("workers: w0 vllm http://127.0.0.1:9, "
                             "w1 sglang http://127.0.0.1:10 dp 2")
+
+
+async def test_serve_with_nothing_to_serve_says_what_is_missing_once():
+    """A new user's ``cortex serve`` with no model and no worker starts (workers may come
+    later), and one warning says what is missing and where to start."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORTEX_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    serve = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "cortex", "serve", "--server-host", "127.0.0.1",
+         "--server-port", "0", "--control-port", "0", "--log-json", "true"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        with trio.fail_after(60):
+            buffer = bytearray()
+            lines: list[dict] = []
+            while not any(line["message"].startswith("serving:") for line in lines):
+                lines.append(json.loads(await read_stream_line(serve.stderr, buffer)))
+            lines.append(json.loads(await read_stream_line(serve.stderr, buffer)))
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            await serve.wait()
+    warnings = [line for line in lines if line["level"] == "warning"]
+    assert len(warnings) == 1, lines
+    message = warnings[0]["message"]
+    assert message.startswith("nothing to serve: no model and no worker configured")
+    assert "--worker" in message and "Quick start without a GPU" in message

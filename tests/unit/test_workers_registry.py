@@ -428,3 +428,24 @@ def test_a_new_engine_process_behind_the_url_is_a_restart(registry, events) -> N
     registry.load_result("a", {0: RankLoad(0, 0)}, instance=250.5)
     assert events[-1] == ("restarted", "a")
     assert "engine restarted" in registry.status("a").last_error
+
+
+def test_back_in_says_when_a_worker_may_take_requests_again(registry, clock):
+    """A 503's Retry-After: the soonest of an open breaker's trial (plus its timeout), a
+    half-open trial's timeout, an unhealthy worker's next probe; nothing for draining or
+    unknown workers."""
+    for name in ("a", "b", "c"):
+        registry.add(WorkerSpec(name, f"http://127.0.0.1:{9000 + ord(name)}", model="m"))
+    assert registry.back_in(["zz"]) is None
+    registry.probe_result("a", None)
+    assert registry.back_in(["a"]) == 0.0  # live already
+    for _ in range(SETTINGS.failures_to_open):
+        registry.upstream_answer_failed("a", "boom")
+    clock.now = 4.0
+    assert registry.back_in(["a"]) == pytest.approx(10.0 - 4.0 + SETTINGS.timeout_s)
+    assert registry.back_in(["a", "b"]) == SETTINGS.interval_s  # b: not probed yet
+    clock.now = 10.0
+    assert registry.back_in(["a"]) == SETTINGS.timeout_s  # half-open: the trial decides
+    registry.probe_result("c", None)
+    registry.drain("c", in_flight=1)
+    assert registry.back_in(["c"]) is None
