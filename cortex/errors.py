@@ -35,9 +35,31 @@ class DecodeError(CortexError):
 
 
 class BadRequest(CortexError):
-    """The client sent something Cortex cannot accept."""
+    """The client sent something Cortex cannot accept. ``reason``: a fixed word for the
+    ``cortex_http_bad_requests_total{reason}`` label (``BAD_REQUEST_REASONS``)."""
 
     http_status = 400
+
+    def __init__(self, message: str, *, reason: str = "invalid_field") -> None:
+        super().__init__(message)
+        if reason not in BAD_REQUEST_REASONS:
+            raise ValueError(f"unknown bad-request reason {reason!r}")
+        self.reason = reason
+
+
+# Why Cortex refused a request with 400 itself (a label: a fixed vocabulary, never a sentence).
+BAD_REQUEST_REASONS = (
+    "malformed_http",  # request line, headers, framing or chunked encoding
+    "empty_body",
+    "invalid_json",  # not JSON (truncated, bad escapes, a lone surrogate, invalid UTF-8, ...)
+    "number_out_of_range",  # a JSON number no 64-bit integer or double holds
+    "nesting_too_deep",
+    "not_an_object",  # JSON, but the body is not an object
+    "invalid_model",  # model is not a non-empty string
+    "model_required",  # no model named while several are served
+    "invalid_field",  # a field Cortex reads has the wrong shape (messages, tools, prompt, ...)
+    "unforwardable_head",  # a header value that cannot be sent on to a worker
+)
 
 
 class NotFound(CortexError):

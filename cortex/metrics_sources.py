@@ -120,7 +120,7 @@ class HttpFigures(Protocol):
     connections_opened: int
     connections_open: int
     requests: int
-    bad_requests: int
+    bad_requests_by_reason: Mapping[str, int]
     too_large: int
     header_timeouts: int
     body_timeouts: int
@@ -259,8 +259,6 @@ _HTTP_FIGURES = (
      "Client connections accepted"),
     ("connections_open", "cortex_http_connections_open", "gauge", "Client connections open"),
     ("requests", "cortex_http_requests_total", "counter", "Requests read completely"),
-    ("bad_requests", "cortex_http_bad_requests_total", "counter",
-     "Malformed requests answered 400"),
     ("too_large", "cortex_http_too_large_total", "counter",
      "Requests refused for their size (413/431)"),
     ("header_timeouts", "cortex_http_header_timeouts_total", "counter",
@@ -371,6 +369,11 @@ def http_writer(source: HttpSource) -> Writer:
         out.header("cortex_http_responses_total", "counter", "Responses sent, by status code")
         for code, count in sorted(figures.responses_by_status.items()):
             out.sample("cortex_http_responses_total", f'{{code="{code}"}}', count)
+        name = "cortex_http_bad_requests_total"
+        out.header(name, "counter", "Requests Cortex answered 400 itself, by reason (malformed "
+                   "HTTP, body or fields: cortex.errors.BAD_REQUEST_REASONS)")
+        for reason, count in sorted(figures.bad_requests_by_reason.items()):
+            out.sample(name, format_labels(("reason",), (reason,)), count)
     return write
 
 

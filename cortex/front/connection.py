@@ -436,11 +436,13 @@ class HttpConnection:
         try:
             response = await self._shared.handler(request)
         except CortexError as exc:
+            self._shared.counters.count_bad_request(exc)
             response = error_response(exc)
             self._verdict = REFUSED
         except Exception as exc:
             cortex_error = _only_cortex_error(exc)
             if cortex_error is not None:
+                self._shared.counters.count_bad_request(cortex_error)
                 response = error_response(cortex_error)
                 self._verdict = REFUSED
             else:

@@ -205,15 +205,15 @@ class RequestParser:
         if isinstance(error, PayloadTooLarge):  # 413 and 431
             counters.too_large += 1
         else:
-            counters.bad_requests += 1
+            counters.count_bad_request(error)
         self.error = error
         self.stopped = True
 
     def _malformed(self, reason: str) -> None:
-        self._fail(BadRequest(f"malformed request: {reason}"))
+        self._fail(BadRequest(f"malformed request: {reason}", reason="malformed_http"))
 
     def _refuse_malformed(self, reason: str) -> None:
-        raise _Refusal(BadRequest(f"malformed request: {reason}"))
+        raise _Refusal(BadRequest(f"malformed request: {reason}", reason="malformed_http"))
 
     # -- llhttp callbacks (run inside feed) -------------------------------------------------------
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from cortex.errors import CortexError
 from cortex.front.exchange import ExchangeHook
 from cortex.front.limits import ServerLimits
 from cortex.front.messages import Handler
@@ -33,7 +34,8 @@ class ServerCounters:
     connections_opened: int = 0
     connections_open: int = 0
     requests: int = 0  # complete requests handed to the handler
-    bad_requests: int = 0  # malformed request line, headers, framing or chunked encoding
+    bad_requests: int = 0  # 400s Cortex answered itself (malformed HTTP or body, bad fields)
+    bad_requests_by_reason: dict[str, int] = field(default_factory=dict)  # the same, by reason
     too_large: int = 0  # 413 and 431 refusals
     header_timeouts: int = 0
     body_timeouts: int = 0
@@ -43,6 +45,14 @@ class ServerCounters:
 
     def count_status(self, status: int) -> None:
         self.responses_by_status[status] = self.responses_by_status.get(status, 0) + 1
+
+    def count_bad_request(self, error: CortexError) -> None:
+        """Cortex answers ``error`` itself: counted when it is a 400, by its reason."""
+        if error.http_status != 400:
+            return
+        self.bad_requests += 1
+        reason = getattr(error, "reason", "invalid_field")
+        self.bad_requests_by_reason[reason] = self.bad_requests_by_reason.get(reason, 0) + 1
 
 
 class IdleConnection(Protocol):

@@ -77,15 +77,20 @@ EXACT_FOR = {Endpoint.MESSAGES: frozenset({"vllm"}), Endpoint.RESPONSES: frozens
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object; anything else is the client's error."""
     if not raw:
-        raise BadRequest("request body must be a JSON object, got an empty body")
+        raise BadRequest("request body must be a JSON object, got an empty body",
+                         reason="empty_body")
     try:
         body = _json_decoder.decode(raw)
+    except msgspec.ValidationError as error:  # (a number out of range: JSON, but unusable)
+        raise BadRequest(f"request body is not valid JSON: {error}",
+                         reason="number_out_of_range") from None
     except msgspec.DecodeError as error:
-        raise BadRequest(f"request body is not valid JSON: {error}") from None
+        raise BadRequest(f"request body is not valid JSON: {error}",
+                         reason="invalid_json") from None
     except RecursionError:  # msgspec's own depth guard
-        raise BadRequest("request body is nested too deeply") from None
+        raise BadRequest("request body is nested too deeply", reason="nesting_too_deep") from None
     if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
+        raise BadRequest("request body must be a JSON object", reason="not_an_object")
     return body
 
 
@@ -95,7 +100,7 @@ def body_model(body: Mapping[str, Any]) -> str | None:
     if model is None:
         return None
     if not isinstance(model, str) or not model:
-        raise BadRequest("model must be a non-empty string")
+        raise BadRequest("model must be a non-empty string", reason="invalid_model")
     base, sep, adapter = model.partition(":")
     return base if sep and base and adapter else model
 

@@ -109,7 +109,8 @@ def request_bytes(method: bytes, target: bytes, headers: Headers, body: bytes) -
     if (_REQUEST_HEAD.fullmatch(data, 0, head_length) is None
             or data.count(b"\n", 0, head_length) != len(headers) + 2):
         fault = _first_fault(method, target, headers)
-        raise BadRequest(f"request cannot be forwarded: invalid head {fault}")
+        raise BadRequest(f"request cannot be forwarded: invalid head {fault}",
+                         reason="unforwardable_head")
     return data
 
 

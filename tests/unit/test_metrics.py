@@ -54,6 +54,7 @@ class FakeServerCounters:
     connections_open: int = 0
     requests: int = 0
     bad_requests: int = 0
+    bad_requests_by_reason: dict[str, int] = field(default_factory=dict)
     too_large: int = 0
     header_timeouts: int = 0
     body_timeouts: int = 0
