@@ -228,4 +228,12 @@ async def run_demo(seconds: float = 8.0, seed: int = 7) -> bool:
     routed = await trio.to_thread.run_sync(routing_section, 0)
     print("cortex demo 2/2 - the ledger against the engines, with faults injected", flush=True)
     exact = await ledger_section(seconds, seed)
+    print(NEXT_STEPS, flush=True)
     return routed and exact
+
+
+# Where a new user goes from here (the README's quick start needs ``cortex`` on the PATH).
+NEXT_STEPS = """
+next: Cortex in front of two simulated engines, by hand: README.md, "Quick start without a GPU".
+  `cortex` is .venv/bin/cortex in this checkout: export PATH="$PWD/.venv/bin:$PATH"
+"""

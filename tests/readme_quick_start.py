@@ -6,7 +6,9 @@ with bash in its own session (process group), with ``cortex`` — the venv's con
 the one-file binary — as the ``cortex`` on the ``PATH``, and returns what it printed; the
 script's own lines start the engines and the gateway in the background, wait on the gateway's
 readiness probe, send the chat request twice and stop both. ``responses(output)`` splits what
-``curl -si`` printed into (status, headers, JSON body).
+``curl -si`` printed into (status, headers, JSON body). The script writes the engines' and
+Cortex's logs to files (``mktemp -d``, under the run's folder here); ``Run.stderr`` ends with
+them.
 
 The quick start uses fixed ports (a reader's copy has them too): one that is busy is a failure
 naming it, not a hang. Anything still running when the script ends or times out is stopped
@@ -74,7 +76,7 @@ async def run_quick_start(cortex: Path, timeout_s: float) -> Run:
         script = Path(folder) / "quick-start.sh"
         script.write_text(quick_start_script())
         env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-               "PYTHONUNBUFFERED": "1"}
+               "PYTHONUNBUFFERED": "1", "TMPDIR": folder}  # (its log folder: mktemp -d)
         process = await trio.lowlevel.open_process(
             ["bash", str(script)], cwd=folder, env=env, start_new_session=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -91,7 +93,10 @@ async def run_quick_start(cortex: Path, timeout_s: float) -> Run:
         finally:
             with trio.CancelScope(shield=True):
                 await _stop_group(process.pid)
-    return Run(process.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+        logs = "".join(f"--- {path.name}\n{path.read_text(errors='replace')}"
+                       for path in sorted(Path(folder).glob("*/*.log")))
+    return Run(process.returncode, out.decode(errors="replace"),
+               err.decode(errors="replace") + logs)
 
 
 async def _drain(stream: trio.abc.ReceiveStream, into: bytearray) -> None:
@@ -135,10 +140,12 @@ def check_cache_hit_on_second_send(run: Run) -> None:
     """Two 200 answers; the second from the first's engine, its predicted hit > 0 and equal to
     the engine's own cached_tokens."""
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "serving:" not in run.stdout and "serving:" in run.stderr  # logs apart from curl's
     answers = responses(run.stdout)
     assert [status for status, _, _ in answers] == [200, 200], run.stdout + run.stderr[-3000:]
     (_, first, _), (_, second, body) = answers
     assert first["x-cortex-cache-hit-tokens"] == "0"
+    assert first["x-cortex-match-mode"] == "load_aware"  # as the README explains it
     hit = int(second["x-cortex-cache-hit-tokens"])
     assert hit > 0, run.stdout
     assert second["x-cortex-match-mode"] == "exact_kv_events"
