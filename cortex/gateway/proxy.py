@@ -29,6 +29,8 @@ Rules:
 * A Responses request continuing a stored response (``previous_response_id``) goes to the
   worker that answered it when Cortex relayed that answer (``response_owners``): no other
   worker has it.
+* The engines' tokenizer endpoints (``/tokenize``, ``/detokenize``, SGLang's ``/v1/`` ones)
+  are passed to a live worker of the model by ``cortex.gateway.tokenizer_endpoints``.
 * A PD-enabled pool's requests go to ``cortex.pd.orchestrate.PdOrchestrator``, which sees the
   gateway through its ``PdGateway`` protocol — ``admission_for``, ``serve_on`` (one attempt
   on one worker), ``open_leg``, ``respond``, ``observe_cached_tokens``, ``observer`` — and
@@ -84,6 +86,8 @@ from cortex.gateway.observer import RouteObserver
 from cortex.gateway.pool import ModelPool, Route
 from cortex.gateway.response_owners import ResponseOwners
 from cortex.gateway.settings import AdmissionSettings
+from cortex.gateway.tokenizer_endpoints import SERVED_BY as TOKENIZER_PATHS
+from cortex.gateway.tokenizer_endpoints import TokenizerEndpoints
 from cortex.logs import request_started
 from cortex.pd.orchestrate import PdOrchestrator
 from cortex.pd.plan import PdSettings
@@ -133,6 +137,7 @@ class Gateway:
         self.admission_settings = admission or AdmissionSettings()
         self.admissions: dict[str, Admission] = {}
         self.response_owners = ResponseOwners()  # stored Responses answers -> their worker
+        self.tokenizer_endpoints = TokenizerEndpoints(self)  # /tokenize, /detokenize: passed on
         for pool in pools.values():  # (made here, not per request: a saturated pool waits in it)
             self.admission_for(pool)
 
@@ -145,6 +150,8 @@ class Gateway:
                 raise MethodNotAllowed(f"{path.decode(errors='replace')} accepts POST only",
                                        allow=("POST",))
             return await self.generate(endpoint, request)
+        if path in TOKENIZER_PATHS:
+            return await self.tokenizer_endpoints.serve(request)
         if request.method == b"GET":
             if path == b"/v1/models":
                 return self._models()
@@ -160,7 +167,7 @@ class Gateway:
     async def generate(self, endpoint: Endpoint, request: HttpRequest) -> HttpResponse:
         started = perf_counter()  # the decision's latency metric (a duration)
         body = parse_body(request.body)
-        pool = self._pool_for(body_model(body))
+        pool = self.pool_for(body_model(body))
         prompt, token_ids = None, None
         tokenize_s: float | None = None  # observed with the decision, after the answer
         if pool.tokenizer is not None and pool.exact_off is None and pool.profile is not None:
@@ -415,7 +422,8 @@ class Gateway:
 
     # ------------------------------------------------------------------ other routes
 
-    def _pool_for(self, model: str | None) -> ModelPool:
+    def pool_for(self, model: str | None) -> ModelPool:
+        """The pool serving ``model`` (``None``: the only one), else the client's error."""
         if model is None:
             if len(self.pools) == 1:
                 return next(iter(self.pools.values()))

@@ -18,6 +18,8 @@ Routes (both flavors unless marked):
 * SGLang ``POST /generate`` (``text`` or ``input_ids``; ``sampling_params.max_new_tokens``;
   ``meta_info.prompt_tokens``/``cached_tokens``; SSE with cumulative ``text``/``output_ids``).
   Several prompts (a batch) run at once and answer a JSON list, not streamed.
+* ``POST /tokenize``, ``/detokenize`` (SGLang also under ``/v1/``): each engine's shapes
+  (``cortex.sim.tokenizer_api``); vLLM's 404 for a model it does not serve.
 * ``GET /v1/models``; ``GET /health`` (200, 503 while the ``unhealthy`` fault is on).
 * SGLang ``GET /server_info`` (and ``/get_server_info``), ``GET /v1/loads`` (``?dp_rank=N``),
   ``POST|GET /flush_cache`` (400 while requests run or wait).
@@ -38,7 +40,7 @@ Data-parallel rank of a generation request (default 0; out of range -> 400):
   client as ``data_parallel_rank``; out of ``[0, dp_size)`` it is refused (here: 400).
 * SGLang: body field ``routed_dp_rank`` (older releases: ``data_parallel_rank``).
 
-Faults, read at the start of every generation request, in this order: ``hang`` (the handler
+Faults, read at the start of every generation or tokenizer request, in this order: ``hang`` (the handler
 waits until the client goes away), ``slow_s`` (sleep before anything is answered),
 ``fail_status`` (an OpenAI-style error with that status). ``die_after_chunks`` breaks a streamed
 response after N events (the body iterator raises ``EngineCrashed``; the server then closes the
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -63,7 +66,7 @@ from cortex.errors import BadRequest, CortexError, NotFound
 from cortex.events.model import EngineFamily
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.profile.request_text import split_model_name
-from cortex.sim import api_bodies, bodies, pd, request_fields
+from cortex.sim import api_bodies, bodies, pd, request_fields, tokenizer_api
 from cortex.sim.engine_view import SimEngineView
 from cortex.sim.generation import Generation
 from cortex.sim.http_faults import EngineCrashed
@@ -95,6 +98,8 @@ class SimHttpHandler:
             (b"GET", b"/health"): self._health,
             (b"GET", b"/sim/faults"): self._faults,
             (b"POST", b"/sim/faults"): self._faults,
+            (b"POST", b"/tokenize"): partial(self._tokenizer, tokenizer_api.tokenize_body),
+            (b"POST", b"/detokenize"): partial(self._tokenizer, tokenizer_api.detokenize_body),
         }
         if vllm:
             routes[(b"GET", b"/metrics")] = self._metrics
@@ -104,6 +109,8 @@ class SimHttpHandler:
                 routes[(b"GET", b"/kv_event_sources")] = self._kv_event_sources
         else:
             routes[(b"POST", b"/generate")] = self._generate
+            routes[(b"POST", b"/v1/tokenize")] = routes[(b"POST", b"/tokenize")]
+            routes[(b"POST", b"/v1/detokenize")] = routes[(b"POST", b"/detokenize")]
             routes[(b"GET", b"/health_generate")] = self._health
             routes[(b"GET", b"/server_info")] = self._server_info
             routes[(b"GET", b"/get_server_info")] = self._server_info
@@ -396,6 +403,15 @@ class SimHttpHandler:
             if model != self.engine.served_model_name:
                 raise NotFound(f"The model `{model}` does not exist.")
         return None
+
+    async def _tokenizer(self, answer: Callable[[SimEngineView, dict[str, Any]],
+                                                dict[str, Any]],
+                         request: HttpRequest) -> HttpResponse:
+        body = request_fields.json_body(request)
+        self._lora(body)  # vLLM: 404 for a model it does not serve
+        if (early := await self._fault_gate()) is not None:
+            return early
+        return _json(200, answer(self.engine, body))
 
     # ------------------------------------------------------------ information routes
 
