@@ -30,7 +30,13 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cortex.gateway.observer import RouteObserver
+
+log = logging.getLogger("cortex.gateway")
 
 _UNAVAILABLE = frozenset({502, 503, 504})
 
@@ -41,15 +47,27 @@ def may_be_the_requests(status: int) -> bool:
     return 500 <= status <= 599 and status not in _UNAVAILABLE
 
 
-@dataclass(slots=True)
 class RequestBlame:
-    """What one request's failed attempts say so far (``may_be_the_requests`` answers)."""
+    """One request's failed attempts and the verdict on them, reported to ``observer``: each
+    failure as it happens (``upstream_failed``, blamed at once or not), then ``blamed`` or
+    ``poisoned`` once the request's answer says whose the suspects' failures were."""
 
-    suspects: list[tuple[str, Exception]] = field(default_factory=list)
+    __slots__ = ("model", "observer", "suspects")
 
-    def suspect(self, worker: str, error: Exception) -> None:
-        """``worker`` answered a status that may be the request's own (not counted yet)."""
-        self.suspects.append((worker, error))
+    def __init__(self, observer: RouteObserver, model: str) -> None:
+        self.observer = observer
+        self.model = model
+        self.suspects: list[tuple[str, Exception]] = []
+
+    def failed(self, worker: str, error: Exception, *, retried: bool) -> None:
+        """An attempt on ``worker`` failed before the first byte: the worker's failure, or a
+        suspect when the worker answered a status that may be the request's own (its
+        ``status``, as ``RetryableStatus`` carries it)."""
+        status = getattr(error, "status", None)
+        suspect = status is not None and may_be_the_requests(status)
+        if suspect:
+            self.suspects.append((worker, error))
+        self.observer.upstream_failed(worker, error, retried=retried, blame=not suspect)
 
     @property
     def relay_next(self) -> bool:
@@ -58,12 +76,22 @@ class RequestBlame:
         return bool(self.suspects)
 
     def poisoned(self, status: int) -> bool:
-        """Whether an answer with ``status`` relayed after suspects makes the request the
-        failure's owner (then nobody is blamed)."""
+        """Whether an answer with ``status`` after suspects makes the failure the request's."""
         return bool(self.suspects) and may_be_the_requests(status)
 
-    def served(self) -> list[tuple[str, Exception]]:
-        """The request was served by another worker: the suspects, whose failures were their
-        own; forgotten here (each is blamed once)."""
-        blamed, self.suspects = self.suspects, []
-        return blamed
+    def answered(self, worker: str, status: int) -> None:
+        """The request's answer, relayed to the client, came from ``worker`` with ``status``:
+        the verdict on the suspects (nothing when there are none, or when the answer is
+        itself a failure of ``worker``'s own)."""
+        if not self.suspects:
+            return
+        if self.poisoned(status):
+            names = ", ".join(name for name, _ in self.suspects)
+            log.warning("request failed with %d on %s and on %s: the request's own failure "
+                        "(relayed, no worker blamed)", status, names, worker)
+            self.suspects = []
+            self.observer.poisoned(self.model, status)
+        elif not (status == 429 or 500 <= status <= 599):  # served: their own failures
+            blamed, self.suspects = self.suspects, []
+            for name, error in blamed:
+                self.observer.blamed(name, error)

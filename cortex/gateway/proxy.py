@@ -233,7 +233,7 @@ class Gateway:
     ) -> HttpResponse:
         """``unable``: workers whose engine does not serve ``endpoint`` (never tried)."""
         failed: list[str] = list(unable)
-        blame = RequestBlame()
+        blame = RequestBlame(self.observer, pool.model)
         last_error: CortexError | None = None
         record_decision: Callable[[], None] | None = None  # recorded after the answer, or on exit
         try:
@@ -260,19 +260,13 @@ class Gateway:
                     failed.append(worker)
                     last_error = (error if isinstance(error, UpstreamError)
                                   else UpstreamError(f"{worker}: {error}"))
-                    suspect = (isinstance(error, RetryableStatus)
-                               and may_be_the_requests(error.status))
-                    if suspect:
-                        blame.suspect(worker, error)
-                    self.observer.upstream_failed(worker, error, retried=retry,
-                                                  blame=not suspect)
+                    blame.failed(worker, error, retried=retry)
                     log.warning("attempt %d on %s failed before the first byte: %s", attempt,
                                 worker, error)
                     if not retry:
                         break
                     continue
-                if blame.suspects:
-                    self._judge(pool.model, blame, response.status, worker)
+                blame.answered(worker, response.status)
                 if record_decision is not None:
                     response.after_sent = _in_turn(record_decision, response.after_sent)
                     record_decision = None
@@ -282,17 +276,6 @@ class Gateway:
         finally:
             if record_decision is not None:
                 record_decision()
-
-    def _judge(self, model: str, blame: RequestBlame, status: int, worker: str) -> None:
-        """The verdict on a request's suspects once ``worker`` answered ``status``."""
-        if blame.poisoned(status):
-            names = ", ".join(name for name, _ in blame.suspects)
-            log.warning("request failed with %d on %s and on %s: the request's own failure "
-                        "(relayed, no worker blamed)", status, names, worker)
-            self.observer.poisoned(model, status)
-        elif not retryable_status(status):  # served elsewhere: the suspects' own failures
-            for name, error in blame.served():
-                self.observer.blamed(name, error)
 
     async def serve_on(
         self,

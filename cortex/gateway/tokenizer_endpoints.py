@@ -23,8 +23,8 @@ Rules:
   chunk, or a 429/5xx head moves the request to another such worker (the failed ones left
   out), up to ``retries`` more attempts; the answer of the last attempt, or of the last worker
   left, is relayed as it came. Each failure goes to the observer
-  (``cortex_upstream_errors_total``, ``cortex_retries_total``, the worker's breaker), as a
-  generation request's does. Not a routing decision: nothing in ``cortex_decisions_total``.
+  (``cortex_upstream_errors_total``, ``cortex_retries_total``, the worker's breaker) under the
+  same rules of whose failure it is (``cortex.gateway.blame``), as a generation request's does. Not a routing decision: nothing in ``cortex_decisions_total``.
 * The body and headers go as they came (minus hop-by-hop and ``x-cortex-*`` headers, and the
   DP-rank header: no rank to choose); the answer comes back streamed as the engine sent it,
   with ``x-cortex-assigned-worker`` (and ``x-cortex-attempts`` after a retry).
@@ -45,6 +45,7 @@ from cortex.errors import (
     UpstreamError,
 )
 from cortex.front.messages import HttpRequest, HttpResponse
+from cortex.gateway.blame import RequestBlame, may_be_the_requests
 from cortex.gateway.endpoints import body_model, forwarded_headers, parse_body
 from cortex.gateway.exits import Exits
 from cortex.gateway.legs import Leg, RetryableStatus, retryable_status
@@ -75,7 +76,7 @@ class TokenizerGateway(Protocol):
 
     async def open_leg(self, stack: Exits, origin: str, target: bytes,
                        headers: list[tuple[bytes, bytes]], raw: bytes, *,
-                       retry_statuses: bool) -> Leg:
+                       retry_statuses: bool, relay_engine_errors: bool = False) -> Leg:
         """Send one request; its head and first body chunk (the exchange closed by ``stack``)."""
         ...
 
@@ -101,6 +102,7 @@ class TokenizerEndpoints:
         serving = engines_serving(pool, path)
         headers = forwarded_headers(request.headers)
         failed: list[str] = []
+        blame = RequestBlame(gateway.observer, pool.model)
         last_error: CortexError | None = None
         for attempt in range(1, gateway.retries + 2):
             live = _live(pool, serving, failed)
@@ -115,23 +117,26 @@ class TokenizerEndpoints:
             try:
                 leg = await gateway.open_leg(  # (a failing status with no one left: relayed)
                     stack, pool.workers[name].origin, request.target, headers, request.body,
-                    retry_statuses=attempt <= gateway.retries and len(live) > 1)
+                    retry_statuses=attempt <= gateway.retries and len(live) > 1,
+                    relay_engine_errors=blame.relay_next)
             except (UpstreamError, RetryableStatus) as error:
                 await stack.aclose()
                 failed.append(name)
                 last_error = (error if isinstance(error, UpstreamError)
                               else UpstreamError(f"{name}: {error}"))
                 retried = attempt <= gateway.retries and bool(_live(pool, serving, failed))
-                gateway.observer.upstream_failed(name, error, retried=retried)
+                blame.failed(name, error, retried=retried)
                 log.warning("%s attempt %d on %s failed before the first byte: %s",
                             path.decode(), attempt, name, error)
                 continue
             except BaseException:
                 await stack.aclose()
                 raise
-            if retryable_status(leg.response.status):  # the last attempt's failure: relayed
-                gateway.observer.upstream_failed(name, RetryableStatus(leg.response.status),
-                                                 retried=False)
+            status = leg.response.status
+            if retryable_status(status):  # the last attempt's failure: relayed
+                gateway.observer.upstream_failed(name, RetryableStatus(status), retried=False,
+                                                 blame=not may_be_the_requests(status))
+            blame.answered(name, status)
             extra = [(b"x-cortex-assigned-worker", name.encode())]
             if attempt > 1:
                 extra.append((b"x-cortex-attempts", str(attempt).encode()))

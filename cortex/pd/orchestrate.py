@@ -53,7 +53,7 @@ import trio
 from cortex.errors import CortexError, NoWorkerAvailable, UpstreamError
 from cortex.front.messages import HttpRequest, HttpResponse
 from cortex.gateway.admission import Admission
-from cortex.gateway.blame import RequestBlame, may_be_the_requests
+from cortex.gateway.blame import RequestBlame
 from cortex.gateway.endpoints import Endpoint, decision_headers
 from cortex.gateway.exits import Exits
 from cortex.gateway.legs import Leg, RetryableStatus
@@ -174,7 +174,7 @@ class PdOrchestrator:
         admission = self.gateway.admission_for(pool)
         failed_prefill: set[str] = set()
         failed_decode: set[str] = set()
-        blame = RequestBlame()
+        blame = RequestBlame(self.gateway.observer, pool.model)
         last: BaseException | None = None
         for _ in range(self.settings.retries + 1):
             try:
@@ -209,21 +209,17 @@ class PdOrchestrator:
                 last = error
                 log.warning("PD: %s", error)
                 status = getattr(error.error, "status", None)
-                suspect = status is not None and may_be_the_requests(status)
-                if suspect and blame.poisoned(status):  # it followed the request: its own
-                    self._poisoned(pool.model, error, status)
+                if status is not None and blame.poisoned(status):  # it followed the request
+                    self._poisoned(blame, error, status)
                 if error.leg == "prefill":
                     failed_prefill.add(error.worker)
                     self.counters.retried_prefill += 1
                 else:
                     failed_decode.add(error.worker)
                     self.counters.retried_decode += 1
-                if suspect:
-                    blame.suspect(error.worker, error.error)
-                self.gateway.observer.upstream_failed(error.worker, error.error, retried=True,
-                                                      blame=not suspect)
+                blame.failed(error.worker, error.error, retried=True)
                 continue
-            self._served(blame)
+            blame.answered(decode.worker.name, response.status)
             self.counters.served += 1
             self.counters.by_engine[engine] = self.counters.by_engine.get(engine, 0) + 1
             return response
@@ -236,7 +232,7 @@ class PdOrchestrator:
             except CortexError as error:
                 last = error
             else:
-                self._served(blame)
+                blame.answered(route.worker.name, response.status)
                 self.counters.fallback_both += 1
                 return response
         self.counters.failed += 1
@@ -245,19 +241,14 @@ class PdOrchestrator:
             raise error if isinstance(error, CortexError) else UpstreamError(str(last))
         raise last if last is not None else NoWorkerAvailable("no prefill/decode pair")
 
-    def _served(self, blame: RequestBlame) -> None:
-        """The request was served: its suspects' failures were their own."""
-        for name, suspected in blame.served():
-            self.gateway.observer.blamed(name, suspected)
-
-    def _poisoned(self, model: str, error: LegFailed, status: int) -> None:
+    def _poisoned(self, blame: RequestBlame, error: LegFailed, status: int) -> None:
         """A leg failed with ``status`` after another worker had failed the same request that
         way (``cortex.gateway.blame``): the request's own failure. Counted, nobody blamed,
         nothing more tried: the client gets a clear 502 naming the engine's status."""
         self.counters.failed += 1
         self.gateway.observer.upstream_failed(error.worker, error.error, retried=False,
                                               blame=False)
-        self.gateway.observer.poisoned(model, status)
+        blame.answered(error.worker, status)
         raise UpstreamError(f"the request failed with {status} on two workers, last the "
                             f"{error.leg} leg on {error.worker}: not retried") from None
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from cortex.errors import UpstreamError
 from cortex.gateway.blame import RequestBlame, may_be_the_requests
+from cortex.gateway.legs import RetryableStatus
+from cortex.gateway.observer import RouteObserver
 
 
 @pytest.mark.parametrize(("status", "expected"), [
@@ -15,20 +18,52 @@ def test_only_a_5xx_other_than_unavailability_may_be_the_requests(status, expect
     assert may_be_the_requests(status) is expected
 
 
+class Recorder(RouteObserver):
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def upstream_failed(self, worker, error, retried, after_first_byte=False, *, blame=True):
+        self.calls.append(("failed", worker, blame))
+
+    def blamed(self, worker, error):
+        self.calls.append(("blamed", worker))
+
+    def poisoned(self, model, status):
+        self.calls.append(("poisoned", model, status))
+
+
+def test_a_worker_s_own_failure_is_blamed_at_once():
+    observer = Recorder()
+    blame = RequestBlame(observer, "m")
+    blame.failed("a", RetryableStatus(503), retried=True)  # unavailable: a's own
+    blame.failed("b", UpstreamError("refused"), retried=True)
+    assert observer.calls == [("failed", "a", True), ("failed", "b", True)]
+    assert not blame.relay_next
+    blame.answered("c", 200)
+    assert observer.calls[2:] == []
+
+
 def test_served_elsewhere_blames_each_suspect_once():
-    blame = RequestBlame()
+    observer = Recorder()
+    blame = RequestBlame(observer, "m")
     assert not blame.relay_next and not blame.poisoned(500)
-    first, second = RuntimeError("a: 500"), RuntimeError("b: 501")
-    blame.suspect("a", first)
+    blame.failed("a", RetryableStatus(500), retried=True)
     assert blame.relay_next  # a second worker's 500 would be the verdict
-    blame.suspect("b", second)
-    assert blame.served() == [("a", first), ("b", second)]
-    assert blame.served() == [] and not blame.relay_next
+    blame.failed("b", RetryableStatus(501), retried=True)
+    blame.answered("c", 503)  # c's own failure, relayed: no verdict yet
+    blame.answered("c", 200)
+    blame.answered("c", 200)
+    assert observer.calls == [("failed", "a", False), ("failed", "b", False),
+                              ("blamed", "a"), ("blamed", "b")]
+    assert not blame.relay_next
 
 
 def test_a_second_engine_error_is_the_requests_own():
-    blame = RequestBlame()
-    blame.suspect("a", RuntimeError("a: 500"))
+    observer = Recorder()
+    blame = RequestBlame(observer, "m")
+    blame.failed("a", RetryableStatus(500), retried=True)
     assert blame.poisoned(500) and blame.poisoned(507)
     assert not blame.poisoned(503)  # unavailable: that worker's own, not the request's
     assert not blame.poisoned(200)
+    blame.answered("b", 500)
+    assert observer.calls == [("failed", "a", False), ("poisoned", "m", 500)]
