@@ -1,0 +1,81 @@
+"""How long one engine step (one forward pass) takes: a timing profile over the step's work.
+
+Pure. A continuous-batching engine (``cortex.sim.batching``) describes each step it runs as a
+``StepWork`` — the prefill chunks it computes (new tokens, and the context already in KV that
+their attention reads) and the sequences it decodes (one token each, and the KV tokens they
+read) — and a ``StepProfile`` turns that into seconds:
+
+    seconds = step_s
+            + prefill_token_s   x  sum of chunk tokens
+            + attention_pair_s  x  sum of chunk.tokens x (chunk.context + chunk.tokens / 2)
+            + decode_seq_s      x  decodes
+            + decode_kv_token_s x  decode_context
+
+(a chunk's attention is causal: its i-th new token reads the context and the i new tokens
+before it, hence the half). The coefficients of a profile come from measurements, each cited
+in the profile's ``source`` (profile files: ``cortex/sim/profiles/``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cortex.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Prompt tokens one request computes in one step."""
+
+    tokens: int  # new tokens computed in this step
+    context: int  # tokens of the request already in KV before them (cached + earlier chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class StepWork:
+    """What one step computes."""
+
+    chunks: tuple[Chunk, ...] = ()
+    decodes: int = 0  # sequences producing one token each
+    decode_context: int = 0  # KV tokens those sequences read, summed
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(chunk.tokens for chunk in self.chunks)
+
+    @property
+    def empty(self) -> bool:
+        return not self.chunks and not self.decodes
+
+
+@dataclass(frozen=True, slots=True)
+class StepProfile:
+    """Step-time coefficients of one engine on one machine (seconds)."""
+
+    name: str
+    step_s: float  # fixed cost of a step (launch, sampling, scheduling)
+    prefill_token_s: float  # per prompt token computed (the weights' matmuls)
+    attention_pair_s: float  # per (new token, context token) pair a prefill chunk attends
+    decode_seq_s: float  # per sequence decoded in the step
+    decode_kv_token_s: float  # per KV token a decoding sequence reads
+    source: str = ""  # where every coefficient comes from
+
+    def __post_init__(self) -> None:
+        problems = [f"{name} must be >= 0" for name in (
+            "step_s", "prefill_token_s", "attention_pair_s", "decode_seq_s",
+            "decode_kv_token_s") if not getattr(self, name) >= 0]
+        if problems:
+            raise ConfigError(problems)
+
+    def seconds(self, work: StepWork) -> float:
+        """The step's duration; 0 for a step that computes nothing."""
+        if work.empty:
+            return 0.0
+        tokens = 0
+        pairs = 0.0
+        for chunk in work.chunks:
+            tokens += chunk.tokens
+            pairs += chunk.tokens * (chunk.context + chunk.tokens / 2)
+        return (self.step_s + self.prefill_token_s * tokens + self.attention_pair_s * pairs
+                + self.decode_seq_s * work.decodes
+                + self.decode_kv_token_s * work.decode_context)
