@@ -146,22 +146,54 @@ async def test_completions_text_is_one_full_encode_with_special_tokens():
     assert answer["usage"]["prompt_tokens"] == len(ds.tokenizer().encode(text).ids)
 
 
-async def test_bad_requests_are_refused():
+async def test_bad_requests_are_refused_in_vllms_error_shapes():
     engine = make()
     async with kv_running(engine):
-        for bad in ({"model": "deepseek", "prompt": [[1, 2], [3, 4]]},
-                    {"model": "deepseek", "prompt": "x", "max_tokens": 0},
-                    {"model": "deepseek", "prompt": "x", "n": 2},
-                    {"model": "deepseek", "prompt": [-1]}):
-            with pytest.raises(BadRequest):
-                await engine.handler(post("/v1/completions", bad))
-        with pytest.raises(BadRequest):
-            await engine.handler(HttpRequest(b"POST", b"/v1/completions", [], b"{nope"))
-        with pytest.raises(NotFound):  # vLLM: unknown model
-            await engine.handler(post("/v1/completions", {"model": "other", "prompt": "x"}))
+        refused = [await engine.handler(post("/v1/completions", bad)) for bad in (
+            {"model": "deepseek", "prompt": [[1, 2], [3, 4]]},
+            {"model": "deepseek", "prompt": "x", "max_tokens": 0},
+            {"model": "deepseek", "prompt": "x", "n": 2},
+            {"model": "deepseek", "prompt": [-1]})]
+        refused.append(await engine.handler(
+            HttpRequest(b"POST", b"/v1/completions", [], b"{nope")))
+        unknown = await engine.handler(post("/v1/completions", {"model": "other", "prompt": "x"}))
         with pytest.raises(NotFound):
-            await engine.handler(get("/generate"))  # SGLang only
+            await engine.handler(get("/generate"))  # SGLang only: no such route
+    for answer in refused:  # FastAPI's validation answer (vLLM's handler for it)
+        assert answer.status == 400
+        error = payload(answer)["error"]
+        assert (error["type"], error["param"], error["code"]) == ("Bad Request", None, 400)
+    assert unknown.status == 404  # vLLM: unknown model
+    assert payload(unknown) == {"error": {"message": "The model `other` does not exist.",
+                                          "type": "NotFoundError", "param": None, "code": 404}}
     assert engine.queues[0].running == 0
+
+
+async def test_errors_take_each_routes_shape_in_each_flavor():
+    bad_chat = {"model": "deepseek", "messages": [{"role": "user", "content": [
+        {"type": [], "text": "x"}]}]}
+    bad_messages = {"model": "deepseek", "max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": True}]}]}
+    for flavor in ("vllm-0.33", "sglang-0.5.23"):
+        engine = make(flavor)
+        async with kv_running(engine):
+            chat_answer = await engine.handler(post("/v1/chat/completions", bad_chat))
+            messages_answer = await engine.handler(post("/v1/messages", bad_messages))
+            responses_answer = await engine.handler(post("/v1/responses", {
+                "model": "deepseek", "input": "x", "previous_response_id": ["x"]}))
+            if flavor.startswith("sglang"):
+                generate_answer = await engine.handler(post("/generate", {"text": 5}))
+        answers = (chat_answer, messages_answer, responses_answer)
+        assert [a.status for a in answers] == [400, 400, 400]
+        if flavor.startswith("vllm"):  # one shape for every route's validation
+            assert all(set(payload(a)["error"]) == {"message", "type", "param", "code"}
+                       and payload(a)["error"]["type"] == "Bad Request" for a in answers)
+        else:  # SGLang: flat, but nested on /v1/responses; /generate as its route writes
+            assert payload(chat_answer)["object"] == "error"
+            assert payload(messages_answer)["type"] == "Bad Request"
+            assert payload(responses_answer)["error"]["type"] == "Bad Request"
+            assert generate_answer.status == 400
+            assert payload(generate_answer)["object"] == "error"
 
 
 # ---------------------------------------------------------------- SGLang /generate
@@ -200,8 +232,9 @@ async def test_vllm_rank_comes_from_the_header():
         assert engine.kv.truth(0) == set() and len(engine.kv.truth(1)) == 2
         await engine.handler(post("/v1/completions", body, [(b"x-data-parallel-rank", b"x")]))
         assert len(engine.kv.truth(0)) == 2  # not an integer: ignored, rank 0
-        with pytest.raises(BadRequest):
-            await engine.handler(post("/v1/completions", body, [(b"x-data-parallel-rank", b"2")]))
+        refused = await engine.handler(
+            post("/v1/completions", body, [(b"x-data-parallel-rank", b"2")]))
+        assert refused.status == 400
 
 
 async def test_sglang_rank_comes_from_routed_dp_rank():
@@ -210,8 +243,9 @@ async def test_sglang_rank_comes_from_routed_dp_rank():
         await engine.handler(post("/generate", {"input_ids": list(range(40)),
                                                 "routed_dp_rank": 1}))
         assert engine.kv.truth(0) == set() and len(engine.kv.truth(1)) == 2
-        with pytest.raises(BadRequest):
-            await engine.handler(post("/generate", {"input_ids": [1], "routed_dp_rank": 5}))
+        refused = await engine.handler(post("/generate", {"input_ids": [1],
+                                                          "routed_dp_rank": 5}))
+        assert refused.status == 400
 
 
 # ---------------------------------------------------------------- information routes
