@@ -47,8 +47,9 @@ raise anything else (``tests/property/test_sim_hostile_bodies.py``).
 
 Faults, read at the start of every generation request once its body has been checked, in this
 order: ``hang`` (the handler waits until the client goes away), ``slow_s`` (sleep before
-anything is answered), ``fail_status`` (the engine's error with that status).
-``die_after_chunks`` breaks a streamed
+anything is answered), ``fail_status`` (the engine's error with that status),
+``poison_marker`` (a body containing that string is answered 500 with the engine's
+internal-error body, counted in ``handler.poisoned``). ``die_after_chunks`` breaks a streamed
 response after N events (the body iterator raises ``EngineCrashed``; the server then closes the
 connection without the final chunk); non-streamed responses are unaffected.
 
@@ -121,6 +122,7 @@ class SimHttpHandler:
             routes[(b"GET", b"/flush_cache")] = self._flush
         self._routes = routes
         self._stored = api_bodies.StoredIds()  # Responses answers
+        self.poisoned = 0  # generation requests answered 500 for the poison_marker fault
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         route = self._routes.get((request.method, request.path))
@@ -374,6 +376,11 @@ class SimHttpHandler:
             await trio.sleep(faults.slow_s)
         if faults.fail_status is not None:
             return self._error(request.path, faults.fail_status, "simulated failure")
+        marker = faults.poison_marker
+        if marker is not None and marker.encode() in request.body:
+            self.poisoned += 1
+            return self._error(request.path, 500,
+                               f"simulated internal error: the request contains {marker!r}")
         return None
 
     async def _breakable(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

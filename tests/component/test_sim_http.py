@@ -377,6 +377,59 @@ async def test_fail_status_and_unhealthy_and_fault_api():
     assert ok.status == 200
 
 
+POISON = "POISON-7f3a"
+
+
+def poison_bodies(flavor: str) -> list[tuple[str, dict[str, Any]]]:
+    """One body per generation route, the marker somewhere inside the prompt."""
+    text = f"Tell me about {POISON} please."
+    bodies = [("/v1/chat/completions", chat(text, max_tokens=2)),
+              ("/v1/chat/completions", chat(text, max_tokens=2, stream=True)),
+              ("/v1/completions", {"model": "deepseek", "prompt": text, "max_tokens": 2}),
+              ("/v1/messages", {"model": "deepseek", "max_tokens": 2,
+                                "messages": [{"role": "user", "content": text}]}),
+              ("/v1/responses", {"model": "deepseek", "input": text, "max_output_tokens": 2})]
+    if flavor.startswith("sglang"):
+        bodies += [("/generate", {"text": text, "sampling_params": {"max_new_tokens": 2}}),
+                   ("/generate", {"text": [text, "other"]})]
+    return bodies
+
+
+@pytest.mark.parametrize("flavor", ["vllm-0.33", "sglang-0.5.23"])
+async def test_poison_marker_fails_every_route_with_the_engines_internal_error(flavor):
+    engine = make(flavor)
+    async with kv_running(engine):
+        changed = payload(await engine.handler(post("/sim/faults", {"poison_marker": POISON})))
+        poisoned = [(path, await engine.handler(post(path, body)))
+                    for path, body in poison_bodies(flavor)]
+        ran = engine.counters[0].requests
+        clean = [await engine.handler(post(path, json.loads(
+            json.dumps(body).replace(POISON, "nothing")))) for path, body in poison_bodies(flavor)]
+        with pytest.raises(BadRequest):
+            engine.faults.update({"poison_marker": ""})
+        with pytest.raises(BadRequest):
+            engine.faults.update({"poison_marker": 5})
+    assert changed["poison_marker"] == POISON
+    assert [answer.status for _, answer in poisoned] == [500] * len(poisoned)
+    assert [answer.status for answer in clean] == [200] * len(clean)
+    assert engine.handler.poisoned == len(poisoned)
+    assert ran == 0  # a poisoned request is refused before it queues
+    for path, answer in poisoned:
+        error = payload(answer)
+        if flavor.startswith("vllm") and path == "/v1/messages":  # Anthropic's shape
+            assert error["type"] == "error" and error["error"]["type"] == "InternalServerError"
+        elif flavor.startswith("vllm"):
+            assert error["error"]["type"] == "InternalServerError", error
+            assert (error["error"]["code"], error["error"]["param"]) == (500, None)
+        elif path == "/v1/messages":
+            assert error["error"]["type"] == "internal_error"
+        else:  # SGLang: flat ErrorResponse (/generate: from an HTTPException)
+            assert error["object"] == "error" and error["code"] == 500, error
+            assert error["type"] == ("500" if path == "/generate" else "InternalServerError")
+        message = error["error"]["message"] if "error" in error else error["message"]
+        assert POISON in message
+
+
 async def test_slow_delays_the_answer():
     engine = make()
     engine.faults.slow_s = 0.2
