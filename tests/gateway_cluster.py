@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from functools import cache
@@ -34,6 +34,7 @@ from cortex.ledger.state import TargetState
 from cortex.profile.model_profile import ModelProfile, ProfileSpec, load_profile
 from cortex.scheduling.view import Role
 from cortex.sim.engine import SimEngine
+from cortex.sim.http_faults import SimFaults
 from cortex.sim.kv_engine import SimEndpointConfig
 from cortex.sim.pd import PdSimSettings
 from cortex.sim.serving import TimingConfig
@@ -165,6 +166,12 @@ def all_ready(running: Running) -> bool:
     return True
 
 
+def _faults(changes: Mapping[str, object] | None) -> SimFaults:
+    faults = SimFaults()
+    faults.update(changes or {})
+    return faults
+
+
 async def _run_engine(engine: SimEngine, *,
                       task_status: trio.TaskStatus[trio.CancelScope]) -> None:
     with trio.CancelScope() as scope:
@@ -185,9 +192,13 @@ async def gateway_cluster(
     roles: Sequence[str] | None = None,
     pd_settings: PdSimSettings = PdSimSettings(),
     kv_endpoints: SimEndpointConfig = SimEndpointConfig(),
+    engine_faults: Mapping[str, object] | None = None,
 ) -> AsyncIterator[Cluster]:
     """``roles`` (one per flavor: both, prefill, decode) makes a PD cluster: the engines take
-    those roles (``cortex.sim.pd``) and the workers are registered with them."""
+    those roles (``cortex.sim.pd``) and the workers are registered with them.
+    ``engine_faults``: fault switches every engine starts with (``SimFaults.update`` changes,
+    e.g. ``{"poison_marker": "POISON"}``: a request containing it fails on every worker); each
+    engine's own switches stay in ``cluster.engines[i].faults``."""
     roles = tuple(roles or ("both",) * len(flavors))
     async with trio.open_nursery() as nursery:
         timing = replace(timing, **(timing_changes or {}))
@@ -195,7 +206,8 @@ async def gateway_cluster(
                              capacity_blocks=capacity_blocks, timing=timing, dp_size=dp_size,
                              pd_role=None if role == "both" else role,
                              bootstrap_port=0 if role == "prefill" else None,
-                             pd_settings=pd_settings, kv_endpoints=kv_endpoints)
+                             pd_settings=pd_settings, kv_endpoints=kv_endpoints,
+                             faults=_faults(engine_faults))
                    for i, (flavor, role) in enumerate(zip(flavors, roles, strict=True))]
         scopes: dict[str, trio.CancelScope] = {}
         for engine in engines:

@@ -276,14 +276,22 @@ def _tool(tool: object) -> dict[str, Any]:
         "strict": tool.get("strict"), "defer_loading": tool.get("defer_loading")}}
 
 
+_STRING_FIELDS = ("text", "thinking", "id", "name", "tool_use_id", "signature")
+
+
 def _block(block: object) -> dict[str, Any]:
+    """A content block whose type Cortex knows, its fields of the types vLLM's model has
+    (``AnthropicContentBlock``: the text fields strings or null)."""
     if not isinstance(block, dict):
         raise Unrenderable("unmodelled", "a content block that is not an object")
     kind = block.get("type")
     if kind in ("tool_addition", "tool_removal"):
         raise Unrenderable("unmodelled", "tool_addition/tool_removal blocks")
-    if kind not in _KNOWN_BLOCKS:
+    if not isinstance(kind, str) or kind not in _KNOWN_BLOCKS:
         raise Unrenderable("unmodelled", f"block type {kind!r}")
+    for name in _STRING_FIELDS:
+        if not isinstance(block.get(name), (str, type(None))):
+            raise Unrenderable("unmodelled", f"a {kind} block whose {name} is not a string")
     return block
 
 

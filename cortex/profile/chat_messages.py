@@ -124,7 +124,9 @@ def _content(content: object, system: bool) -> tuple[str, bool]:
             text: object = part
         elif not isinstance(part, dict):
             raise BadRequest("content parts must be objects or strings")
-        elif part.get("type") in _PART_TEXT:
+        elif not isinstance(part.get("type"), str):
+            raise BadRequest("a content part's type must be a string")
+        elif part["type"] in _PART_TEXT:
             text = part.get(_PART_TEXT[part["type"]])
             if text is None:
                 continue
@@ -154,7 +156,7 @@ def _tool_call(call: object) -> dict[str, Any]:
     if arguments and not isinstance(arguments, dict):
         try:
             arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except ValueError:
+        except (ValueError, RecursionError):  # (RecursionError: nested too deeply)
             arguments = None
     return {**call, "function": {**function,
                                  "arguments": arguments if isinstance(arguments, dict) else {}}}

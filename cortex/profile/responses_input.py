@@ -127,7 +127,8 @@ def _add_item(item: object, messages: list[dict[str, Any]]) -> None:
             previous["content"] = text
         else:
             messages.append({"role": "assistant", "content": text})
-    elif kind == "message" and item.get("role") in _PLAIN_ROLES:
+    elif kind == "message" and isinstance(item.get("role"), str) and (
+            item["role"] in _PLAIN_ROLES):
         messages.append(item)
     else:
         raise Unrenderable("unmodelled", f"input item type {kind!r}")
@@ -183,7 +184,7 @@ def _tools(tools: object) -> list[dict[str, Any]]:
         if not isinstance(tool, dict):
             raise Unrenderable("unmodelled", "a tool that is not an object")
         kind = tool.get("type")
-        if kind in _UNRENDERED_TOOLS:
+        if isinstance(kind, str) and kind in _UNRENDERED_TOOLS:
             continue  # never shown to the model
         if kind != "function" or not isinstance(tool.get("name"), str):
             raise Unrenderable("unmodelled", f"tool type {kind!r}")

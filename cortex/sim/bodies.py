@@ -129,10 +129,6 @@ def generate_body(
     return body
 
 
-def error_body(message: str, status: int) -> dict[str, Any]:
-    return {"error": {"message": message, "type": "sim_fault", "code": status}}
-
-
 def models_body(engine: SimEngineView) -> dict[str, Any]:
     owner = engine.family.value
     created = int(time.time())

@@ -17,6 +17,11 @@ then, on stderr, a ready-to-paste ``cortex serve`` line for them (``cortex.sim.s
 the model with the profile the engines serve, one ``--worker`` per engine. stdout stays one
 line per engine for the programs that read it.
 
+``--poison-marker MARKER`` turns on the ``poison_marker`` fault switch of every engine
+(``cortex.sim.http_faults``): a generation request whose body contains MARKER is answered 500
+by each of them, as a request that crashes the engine would be. The other switches are changed
+at runtime through ``POST /sim/faults``.
+
 With ``--pd-role prefill|decode`` the engines take that PD role (``cortex.sim.pd``); prefill
 engines listen for KV fetches on ``--bootstrap-port`` + i and add ``pd=prefill bootstrap=PORT``
 to their line (decode engines: ``pd=decode``).
@@ -105,6 +110,9 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         "SGLang prefill: for decode to fetch it", type=float)
     add("--pd-kv-lease-s", 30.0, "vLLM prefill: keep blocks pinned for decode this long",
         type=float)
+    add("--poison-marker", None, "fault: answer 500 (the engine's internal-error body) to "
+        "every generation request whose body contains this string (the poison_marker switch; "
+        "empty = off)")
     parser.add_argument("--add-bos", action="store_true", default=_env_flag("--add-bos"),
                         help="prepend BOS to text tokenized with special tokens "
                              f"(env {ENV_PREFIX}ADD_BOS)")
@@ -194,6 +202,7 @@ def _served_model(args: argparse.Namespace) -> ModelConfig | None:
 def run_sim(args: argparse.Namespace) -> int:
     from cortex.profile.model_profile import load_profile
     from cortex.sim.engine import SimEngine
+    from cortex.sim.http_faults import SimFaults
     from cortex.sim.kv_engine import SimEndpointConfig
     from cortex.sim.pd import PdSimSettings
     from cortex.sim.serving import TimingConfig
@@ -220,7 +229,8 @@ def run_sim(args: argparse.Namespace) -> int:
                   kv_endpoints=SimEndpointConfig(host=args.host, base_port=kv_port,
                                                  replay_base_port=replay_port),
                   pd_role=args.pd_role, bootstrap_port=bootstrap_port,
-                  pd_settings=pd_settings)
+                  pd_settings=pd_settings,
+                  faults=SimFaults(poison_marker=args.poison_marker or None))
         for name, http_port, kv_port, replay_port, bootstrap_port in zip(
             plan.names, plan.http_ports, plan.kv_ports, plan.replay_ports, plan.bootstrap_ports,
             strict=True)

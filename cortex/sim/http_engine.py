@@ -40,9 +40,18 @@ Data-parallel rank of a generation request (default 0; out of range -> 400):
   client as ``data_parallel_rank``; out of ``[0, dp_size)`` it is refused (here: 400).
 * SGLang: body field ``routed_dp_rank`` (older releases: ``data_parallel_rank``).
 
-Faults, read at the start of every generation or tokenizer request, in this order: ``hang`` (the handler
-waits until the client goes away), ``slow_s`` (sleep before anything is answered),
-``fail_status`` (an OpenAI-style error with that status). ``die_after_chunks`` breaks a streamed
+Errors: every refusal or failure of an engine route (a ``CortexError`` raised while handling it)
+is answered in that engine's own error shape for the route (``cortex.sim.engine_errors``): a
+body that does not fit the route (wrong types, missing fields) as the engine's request
+validation answers it, 400; a template that fails, an unknown model (404) or a 500 as the route
+itself answers. Only ``/sim/faults`` keeps Cortex's error shape. Hostile JSON never makes a route
+raise anything else (``tests/property/test_sim_hostile_bodies.py``).
+
+Faults, read at the start of every generation or tokenizer request once its body has been
+checked, in this order: ``hang`` (the handler waits until the client goes away), ``slow_s`` (sleep before
+anything is answered), ``fail_status`` (the engine's error with that status),
+``poison_marker`` (a body containing that string is answered 500 with the engine's
+internal-error body, counted in ``handler.poisoned``). ``die_after_chunks`` breaks a streamed
 response after N events (the body iterator raises ``EngineCrashed``; the server then closes the
 connection without the final chunk); non-streamed responses are unaffected.
 
@@ -65,8 +74,9 @@ import trio
 from cortex.errors import BadRequest, CortexError, NotFound
 from cortex.events.model import EngineFamily
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
+from cortex.profile.chat_template import TemplateError
 from cortex.profile.request_text import split_model_name
-from cortex.sim import api_bodies, bodies, pd, request_fields, tokenizer_api
+from cortex.sim import api_bodies, bodies, engine_errors, pd, request_fields, tokenizer_api
 from cortex.sim.engine_view import SimEngineView
 from cortex.sim.generation import Generation
 from cortex.sim.http_faults import EngineCrashed
@@ -119,12 +129,26 @@ class SimHttpHandler:
             routes[(b"GET", b"/flush_cache")] = self._flush
         self._routes = routes
         self._stored = api_bodies.StoredIds()  # Responses answers
+        self.poisoned = 0  # requests answered 500 for the poison_marker fault
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         route = self._routes.get((request.method, request.path))
         if route is None:
             raise NotFound(f"no route {request.method.decode()} {request.path.decode()}")
-        return await route(request)
+        if route == self._faults:  # the simulator's own API: Cortex's error shape
+            return await route(request)
+        try:
+            return await route(request)
+        except CortexError as error:
+            validation = isinstance(error, BadRequest) and not isinstance(error, TemplateError)
+            return self._error(request.path, error.http_status, str(error),
+                               validation=validation)
+
+    def _error(self, path: bytes, status: int, message: str, *,
+               validation: bool = False) -> HttpResponse:
+        """The engine's own error answer (``cortex.sim.engine_errors``)."""
+        return _json(status, engine_errors.error_body(self.engine.family, path, status, message,
+                                                      validation=validation))
 
     # ------------------------------------------------------------ generation routes
 
@@ -155,9 +179,10 @@ class SimHttpHandler:
     async def _responses(self, request: HttpRequest) -> HttpResponse:
         body = request_fields.json_body(request)
         previous = body.pop("previous_response_id", None)
+        if previous is not None and not isinstance(previous, str):
+            raise BadRequest("previous_response_id must be a string")
         if previous is not None and previous not in self._stored:
-            return _json(404, bodies.error_body(f"Response with id '{previous}' not found.",
-                                                404))
+            return self._error(request.path, 404, f"Response with id '{previous}' not found.")
         return await self._api(request, body, api_bodies.ResponsesShape,
                                self.engine.tokenizer.responses_chat, "max_output_tokens")
 
@@ -174,7 +199,7 @@ class SimHttpHandler:
                            else engine.served_model_name)
         if isinstance(shape, api_bodies.ResponsesShape):
             self._stored.add(shape.id)
-        if (early := await self._fault_gate()) is not None:
+        if (early := await self._fault_gate(request)) is not None:
             return early
         generation, extra = await self._generation(body, rank, token_ids, out, lora,
                                                    request_fields.cache_salt(body))
@@ -218,7 +243,7 @@ class SimHttpHandler:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             model = engine.served_model_name
-        if (early := await self._fault_gate()) is not None:
+        if (early := await self._fault_gate(request)) is not None:
             return early
         stream = request_fields.flag(body, "stream", False)
         shape = bodies.OpenAIShape(kind, model, bodies.response_id(kind, engine.name))
@@ -262,9 +287,10 @@ class SimHttpHandler:
         if isinstance(prompts, list) and len(prompts) > 1 and isinstance(
                 prompts[0], (list, str)):
             items = [engine.tokenizer.prompt_ids(body, [p], name) for p in prompts]
-            return await self._generate_batch(body, rank, items, out, lora, salt, rid)
+            return await self._generate_batch(request, body, rank, items, out, lora, salt,
+                                              rid)
         token_ids = engine.tokenizer.prompt_ids(body, prompts, name)
-        if (early := await self._fault_gate()) is not None:
+        if (early := await self._fault_gate(request)) is not None:
             return early
         logprobs = None
         if request_fields.flag(body, "return_logprob", False):
@@ -293,16 +319,16 @@ class SimHttpHandler:
 
         return HttpResponse(200, list(SSE_HEADERS), self._breakable(events()))
 
-    async def _generate_batch(self, body: dict[str, Any], rank: int, items: list[list[int]],
-                              out: int, lora: str | None, salt: str | None,
-                              rid: str) -> HttpResponse:
+    async def _generate_batch(self, request: HttpRequest, body: dict[str, Any], rank: int,
+                              items: list[list[int]], out: int, lora: str | None,
+                              salt: str | None, rid: str) -> HttpResponse:
         """SGLang ``/generate`` with several prompts: the items run at once (each its own PD
         request on a PD engine, with its own room); the answer is a JSON list in item order.
         The simulator streams single prompts only."""
         engine = self.engine
         if request_fields.flag(body, "stream", False):
             raise BadRequest("the simulated engine streams one prompt per request")
-        if (early := await self._fault_gate()) is not None:
+        if (early := await self._fault_gate(request)) is not None:
             return early
         wants_logprobs = request_fields.flag(body, "return_logprob", False)
         decode = engine.pd is not None and engine.pd.role == "decode"
@@ -349,15 +375,19 @@ class SimHttpHandler:
         return engine.generation(rank, token_ids, out, lora_name=lora, cache_salt=salt,
                                  read_limit=limit), {}
 
-    async def _fault_gate(self) -> HttpResponse | None:
+    async def _fault_gate(self, request: HttpRequest) -> HttpResponse | None:
         faults = self.engine.faults
         if faults.hang:
             await trio.sleep_forever()
         if faults.slow_s > 0:
             await trio.sleep(faults.slow_s)
         if faults.fail_status is not None:
-            status = faults.fail_status
-            return _json(status, bodies.error_body("simulated failure", status))
+            return self._error(request.path, faults.fail_status, "simulated failure")
+        marker = faults.poison_marker
+        if marker is not None and marker.encode() in request.body:
+            self.poisoned += 1
+            return self._error(request.path, 500,
+                               f"simulated internal error: the request contains {marker!r}")
         return None
 
     async def _breakable(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -409,7 +439,7 @@ class SimHttpHandler:
                          request: HttpRequest) -> HttpResponse:
         body = request_fields.json_body(request)
         self._lora(body)  # vLLM: 404 for a model it does not serve
-        if (early := await self._fault_gate()) is not None:
+        if (early := await self._fault_gate(request)) is not None:
             return early
         return _json(200, answer(self.engine, body))
 

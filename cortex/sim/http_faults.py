@@ -10,6 +10,8 @@ Rules:
   (``BadRequest`` listing every problem), so the switches are never half-changed.
 * ``EngineCrashed`` (the ``die_after_chunks`` fault) is a 502: the engine dropped a streamed
   response mid-way.
+* ``poison_marker`` is matched against the request's raw body bytes (its UTF-8 encoding): an
+  ASCII marker is found however the client escapes JSON strings.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class SimFaults:
     hang: bool = False  # never answer a generation request
     die_after_chunks: int | None = None  # streaming: break the connection after N events
     unhealthy: bool = False  # /health answers 503
+    # answer 500 (the engine's internal-error body) to every generation request whose raw body
+    # contains this string: a "poison" request that fails wherever it is sent
+    poison_marker: str | None = None
 
     def update(self, changes: Mapping[str, object]) -> None:
         """Apply ``changes`` (JSON-like) after checking all of them; BadRequest lists problems."""
@@ -58,6 +63,10 @@ class SimFaults:
                 type(value) is not int or value < 0
             ):
                 problems.append("die_after_chunks must be null or an integer >= 0")
+            elif name == "poison_marker" and value is not None and (
+                not isinstance(value, str) or not value
+            ):
+                problems.append("poison_marker must be null or a non-empty string")
         if problems:
             raise BadRequest("; ".join(problems))
         for name, value in changes.items():

@@ -140,8 +140,9 @@ def vllm_decode_params(params: dict[str, Any]) -> dict[str, Any]:
     missing = [key for key in VLLM_DECODE_KEYS if params.get(key) is None]
     if missing:
         raise BadRequest(f"kv_transfer_params lacks {', '.join(missing)}")
-    if type(params["remote_port"]) is not int:
-        raise BadRequest("kv_transfer_params.remote_port must be an integer")
+    port = params["remote_port"]
+    if type(port) is not int or not 0 < port < 65536:
+        raise BadRequest("kv_transfer_params.remote_port must be a port number")
     return params
 
 

@@ -193,7 +193,7 @@ async def fetch(host: str, port: int, key: str, *, wait: bool, engine_id: str | 
     (``KvTransferFailed`` if it cannot be reached, refuses, or dies meanwhile)."""
     try:
         stream = await trio.open_tcp_stream(host, port)
-    except OSError as error:
+    except (OSError, ValueError) as error:  # (ValueError: a name IDNA cannot encode)
         raise KvTransferFailed(f"prefill peer {host}:{port} unreachable: {error}") from None
     async with stream:
         try:

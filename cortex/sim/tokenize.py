@@ -82,6 +82,8 @@ class SimTokenizer:
         if not isinstance(kwargs, dict):
             raise BadRequest("chat_template_kwargs must be an object")
         effort = body.get("reasoning_effort")
+        if effort is not None and not isinstance(effort, str):
+            raise BadRequest("reasoning_effort must be a string")
         if effort is not None and effort != "auto":
             kwargs = {"enable_thinking": effort != "none", **kwargs,
                       "reasoning_effort": effort}
@@ -168,7 +170,8 @@ def _media_as_text(message: object) -> object:
     """The message with each non-text content part replaced by ``MEDIA_PLACEHOLDER`` text."""
     if not isinstance(message, dict) or not isinstance(message.get("content"), list):
         return message
-    parts = [part if not isinstance(part, dict) or part.get("type") in TEXT_PART_TYPES
+    parts = [part if not isinstance(part, dict) or not isinstance(part.get("type"), str)
+             or part["type"] in TEXT_PART_TYPES  # (a type not a string: refused later)
              else {"type": "text", "text": MEDIA_PLACEHOLDER} for part in message["content"]]
     return {**message, "content": parts}
 

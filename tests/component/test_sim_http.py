@@ -146,22 +146,54 @@ async def test_completions_text_is_one_full_encode_with_special_tokens():
     assert answer["usage"]["prompt_tokens"] == len(ds.tokenizer().encode(text).ids)
 
 
-async def test_bad_requests_are_refused():
+async def test_bad_requests_are_refused_in_vllms_error_shapes():
     engine = make()
     async with kv_running(engine):
-        for bad in ({"model": "deepseek", "prompt": [[1, 2], [3, 4]]},
-                    {"model": "deepseek", "prompt": "x", "max_tokens": 0},
-                    {"model": "deepseek", "prompt": "x", "n": 2},
-                    {"model": "deepseek", "prompt": [-1]}):
-            with pytest.raises(BadRequest):
-                await engine.handler(post("/v1/completions", bad))
-        with pytest.raises(BadRequest):
-            await engine.handler(HttpRequest(b"POST", b"/v1/completions", [], b"{nope"))
-        with pytest.raises(NotFound):  # vLLM: unknown model
-            await engine.handler(post("/v1/completions", {"model": "other", "prompt": "x"}))
+        refused = [await engine.handler(post("/v1/completions", bad)) for bad in (
+            {"model": "deepseek", "prompt": [[1, 2], [3, 4]]},
+            {"model": "deepseek", "prompt": "x", "max_tokens": 0},
+            {"model": "deepseek", "prompt": "x", "n": 2},
+            {"model": "deepseek", "prompt": [-1]})]
+        refused.append(await engine.handler(
+            HttpRequest(b"POST", b"/v1/completions", [], b"{nope")))
+        unknown = await engine.handler(post("/v1/completions", {"model": "other", "prompt": "x"}))
         with pytest.raises(NotFound):
-            await engine.handler(get("/generate"))  # SGLang only
+            await engine.handler(get("/generate"))  # SGLang only: no such route
+    for answer in refused:  # FastAPI's validation answer (vLLM's handler for it)
+        assert answer.status == 400
+        error = payload(answer)["error"]
+        assert (error["type"], error["param"], error["code"]) == ("Bad Request", None, 400)
+    assert unknown.status == 404  # vLLM: unknown model
+    assert payload(unknown) == {"error": {"message": "The model `other` does not exist.",
+                                          "type": "NotFoundError", "param": None, "code": 404}}
     assert engine.queues[0].running == 0
+
+
+async def test_errors_take_each_routes_shape_in_each_flavor():
+    bad_chat = {"model": "deepseek", "messages": [{"role": "user", "content": [
+        {"type": [], "text": "x"}]}]}
+    bad_messages = {"model": "deepseek", "max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": True}]}]}
+    for flavor in ("vllm-0.33", "sglang-0.5.23"):
+        engine = make(flavor)
+        async with kv_running(engine):
+            chat_answer = await engine.handler(post("/v1/chat/completions", bad_chat))
+            messages_answer = await engine.handler(post("/v1/messages", bad_messages))
+            responses_answer = await engine.handler(post("/v1/responses", {
+                "model": "deepseek", "input": "x", "previous_response_id": ["x"]}))
+            if flavor.startswith("sglang"):
+                generate_answer = await engine.handler(post("/generate", {"text": 5}))
+        answers = (chat_answer, messages_answer, responses_answer)
+        assert [a.status for a in answers] == [400, 400, 400]
+        if flavor.startswith("vllm"):  # one shape for every route's validation
+            assert all(set(payload(a)["error"]) == {"message", "type", "param", "code"}
+                       and payload(a)["error"]["type"] == "Bad Request" for a in answers)
+        else:  # SGLang: flat, but nested on /v1/responses; /generate as its route writes
+            assert payload(chat_answer)["object"] == "error"
+            assert payload(messages_answer)["type"] == "Bad Request"
+            assert payload(responses_answer)["error"]["type"] == "Bad Request"
+            assert generate_answer.status == 400
+            assert payload(generate_answer)["object"] == "error"
 
 
 # ---------------------------------------------------------------- SGLang /generate
@@ -200,8 +232,9 @@ async def test_vllm_rank_comes_from_the_header():
         assert engine.kv.truth(0) == set() and len(engine.kv.truth(1)) == 2
         await engine.handler(post("/v1/completions", body, [(b"x-data-parallel-rank", b"x")]))
         assert len(engine.kv.truth(0)) == 2  # not an integer: ignored, rank 0
-        with pytest.raises(BadRequest):
-            await engine.handler(post("/v1/completions", body, [(b"x-data-parallel-rank", b"2")]))
+        refused = await engine.handler(
+            post("/v1/completions", body, [(b"x-data-parallel-rank", b"2")]))
+        assert refused.status == 400
 
 
 async def test_sglang_rank_comes_from_routed_dp_rank():
@@ -210,8 +243,9 @@ async def test_sglang_rank_comes_from_routed_dp_rank():
         await engine.handler(post("/generate", {"input_ids": list(range(40)),
                                                 "routed_dp_rank": 1}))
         assert engine.kv.truth(0) == set() and len(engine.kv.truth(1)) == 2
-        with pytest.raises(BadRequest):
-            await engine.handler(post("/generate", {"input_ids": [1], "routed_dp_rank": 5}))
+        refused = await engine.handler(post("/generate", {"input_ids": [1],
+                                                          "routed_dp_rank": 5}))
+        assert refused.status == 400
 
 
 # ---------------------------------------------------------------- information routes
@@ -341,6 +375,59 @@ async def test_fail_status_and_unhealthy_and_fault_api():
     assert health.status == 503
     assert "fail_status" in str(info.value) and "nope" in str(info.value)
     assert ok.status == 200
+
+
+POISON = "POISON-7f3a"
+
+
+def poison_bodies(flavor: str) -> list[tuple[str, dict[str, Any]]]:
+    """One body per generation route, the marker somewhere inside the prompt."""
+    text = f"Tell me about {POISON} please."
+    bodies = [("/v1/chat/completions", chat(text, max_tokens=2)),
+              ("/v1/chat/completions", chat(text, max_tokens=2, stream=True)),
+              ("/v1/completions", {"model": "deepseek", "prompt": text, "max_tokens": 2}),
+              ("/v1/messages", {"model": "deepseek", "max_tokens": 2,
+                                "messages": [{"role": "user", "content": text}]}),
+              ("/v1/responses", {"model": "deepseek", "input": text, "max_output_tokens": 2})]
+    if flavor.startswith("sglang"):
+        bodies += [("/generate", {"text": text, "sampling_params": {"max_new_tokens": 2}}),
+                   ("/generate", {"text": [text, "other"]})]
+    return bodies
+
+
+@pytest.mark.parametrize("flavor", ["vllm-0.33", "sglang-0.5.23"])
+async def test_poison_marker_fails_every_route_with_the_engines_internal_error(flavor):
+    engine = make(flavor)
+    async with kv_running(engine):
+        changed = payload(await engine.handler(post("/sim/faults", {"poison_marker": POISON})))
+        poisoned = [(path, await engine.handler(post(path, body)))
+                    for path, body in poison_bodies(flavor)]
+        ran = engine.counters[0].requests
+        clean = [await engine.handler(post(path, json.loads(
+            json.dumps(body).replace(POISON, "nothing")))) for path, body in poison_bodies(flavor)]
+        with pytest.raises(BadRequest):
+            engine.faults.update({"poison_marker": ""})
+        with pytest.raises(BadRequest):
+            engine.faults.update({"poison_marker": 5})
+    assert changed["poison_marker"] == POISON
+    assert [answer.status for _, answer in poisoned] == [500] * len(poisoned)
+    assert [answer.status for answer in clean] == [200] * len(clean)
+    assert engine.handler.poisoned == len(poisoned)
+    assert ran == 0  # a poisoned request is refused before it queues
+    for path, answer in poisoned:
+        error = payload(answer)
+        if flavor.startswith("vllm") and path == "/v1/messages":  # Anthropic's shape
+            assert error["type"] == "error" and error["error"]["type"] == "InternalServerError"
+        elif flavor.startswith("vllm"):
+            assert error["error"]["type"] == "InternalServerError", error
+            assert (error["error"]["code"], error["error"]["param"]) == (500, None)
+        elif path == "/v1/messages":
+            assert error["error"]["type"] == "internal_error"
+        else:  # SGLang: flat ErrorResponse (/generate: from an HTTPException)
+            assert error["object"] == "error" and error["code"] == 500, error
+            assert error["type"] == ("500" if path == "/generate" else "InternalServerError")
+        message = error["error"]["message"] if "error" in error else error["message"]
+        assert POISON in message
 
 
 async def test_slow_delays_the_answer():

@@ -50,6 +50,9 @@ def test_environment_twins_replace_defaults_and_flags_win(monkeypatch):
     assert args.decode_ms_per_token == 7.5
     assert args.engine == "sglang-0.5.19"
     assert args.add_bos is True
+    monkeypatch.setenv("CORTEX_SIM_POISON_MARKER", "BAD")
+    assert parse([]).poison_marker == "BAD"
+    assert parse(["--poison-marker", "WORSE"]).poison_marker == "WORSE"
 
 
 def test_bad_flags_are_all_reported():
@@ -64,7 +67,7 @@ async def test_cortex_sim_process_serves_until_sigint(tmp_path):
     argv = [sys.executable, "-m", "cortex", "sim", "--engine", "sglang", "--port", "0",
             "--count", "2", "--dp-size", "2", "--model", "deepseek",
             "--tokenizer", ds.TOKENIZER_JSON, "--chat-template", str(template),
-            "--bos-token", ds.BOS, "--eos-token", ds.EOS]
+            "--bos-token", ds.BOS, "--eos-token", ds.EOS, "--poison-marker", "POISON"]
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             process = await nursery.start(partial_process(argv))
@@ -82,9 +85,11 @@ async def test_cortex_sim_process_serves_until_sigint(tmp_path):
                 assert [e.split("=")[0] for e in endpoints] == ["rank0", "replay0",
                                                                "rank1", "replay1"]
             answers = [await trio.to_thread.run_sync(_chat, url) for url in urls]
+            poisoned = [await trio.to_thread.run_sync(_chat, url, "say POISON") for url in urls]
             process.send_signal(signal.SIGINT)
             assert await process.wait() == 0
     assert all(a["usage"]["completion_tokens"] == 2 for a in answers)
+    assert [p["code"] for p in poisoned] == [500, 500]  # --poison-marker: on every engine
     assert len(set(urls)) == 2
 
 
@@ -97,15 +102,20 @@ def partial_process(argv: list[str]):
     return start
 
 
-def _chat(url: str) -> dict:
+def _chat(url: str, content: str = "hi") -> dict:
+    """The answer, or the error body (SGLang's flat one) of an error status."""
+    import urllib.error
     import urllib.request
 
     body = json.dumps({"model": "deepseek", "max_tokens": 2,
-                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+                       "messages": [{"role": "user", "content": content}]}).encode()
     request = urllib.request.Request(url + "/v1/chat/completions", body,
                                      {"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return json.loads(error.read())
 
 
 @pytest.mark.parametrize("flag", ["--port", "--kv-events-port"])

@@ -176,3 +176,16 @@ def test_thinking_disabled_becomes_the_effort_vllm_probes_from_the_template():
     assert disabled_effort(ChatTemplates(thinks, thinks)) == "none"
     assert disabled_effort(ChatTemplates(refuses, refuses)) == "low"
     assert disabled_effort(ChatTemplates(None, thinks)) == "low"
+
+
+@pytest.mark.parametrize("block", [
+    {"type": [], "text": "x"}, {"type": "text", "text": True}, {"type": "thinking", "thinking": 1},
+    {"type": "tool_use", "id": ["t"], "name": "f", "input": {}},
+    {"type": "tool_result", "tool_use_id": 5, "content": "x"}])
+def test_type_confused_blocks_are_unmodelled_not_a_crash(block):
+    # (each was a TypeError or AttributeError: a 500 from the simulator and the gateway; vLLM's
+    # validation refuses them with 400)
+    for body in ({"system": [block], "messages": [{"role": "user", "content": "hi"}]},
+                 {"messages": [{"role": "user", "content": [block]}]}):
+        with pytest.raises(Unrenderable):
+            convert(body)

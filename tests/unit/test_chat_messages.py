@@ -96,3 +96,17 @@ def test_developer_turns_become_system_turns_merged_first_unless_the_template_kn
                                               {"role": "user", "content": "u"}]
     plain = [{"role": "system", "content": "S"}, {"role": "system", "content": "T"}]
     assert developer_as_system(plain, "") is plain  # no developer turn: nothing merged
+
+
+@pytest.mark.parametrize("part", [{"type": [], "text": "x"}, {"type": {}, "text": "x"},
+                                  {"type": "text", "text": ["x"]}, 5])
+def test_type_confused_content_parts_are_bad_requests(part):
+    # ({"type": []} was a TypeError, unhashable: a 500 from the simulator and the gateway)
+    with pytest.raises(BadRequest):
+        engine_messages([{"role": "user", "content": [part]}])
+
+
+def test_tool_call_arguments_nested_too_deeply_become_an_empty_object():
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[" * 5000}}
+    out, _ = engine_messages([{"role": "assistant", "content": "", "tool_calls": [call]}])
+    assert out[0]["tool_calls"][0]["function"]["arguments"] == {}

@@ -127,3 +127,11 @@ def test_a_responses_request_renders_as_its_chat():
         ds.chat_templates())
     assert prompt is not None
     assert prompt.text == f"{ds.BOS}S{U}hi{A}yo{ds.EOS}{U}more{A}"
+
+
+@pytest.mark.parametrize("body", [
+    {"input": [{"role": {}, "content": "x"}]}, {"input": [{"role": [], "content": "x"}]},
+    {"input": "x", "tools": [{"type": []}]}, {"input": "x", "tools": [{"type": {"a": 1}}]}])
+def test_type_confused_roles_and_tool_types_are_unmodelled_not_a_crash(body):
+    with pytest.raises(Unrenderable):  # (an unhashable TypeError before: a 500)
+        chat_body(body)

@@ -14,6 +14,7 @@ from cortex.sim.pd import (
     vllm_decode_params,
     vllm_params,
 )
+from cortex.sim.pd_transfer import KvTransferFailed, fetch
 
 
 def test_sglang_fields_single_and_list_of_one():
@@ -56,8 +57,15 @@ def test_vllm_decode_params_need_every_remote_key():
                 "remote_port"):
         with pytest.raises(BadRequest, match=key):
             vllm_decode_params({k: v for k, v in params.items() if k != key})
-    with pytest.raises(BadRequest):
-        vllm_decode_params({**params, "remote_port": "5600"})
+    for port in ("5600", 0, 65536, 2**70, True):  # 2**70: an OverflowError once, a 500
+        with pytest.raises(BadRequest):
+            vllm_decode_params({**params, "remote_port": port})
+
+
+@pytest.mark.parametrize("host", ["a" * 64, "ü" * 70 + ".x", "a\x00b"])
+async def test_a_peer_name_that_cannot_be_looked_up_is_unreachable_not_a_crash(host):
+    with pytest.raises(KvTransferFailed, match="unreachable"):  # (IDNA: a ValueError before)
+        await fetch(host, 8998, "room", wait=False)
 
 
 def test_settings_are_positive():
