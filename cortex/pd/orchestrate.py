@@ -91,9 +91,11 @@ class PdGateway(Protocol):
 
     async def serve_on(self, pool: ModelPool, route: Route, endpoint: Endpoint,
                        request: HttpRequest, body: dict, headers: list[tuple[bytes, bytes]],
-                       attempt: int) -> HttpResponse:
+                       attempt: int, *, retry_statuses: bool | None = None,
+                       relay_engine_errors: bool = False) -> HttpResponse:
         """One attempt of ``request`` on ``route``'s worker alone (``UpstreamError`` or
-        ``RetryableStatus`` before the first byte)."""
+        ``RetryableStatus`` before the first byte; a failing status that may be the request's
+        own is relayed instead under ``relay_engine_errors``)."""
         ...
 
     async def open_leg(self, stack: Exits, origin: str, target: bytes,
@@ -195,8 +197,13 @@ class PdOrchestrator:
                 if engine == "vllm" and token_ids is not None and bypass_prefill(
                         len(token_ids), decode.decision.predicted_cached_tokens,
                         self.settings.bypass_max_uncached_tokens):
-                    response = await self.gateway.serve_on(pool, decode, endpoint, request,
-                                                           body, headers, 1)
+                    try:
+                        response = await self.gateway.serve_on(
+                            pool, decode, endpoint, request, body, headers, 1,
+                            relay_engine_errors=blame.relay_next)
+                    except (UpstreamError, RetryableStatus) as error:
+                        raise LegFailed("decode", decode.worker.name, error) from None
+                    blame.answered(decode.worker.name, response.status)
                     self.counters.bypassed += 1
                     return response
                 if engine == "sglang":
@@ -228,7 +235,11 @@ class PdOrchestrator:
             try:
                 route = pool.decide(token_ids, prompt, exclude=pd_workers, role=Role.BOTH)
                 response = await self.gateway.serve_on(pool, route, endpoint, request, body,
-                                                       headers, 1)
+                                                       headers, 1,
+                                                       relay_engine_errors=blame.relay_next)
+            except RetryableStatus as error:
+                blame.failed(route.worker.name, error, retried=False)
+                last = UpstreamError(f"{route.worker.name}: {error}")
             except CortexError as error:
                 last = error
             else:
