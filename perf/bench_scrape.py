@@ -122,6 +122,8 @@ class State:
         self.server = ServerCounters(*(rng.randint(0, 1_000_000) for _ in range(9)))
         for status in (200, 400, 404, 413, 429, 500, 502, 503):
             self.server.responses_by_status[status] = rng.randint(1, 1_000_000)
+        for reason in ("malformed_http", "invalid_json", "invalid_field"):
+            self.server.bad_requests_by_reason[reason] = rng.randint(1, 100_000)
         self.pd = PdCounters(*(rng.randint(0, 1000) for _ in range(6)))
         self.admissions = [(model, AdmissionCounters(*(rng.randint(0, 1000) for _ in range(4))))
                            for model in MODELS]
@@ -193,6 +195,13 @@ class LibraryCollector:
         for code, count in sorted(server.responses_by_status.items()):
             responses.add_metric([str(code)], count)
         yield responses
+        bad = CounterMetricFamily("cortex_http_bad_requests_total",
+                                  "Requests Cortex answered 400 itself, by reason (malformed "
+                                  "HTTP, body or fields: cortex.errors.BAD_REQUEST_REASONS)",
+                                  labels=("reason",))
+        for reason, count in sorted(server.bad_requests_by_reason.items()):
+            bad.add_metric([reason], count)
+        yield bad
         yield from _table([([w], c) for w, c in state.probes], ("worker",), _PROBE_COUNTERS)
         yield from _table([([w], p) for w, p in state.pools], ("worker",), _POOL_FIGURES)
         exact = GaugeMetricFamily("cortex_model_exact_routing",

@@ -35,13 +35,13 @@ class ServerCounters:
     connections_open: int = 0
     requests: int = 0  # complete requests handed to the handler
     bad_requests: int = 0  # 400s Cortex answered itself (malformed HTTP or body, bad fields)
-    bad_requests_by_reason: dict[str, int] = field(default_factory=dict)  # the same, by reason
     too_large: int = 0  # 413 and 431 refusals
     header_timeouts: int = 0
     body_timeouts: int = 0
     client_gone: int = 0  # client left while its request was handled or its body streamed
     handler_errors: int = 0  # 500s from bugs, and body iterators failing after the head
     responses_by_status: dict[int, int] = field(default_factory=dict)
+    bad_requests_by_reason: dict[str, int] = field(default_factory=dict)  # the 400s, by reason
 
     def count_status(self, status: int) -> None:
         self.responses_by_status[status] = self.responses_by_status.get(status, 0) + 1

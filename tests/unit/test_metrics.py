@@ -54,13 +54,13 @@ class FakeServerCounters:
     connections_open: int = 0
     requests: int = 0
     bad_requests: int = 0
-    bad_requests_by_reason: dict[str, int] = field(default_factory=dict)
     too_large: int = 0
     header_timeouts: int = 0
     body_timeouts: int = 0
     client_gone: int = 0
     handler_errors: int = 0
     responses_by_status: dict[int, int] = field(default_factory=dict)
+    bad_requests_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 def full_metrics() -> tuple[CortexMetrics, dict]:
