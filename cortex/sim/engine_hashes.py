@@ -196,7 +196,7 @@ def vllm_block_digests(
     if parent is None:
         parent = none_hash
     for index in range(first_block, len(token_ids) // block_size):
-        block = tuple(int(t) for t in token_ids[index * block_size : (index + 1) * block_size])
+        block = tuple(map(int, token_ids[index * block_size : (index + 1) * block_size]))
         parent = hash_fn((parent, block, extra_keys_of(index)))
         digests.append(parent)
     return digests
