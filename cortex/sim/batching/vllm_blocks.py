@@ -214,6 +214,7 @@ class VllmBlockPool:
         return events, digests
 
     def truth(self) -> set[TruthEntry]:
+        """Every cached prefix (for checks: it copies each block's whole path)."""
         entries: set[TruthEntry] = set()
         for copies in self._cached.values():
             block = copies[0]
