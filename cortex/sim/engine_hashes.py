@@ -182,14 +182,21 @@ def vllm_block_digests(
     none_hash: bytes,
     hash_fn: Callable[[object], bytes],
     extra_keys_of: Callable[[int], tuple[object, ...] | None] = lambda _index: None,
+    *,
+    first_block: int = 0,
+    parent: bytes | None = None,
 ) -> list[bytes]:
-    """Digests of every full block, chained from ``none_hash``."""
+    """Digests of every full block, chained from ``none_hash``; or, given ``first_block`` and
+    the digest of the block before it (``parent``), of the full blocks from ``first_block`` on."""
     if block_size <= 0:
         raise ValueError("block_size must be positive")
+    if first_block and parent is None:
+        raise ValueError("continuing a chain needs the digest of the block before")
     digests: list[bytes] = []
-    parent = none_hash
-    for index in range(len(token_ids) // block_size):
-        block = tuple(int(t) for t in token_ids[index * block_size : (index + 1) * block_size])
+    if parent is None:
+        parent = none_hash
+    for index in range(first_block, len(token_ids) // block_size):
+        block = tuple(map(int, token_ids[index * block_size : (index + 1) * block_size]))
         parent = hash_fn((parent, block, extra_keys_of(index)))
         digests.append(parent)
     return digests
@@ -233,6 +240,23 @@ class VllmChainHasher:
         lora_name: str | None = None,
         cache_salt: str | None = None,
     ) -> list[BlockHash]:
+        hashes: list[BlockHash] = []
+        self.extend(hashes, token_ids, block_size, lora_name, cache_salt)
+        return hashes
+
+    def extend(
+        self,
+        hashes: list[BlockHash],
+        token_ids: Sequence[int],
+        block_size: int,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        """Append to ``hashes``, the chain of ``token_ids``' leading blocks so far, the hashes
+        of its full blocks after them (as the engine does when a request's tokens grow)."""
+        first = len(hashes)
+        if first >= len(token_ids) // block_size:
+            return
         lora = self.lora(lora_name)
         tagged = self.tagged_extra_keys
         digests = vllm_block_digests(
@@ -241,8 +265,10 @@ class VllmChainHasher:
             self.none_hash,
             vllm_hash_function(self.algo),
             lambda index: vllm_extra_keys(index, lora=lora, cache_salt=cache_salt, tagged=tagged),
+            first_block=first,
+            parent=hashes[-1].digest if hashes else None,
         )
-        return [BlockHash(low64(d), d) for d in digests]
+        hashes.extend(BlockHash(low64(d), d) for d in digests)
 
 
 # ---------------------------------------------------------------- SGLang chain

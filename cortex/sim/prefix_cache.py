@@ -51,6 +51,7 @@ from typing import Literal
 
 from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from cortex.sim.engine_hashes import BlockHash, ChainHasher, VllmChainHasher
+from cortex.sim.vllm_events import note_digests, vllm_block_removed, vllm_block_stored
 
 Namespace = tuple[str | None, str | None]
 FreeOrder = Literal["tail_first", "head_first"]
@@ -156,8 +157,8 @@ class VllmPrefixCache:
         while self.capacity_blocks - self._used < len(new) and self._free:
             _, victim = self._free.popitem(last=False)
             self._drop(victim)
-            events.append(BlockRemoved([victim.hash.value], medium=MEDIUM, group_idx=0))
-            self._note_digest(digests, victim.hash)
+            events.append(vllm_block_removed(victim.hash))
+            note_digests(digests, (victim.hash,))
         stored = new[: max(self.capacity_blocks - self._used, 0)]
         for index, h in enumerate(stored, start=hit):
             block = _Block(ns, h, tokens, (index + 1) * size)
@@ -165,23 +166,18 @@ class VllmPrefixCache:
             self._used += 1
             self._acquire(block)
             in_use.append(block)
-            self._note_digest(digests, h)
         if stored:
             parent = hashes[hit - 1] if hit else None
-            if parent is not None:
-                self._note_digest(digests, parent)
+            note_digests(digests, stored if parent is None else (parent, *stored))
             events.append(
-                BlockStored(
-                    block_hashes=[h.value for h in stored],
-                    parent_hash=None if parent is None else parent.value,
-                    token_ids=list(tokens[hit * size : (hit + len(stored)) * size]),
-                    block_size=size,
-                    medium=MEDIUM,
+                vllm_block_stored(
+                    stored,
+                    parent,
+                    tokens[hit * size : (hit + len(stored)) * size],
+                    size,
                     lora_name=lora_name,
                     lora_id=self.hasher.loras.lora_id(lora_name),
                     cache_salt=cache_salt,
-                    group_idx=0,
-                    kv_cache_spec_kind="full_attention",
                 )
             )
         lease = None
@@ -237,11 +233,6 @@ class VllmPrefixCache:
             del self._copies[key]
         block.cached = False
         self._used -= 1
-
-    @staticmethod
-    def _note_digest(digests: dict[int, bytes], h: BlockHash) -> None:
-        if h.digest is not None:
-            digests[h.value] = h.digest
 
 
 # ---------------------------------------------------------------- SGLang

@@ -2,56 +2,20 @@
 
 This is the promise the simulator makes to Cortex: a consumer that applies every event in
 order (keeping a copy count per engine hash, since vLLM may store and remove one hash twice)
-knows exactly which prefixes the engine holds.
+knows exactly which prefixes the engine holds (``tests.kv_event_replay``).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EngineFamily, Event
+from cortex.events.model import BlockRemoved, BlockStored, EngineFamily
 from cortex.sim.engine_hashes import VllmChainHasher, make_chain_hasher
 from cortex.sim.prefix_cache import FreeOrder, SglangPrefixCache, TruthEntry, VllmPrefixCache
-
-Key = tuple[tuple[str | None, str | None], int]
-
-
-class EventModel:
-    """The simplest consumer: (namespace, hash) -> path, with a copy count."""
-
-    def __init__(self) -> None:
-        self.copies: Counter[Key] = Counter()
-        self.entry: dict[Key, TruthEntry] = {}
-
-    def apply(self, event: Event) -> None:
-        if isinstance(event, AllBlocksCleared):
-            self.copies.clear()
-            self.entry.clear()
-        elif isinstance(event, BlockRemoved):
-            matches = [k for k in self.copies if k[1] in event.block_hashes]
-            assert len(matches) == len(set(event.block_hashes)), "removal of an unknown hash"
-            for key in matches:
-                self.copies[key] -= 1
-                if self.copies[key] == 0:
-                    del self.copies[key], self.entry[key]
-        else:
-            ns = (event.lora_name, event.cache_salt)
-            path: tuple[int, ...] = ()
-            if event.parent_hash is not None:
-                path = self.entry[(ns, event.parent_hash)][2]
-            size = event.block_size
-            for index, block_hash in enumerate(event.block_hashes):
-                path += tuple(event.token_ids[index * size : (index + 1) * size])
-                key = (ns, block_hash)
-                assert self.entry.setdefault(key, (*ns, path)) == (*ns, path)
-                self.copies[key] += 1
-
-    def truth(self) -> set[TruthEntry]:
-        return set(self.entry.values())
+from tests.kv_event_replay import EventModel
 
 
 def _expected_hit_tokens(

@@ -16,6 +16,7 @@ import pytest
 
 from cortex.events.model import EngineFamily
 from cortex.sim.engine_hashes import (
+    BlockHash,
     LoraAdapter,
     LoraRegistry,
     SglangChainHasher,
@@ -188,6 +189,20 @@ def test_vllm_hashes_separate_loras_salts_and_ignore_partial_blocks() -> None:
     lora = hasher(tokens, 4, lora_name="a")
     assert len({plain[0], salted[0], lora[0]}) == 3
     assert hasher.loras.lora_id("a") == 1 and hasher.loras.lora_id("b") == 2
+
+
+def test_vllm_chain_extends_as_tokens_grow() -> None:
+    """A request's chain extended block by block (decode) equals the chain hashed at once,
+    with a salt (block 0 only) and a LoRA (every block)."""
+    hasher = make_chain_hasher(EngineFamily.VLLM, (0, 33))
+    assert isinstance(hasher, VllmChainHasher)
+    tokens = list(range(1, 15))
+    grown: list[BlockHash] = []
+    for end in range(len(tokens) + 1):
+        hasher.extend(grown, tokens[:end], 4, "a", "s")
+    assert grown == hasher(tokens, 4, "a", "s") and len(grown) == 3
+    hasher.extend(grown, tokens, 4, "a", "s")
+    assert len(grown) == 3
 
 
 def test_old_vllm_restart_redraws_random_none_hash() -> None:
