@@ -5,8 +5,11 @@ the same request schedule: the trace's arrival times divided by ``--time-scale``
 becomes a real streaming chat completion over HTTP (keep-alive client, ``perf/trace_text.py``
 turns hash ids into text, one message per block), ``max_tokens`` = the record's output length
 capped by ``--max-output``. Routers: ``cortex`` (the events chain on the ledger),
-``round_robin``, ``p2c``, ``consistent_hash`` (all four through the same gateway process, so
-its overhead is equal), ``cortex-pd`` (the same gateway and policy in front of a
+``round_robin``, ``p2c``, ``consistent_hash``, and the peers' policies as reference routers
+(``perf/reference_policies.py``): ``dynamo-ref`` (NVIDIA Dynamo's KV router cost) and
+``llmd-ref`` (llm-d's precise-prefix-cache, KV-utilization and queue scorers), given the
+same ledger matches and worker views as ``cortex`` (all of them through the same gateway
+process, so its overhead is equal), ``cortex-pd`` (the same gateway and policy in front of a
 prefill/decode cluster of the same engine count: per flavor, half the engines, rounded up,
 ``--pd-role prefill``, the rest ``decode``; Cortex orchestrates both legs of every request)
 and ``sglang-router`` (``cache_aware``, its own process; skipped when it is not installed).
@@ -86,7 +89,9 @@ from cortex.upstream.pool import UpstreamPool
 from tests import deepseek_profile as ds
 
 MODEL = "trace-model"
-GATEWAY_POLICIES = ("cortex", "round_robin", "p2c", "consistent_hash")
+GATEWAY_POLICIES = ("cortex", "round_robin", "p2c", "consistent_hash", "dynamo-ref",
+                    "llmd-ref")
+LEDGER_ROUTERS = ("cortex", "dynamo-ref", "llmd-ref")  # predict hits from the ledger
 PD_ROUTERS = {"cortex-pd": "cortex"}  # router -> the gateway's policy, on a PD cluster
 ROUTERS = (*GATEWAY_POLICIES, *PD_ROUTERS, "sglang-router")
 _CACHED = re.compile(rb'"cached_tokens":\s*(\d+)')
@@ -231,7 +236,7 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
                             roles={e.name: e.role for e in engines} if roles else None)
         summary["wall_s"] = round(wall, 1)
         summary["ledger_states"] = sorted(set(ledger["states"].values()))
-        if router not in ("cortex", *PD_ROUTERS):  # only Cortex predicts from the ledger
+        if router not in (*LEDGER_ROUTERS, *PD_ROUTERS):  # the others predict nothing
             summary["ledger"] = {"predicted": 0, "exact_share": None, "abs_error_tokens": 0}
         if keep_results:
             summary["results"] = [asdict(r) for r in results]

@@ -2,9 +2,11 @@
 
 ``python perf/replay_gateway.py SPEC.json`` starts ``cortex.app.run_gateway`` in front of the
 workers named in the spec, switches the model's pool to the spec's policy (``cortex``,
-``round_robin``, ``p2c``, ``consistent_hash``: every policy runs through the same gateway, so
-the gateway's own cost is the same for all), waits until every worker is live and every ledger
-READY, then prints ``ready <data_port>`` and answers commands on stdin, one per line:
+``round_robin``, ``p2c``, ``consistent_hash``, or a reference router of
+``perf/reference_policies.py``: ``dynamo-ref``, ``llmd-ref``, given the ledger's matches as
+``cortex`` is; every policy runs through the same gateway, so the gateway's own cost is the
+same for all), waits until every worker is live and every ledger READY, then prints
+``ready <data_port>`` and answers commands on stdin, one per line:
 
 * ``report`` -> one JSON line: the ledger's view of the engines' caches (it equals the engines'
   truth when no event is lost, which the replay checks through the predictions): blocks held
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import random
 import re
 import sys
 from pathlib import Path
@@ -40,6 +43,9 @@ import trio
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "perf"))
+
+from reference_policies import REFERENCE_POLICIES
 
 from cortex.app import Running, run_gateway
 from cortex.config.tree import (
@@ -50,7 +56,6 @@ from cortex.config.tree import (
     SchedulerConfig,
     ServerConfig,
 )
-from cortex.gateway.pool import ModelPool
 from cortex.pd import orchestrate
 from cortex.scheduling import Role
 from cortex.scheduling.cost import CostConfig
@@ -81,15 +86,14 @@ def config_from(spec: dict) -> CortexConfig:
         health=HealthConfig(interval_s=0.5, timeout_s=5.0, load_interval_s=0.25))
 
 
-def set_policy(running: Running, config: CortexConfig, model: str, policy: str) -> None:
-    """Switch a started pool to a comparison policy (the same objects ``ModelPool`` builds)."""
+def set_policy(running: Running, model: str, policy: str) -> None:
+    """Switch a started pool to a comparison policy: a pool's own (``PoolPolicy``), or a
+    reference router (``REFERENCE_POLICIES``) given the ledger's matches as ``cortex`` is."""
     pool = running.pools[model]
-    if policy == pool.policy:
-        return
-    twin = ModelPool(model, running.book, profiles=pool.profiles, policy=policy,  # type: ignore
-                     cost=config.scheduler.cost, watermarks=config.scheduler.watermarks,
-                     bounds=config.scheduler.bounds)
-    pool.policy, pool.fixed = twin.policy, twin.fixed
+    if policy in REFERENCE_POLICIES:
+        pool.use_policy(REFERENCE_POLICIES[policy](random.Random()))
+    elif policy != pool.policy:
+        pool.use_policy(policy)  # type: ignore[arg-type]
 
 
 _CACHED = re.compile(rb'"cached_tokens":\s*(\d+)')
@@ -171,7 +175,7 @@ async def main(spec: dict) -> None:
     config = config_from(spec)
     async with trio.open_nursery() as nursery:
         running: Running = await nursery.start(run_gateway, config)
-        set_policy(running, config, spec["model"], spec["policy"])
+        set_policy(running, spec["model"], spec["policy"])
         roles = {w["name"]: w.get("role", "both") for w in spec["workers"]}
         if set(roles.values()) - {"both"}:
             tap_prefill_answers(running)

@@ -18,7 +18,10 @@ Rules:
   (its view is READY, the matches of its untrusted ranks are left out and a DP rank is only
   ever picked among the trusted ones); one PARTIAL or STALE rank no longer turns exact routing
   off for the others. Readiness still reports the least trusted rank (``ledger_state``).
-* ``policy`` other than ``"cortex"`` routes without the ledger (comparison baselines).
+* ``policy`` other than ``"cortex"`` routes without the ledger (comparison baselines). A
+  policy *object* (``use_policy``: the benchmarks' reference routers, ``perf/``) is given the
+  ledger's matches as ``"cortex"`` is and decides alone (round robin only where it declines),
+  so a comparison run through the same gateway differs from Cortex in the scoring alone.
 * ``route`` decides and returns a ``Route`` whose ``hold`` (in-flight accounting) the caller
   enters for the life of the upstream exchange. ``exclude`` names workers that already failed
   this request (retries before the first byte).
@@ -60,10 +63,12 @@ from cortex.scheduling import (
     Scheduler,
     Watermarks,
     WorkerView,
+    worker_matches,
 )
 from cortex.scheduling.chain import no_events_chain
 from cortex.scheduling.inflight import Hold
 from cortex.scheduling.p2c import PowerOfTwo
+from cortex.scheduling.policy import Policy
 from cortex.scheduling.round_robin import RoundRobin
 from cortex.workers.spec import WorkerSpec
 
@@ -111,7 +116,7 @@ class ModelPool:
         *,
         profiles: ProfileSet,
         passthrough: bool = False,
-        policy: PoolPolicy = "cortex",
+        policy: PoolPolicy | Policy = "cortex",
         cost: CostConfig | None = None,
         watermarks: Watermarks | None = None,
         bounds: BoundedLoad = BoundedLoad(),
@@ -145,15 +150,37 @@ class ModelPool:
         rng = rng or random.Random()
         self.default_prefill_tokens_per_s = (cost or CostConfig()).default_prefill_tokens_per_s
         self.scheduler = FastScheduler(rng, cost, watermarks, bounds)
-        if passthrough:
+        self._rng, self._cost, self._watermarks = rng, cost, watermarks
+        self.policy = "cortex"  # the name of the policy routing (use_policy)
+        self.fixed: Scheduler | None = None  # None: the events chain (``scheduler``)
+        self.reads_ledger = True  # whether the policy is given the ledger's matches
+        self.use_policy(policy)
+
+    def use_policy(self, policy: PoolPolicy | Policy) -> None:
+        """Route with ``policy`` from the next decision on: one of ``PoolPolicy``'s names, or
+        a policy object compared against Cortex's (reference routers of benchmarks), which is
+        given the ledger's matches as ``"cortex"`` is, within the same watermarks, and decides
+        alone: round robin only where it declines. A passthrough pool stays round robin."""
+        if self.passthrough:
             policy = "round_robin"
+        if not isinstance(policy, str):
+            self.policy = policy.name
+            self.fixed = Scheduler((policy, RoundRobin()), self._watermarks)
+            self.reads_ledger = True
+            return
+        marks = self._watermarks
         self.policy = policy
-        self.fixed: Scheduler | None = {
-            "cortex": None,
-            "round_robin": Scheduler((RoundRobin(),), watermarks),
-            "p2c": Scheduler((PowerOfTwo(rng, cost), RoundRobin()), watermarks),
-            "consistent_hash": Scheduler(no_events_chain(), watermarks),
-        }[policy]
+        self.reads_ledger = policy == "cortex"
+        if policy == "cortex":
+            self.fixed = None
+        elif policy == "round_robin":
+            self.fixed = Scheduler((RoundRobin(),), marks)
+        elif policy == "p2c":
+            self.fixed = Scheduler((PowerOfTwo(self._rng, self._cost), RoundRobin()), marks)
+        elif policy == "consistent_hash":
+            self.fixed = Scheduler(no_events_chain(), marks)
+        else:
+            raise ValueError(f"unknown pool policy {policy!r}")
 
     @property
     def exact_off(self) -> str | None:
@@ -311,7 +338,7 @@ class ModelPool:
             keys = self.keys_for(token_ids, prompt)
             timings["hash_s"] = clock() - start
             token_count = len(token_ids)
-            if self.fixed is None:
+            if self.reads_ledger:
                 target_blocks = self._match(keys, block_size)
                 if self._untrusted_any:  # some worker's other DP ranks are trusted: drop these
                     untrusted = self._untrusted_any
@@ -320,7 +347,10 @@ class ModelPool:
         request = RequestFacts(keys, token_count, block_size)
         if self.fixed is None:
             decision = self.scheduler.decide(request, views, target_blocks, role)
-        else:  # a comparison policy: no ledger
+        elif self.reads_ledger:  # a compared policy object: the same matches as "cortex"
+            decision = self.fixed.decide(request, views, worker_matches(target_blocks, views),
+                                         role)
+        else:  # a named comparison policy: no ledger
             decision = self.fixed.decide(request, views, {}, role)
         return self._route(decision, target_blocks, token_ids, token_count, timings)
 

@@ -14,7 +14,7 @@ from cortex.ledger.book import LedgerBook
 from cortex.ledger.state import TargetState
 from cortex.profile.profile_set import ProfileSet
 from cortex.profile.request_text import RequestPrompt
-from cortex.scheduling import Mode
+from cortex.scheduling import Decision, Mode
 from cortex.workers.spec import WorkerSpec
 from tests.gateway_cluster import BLOCK, MODEL, model_profile
 
@@ -146,6 +146,50 @@ def test_comparison_policies_ignore_the_ledger():
         decisions = [pool.decide(TOKENS, PROMPT).decision for _ in range(4)]
         assert all(d.predicted_cached_tokens == 0 for d in decisions)
         assert all(d.mode is not Mode.EXACT_KV_EVENTS for d in decisions)
+
+
+class Recorder:
+    """A compared policy: remembers what it was given, picks the worker named ``pick``."""
+
+    name = "recorder"
+
+    def __init__(self, pick: str) -> None:
+        self.pick = pick
+        self.given: list[dict[str, int]] = []
+
+    def decide(self, request, workers, matched):
+        self.given.append(dict(matched))
+        return Decision(self.pick, Mode.LOAD_AWARE, "told to", 0)
+
+
+def test_a_compared_policy_object_is_given_the_ledgers_matches():
+    """``use_policy(object)``: the reference routers of the benchmarks see what "cortex" sees;
+    a named comparison policy afterwards sees no ledger again."""
+    book = LedgerBook()
+    pool = pool_with(book)
+    a = add(pool, book, "a", port=1)
+    add(pool, book, "b", dp=2, port=2)
+    store(book, a[0], 3)
+    recorder = Recorder("b")
+    pool.use_policy(recorder)
+    assert pool.policy == "recorder"
+    route = pool.decide(TOKENS, PROMPT)
+    assert recorder.given == [{"a": 3}]
+    assert route.worker.name == "b" and route.rank is None  # b holds nothing: engine's choice
+    pool.use_policy("round_robin")
+    assert pool.decide(TOKENS, PROMPT).decision.mode is Mode.FALLBACK_ROUND_ROBIN
+    assert len(recorder.given) == 1
+    with pytest.raises(ValueError):
+        pool.use_policy("nonesuch")  # type: ignore[arg-type]
+
+
+def test_a_passthrough_pool_stays_round_robin():
+    book = LedgerBook()
+    pool = pool_with(book, passthrough=True)
+    add(pool, book, "a", port=1)
+    pool.use_policy(Recorder("a"))
+    assert pool.policy == "round_robin"
+    assert pool.decide(TOKENS, PROMPT).decision.mode is Mode.FALLBACK_ROUND_ROBIN
 
 
 def test_a_partial_ledger_is_routed_on_only_when_configured():
