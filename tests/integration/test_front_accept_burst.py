@@ -1,7 +1,7 @@
 """A burst of new connections against a busy lean HTTP server, over real loopback sockets: they
 are accepted in bursts, not one per scheduler pass (``cortex.front.server``'s accept rules), so
-the last of them waits tens of milliseconds for its first answer, not hundreds; and a burst
-stays within ``max_connections``."""
+the last of them has its first answer within a few requests' time of the connections already
+busy (tens of milliseconds here, not hundreds); and a burst stays within ``max_connections``."""
 
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ from tests.front_http_client import RawClient, build_request
 TIMEOUT = 30
 BUSY = 64  # keep-alive connections sending requests back to back
 BURST = 64  # connections opened at once while they run
-# Measured here (2 vCPUs, one of them kept busy by another process or not): the slowest first
-# answer of the burst took 34-38 ms with accepts in bursts (every busy connection got 5 answers
-# meanwhile: ~5 scheduler passes), 267-301 ms with one accept per pass (ddd4c3a). The bound
-# leaves the first 4x for a slower or busier machine and fails the second by ~1.8x.
-BOUND_S = 0.15
+# The bound is in the busy connections' own requests, so that it holds on a slow or busy machine:
+# while the burst waits for its answers, each busy connection gets at most BOUND_ROUNDS answers
+# (each is one or two scheduler passes). Measured here (2 vCPUs): with accepts in bursts 5
+# exactly in every run, the slowest first answer 34-38 ms on a quiet VM but 85-179 ms at load
+# average 3 (a wall-clock bound would have to stretch with the load); with one accept per pass
+# (ddd4c3a's loop) 67-68, the slowest 267-301 ms quiet, 454-1329 ms at load average 3.
+BOUND_ROUNDS = 16
 
 REQUEST = build_request(b"POST", b"/v1/chat/completions", b'{"messages": []}',
                         [(b"content-type", b"application/json")])
@@ -75,12 +77,14 @@ async def test_a_burst_of_new_connections_beside_busy_ones_is_answered_within_th
                 await client.aclose()
             nursery.cancel_scope.cancel()
     waits.sort()
-    print(f"burst of {BURST} beside {BUSY} busy: first answers p50 {waits[BURST // 2] * 1e3:.1f}"
-          f" ms, max {waits[-1] * 1e3:.1f} ms; {during} busy requests answered meanwhile")
+    figures = (f"burst of {BURST} beside {BUSY} busy: first answers p50 "
+               f"{waits[BURST // 2] * 1e3:.1f} ms, max {waits[-1] * 1e3:.1f} ms; "
+               f"{during / BUSY:.1f} answers per busy connection meanwhile")
+    print(figures)
     assert len(waits) == BURST
     assert server.counters.connections_opened == BUSY + BURST
-    assert during > 0  # the burst did not stop the requests already running
-    assert waits[-1] < BOUND_S, f"slowest first answer {waits[-1] * 1e3:.0f} ms"
+    assert during > 0, figures  # the burst did not stop the requests already running
+    assert during <= BOUND_ROUNDS * BUSY, figures
 
 
 async def test_a_burst_takes_no_more_connections_than_max_connections():
