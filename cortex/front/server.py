@@ -8,6 +8,17 @@ Rules:
 
 * At most ``limits.max_connections`` connections are open: past that the accept loop waits on
   a ``trio.CapacityLimiter`` and further clients wait in the listen backlog.
+* Connections are accepted in bursts: after one awaited accept (a free limiter token, then a
+  connection), the loop takes every connection already waiting, up to ``_ACCEPT_BURST``, with
+  non-blocking ``accept`` calls on the listening socket and tokens taken without waiting while
+  one is free — no scheduler pass between them. Each awaited step is a full pass of the
+  scheduler, so one connection per pass made N waiting connections cost ~N² (the 64th of a
+  burst answered ~0.8 s late); the bound keeps a flood of connections from starving requests
+  already running, since the loop yields again after each burst.
+* Accept errors: a connection the kernel already dropped (``ECONNABORTED`` and the like) is
+  skipped; any other error (``EMFILE``, ``ENFILE``, ``ENOBUFS``, ...) is logged and the loop
+  waits ``_ACCEPT_BACKOFF_S`` before it tries again (in a burst it ends the burst, and the
+  next awaited accept meets it).
 * Every accepted socket gets ``TCP_NODELAY`` (a streamed event must not wait for an ACK).
 * ``drain()`` is graceful shutdown: the accept loop stops and the listening socket closes (new
   connections are refused), idle keep-alive connections close at once, requests already
@@ -27,6 +38,7 @@ Rules:
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 
@@ -43,6 +55,11 @@ __all__ = ["HttpServer", "ServerCounters", "ServerShared"]
 log = logging.getLogger("cortex.front")
 
 _ACCEPT_BACKOFF_S = 0.1  # after an accept error such as EMFILE
+_ACCEPT_BURST = 64  # connections taken per scheduler pass at most, the awaited one included
+# accept errors that only mean the waiting connection is gone (trio's SocketListener skips them)
+_GONE_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "EPERM", "ECONNABORTED", "EPROTO", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET",
+    "EHOSTUNREACH", "EOPNOTSUPP", "ENETUNREACH") if hasattr(errno, name))
 
 
 class HttpServer:
@@ -72,14 +89,14 @@ class HttpServer:
     async def serve(self, host: str, port: int, *,
                     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
                     ) -> None:
-        listener = await _open_listener(host, port)
+        listener, raw = await _open_listener(host, port)
         try:
             async with trio.open_nursery() as services:
                 await services.start(self._shared.deadlines.run)
                 async with trio.open_nursery() as connections:
                     task_status.started((host, listener.socket.getsockname()[1]))
                     with self._accept_scope:
-                        await self._accept_loop(listener, connections)
+                        await self._accept_loop(listener, raw, connections)
                     await listener.aclose()
                     assert self._drain_deadline is not None
                     connections.cancel_scope.deadline = self._drain_deadline
@@ -98,7 +115,7 @@ class HttpServer:
         for connection in list(shared.idle_connections):
             connection.wake_idle()
 
-    async def _accept_loop(self, listener: trio.SocketListener,
+    async def _accept_loop(self, listener: trio.SocketListener, raw: socket.socket,
                            connections: trio.Nursery) -> None:
         while True:
             borrower = object()
@@ -113,6 +130,29 @@ class HttpServer:
             except BaseException:
                 self._limiter.release_on_behalf_of(borrower)
                 raise
+            connections.start_soon(self._serve_connection, stream, borrower)
+            self._accept_waiting(raw, connections, _ACCEPT_BURST - 1)
+
+    def _accept_waiting(self, raw: socket.socket, connections: trio.Nursery,
+                        most: int) -> None:
+        """Takes up to ``most`` connections already waiting in the backlog, without yielding;
+        stops at the first moment no token is free, no connection waits, or accept fails
+        otherwise than for a connection already gone (the awaited accept meets that error)."""
+        limiter = self._limiter
+        for _ in range(most):
+            borrower = object()
+            try:
+                limiter.acquire_on_behalf_of_nowait(borrower)
+            except trio.WouldBlock:
+                return
+            try:
+                sock, _ = raw.accept()
+            except OSError as exc:
+                limiter.release_on_behalf_of(borrower)
+                if exc.errno in _GONE_ERRNOS:
+                    continue
+                return  # BlockingIOError: none waits; else EMFILE & co., met by the next await
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
             connections.start_soon(self._serve_connection, stream, borrower)
 
     async def _serve_connection(self, stream: trio.SocketStream, borrower: object) -> None:
@@ -138,17 +178,20 @@ class HttpServer:
             self._limiter.release_on_behalf_of(borrower)
 
 
-async def _open_listener(host: str, port: int) -> trio.SocketListener:
-    """One listening TCP socket on the first address ``host`` resolves to."""
+async def _open_listener(host: str, port: int) -> tuple[trio.SocketListener, socket.socket]:
+    """One listening TCP socket on the first address ``host`` resolves to: trio's listener
+    over it, and the standard socket itself (non-blocking; the accept loop's bursts call its
+    ``accept``, which raises ``BlockingIOError`` when no connection waits)."""
     infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                           flags=socket.AI_PASSIVE)
     family, kind, proto, _, address = infos[0]
-    sock = trio.socket.socket(family, kind, proto)
+    raw = socket.socket(family, kind, proto)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        await sock.bind(address)
-        sock.listen(socket.SOMAXCONN)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        raw.bind(address)  # a resolved address: binding does not block
+        raw.listen(socket.SOMAXCONN)
+        sock = trio.socket.from_stdlib_socket(raw)  # sets it non-blocking
     except BaseException:
-        sock.close()
+        raw.close()
         raise
-    return trio.SocketListener(sock)
+    return trio.SocketListener(sock), raw

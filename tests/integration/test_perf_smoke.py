@@ -132,6 +132,17 @@ def _cold(result: dict) -> None:
     assert set(figures["cold_tput_8k"]["one_to_two_cores"]) == {"cortex", "cortex-pool2"}
 
 
+def _wrk(result: dict) -> None:
+    if "not_run" in result:  # wrk is a Debian package, not installed in CI
+        pytest.skip(result["not_run"])
+    cell = result["cells"]["1s_c64"]
+    for name in result["systems"]:
+        got = cell[name]
+        assert got["requests"] > 0 and "errors" not in got
+        assert got["raw"]["n"] == got["requests"]  # wrk's correction undone exactly
+        assert got["raw"]["max_ms"] == got["corrected"]["max_ms"]
+
+
 CHECKS = {
     "bench_agentic_tokenize.py": _agentic_tokenize,
     "bench_api_render.py": _api_render,
@@ -145,6 +156,7 @@ CHECKS = {
     "bench_scheduler.py": _scheduler,
     "bench_scrape.py": _scrape,
     "bench_tokenize.py": _tokenize,
+    "bench_wrk.py": _wrk,
     "flood_rss.py": _flood,
     "soak.py": _soak,
 }
