@@ -8,7 +8,7 @@ its tokens. This module imports none of them.
 Rules:
 
 * Output text is deterministic: token ``i`` is ``OUTPUT_WORDS[i % len(OUTPUT_WORDS)]``, its id
-  a stand-in stable per word (``output_token``).
+  a stand-in stable per word (``output_token``, from ``cortex.sim.output_tokens``).
 * A ``Generation`` yields ``(index, text, token_id)`` at each token's planned time (trio's
   clock, ``serving.TokenPlan``) and counts it in its rank's ``RankCounters``; it is a plain
   async iterator, so abandoning it midway needs no ``aclose``.
@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 
 import trio
 
+from cortex.sim.output_tokens import OUTPUT_WORDS, output_token
 from cortex.sim.serving import TokenPlan
 
 __all__ = ["OUTPUT_WORDS", "Generation", "RankCounters", "output_token"]
-
-OUTPUT_WORDS = (" The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog.")
 
 
 @dataclass(slots=True)
@@ -66,9 +65,3 @@ class Generation:
         self.produced += 1
         self._counters.generation_tokens += 1
         return (i, *output_token(i))
-
-
-def output_token(index: int) -> tuple[str, int]:
-    """Text and id of output token ``index`` (ids are stand-ins, stable per word)."""
-    word = index % len(OUTPUT_WORDS)
-    return OUTPUT_WORDS[word], 1000 + word
