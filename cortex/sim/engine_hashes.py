@@ -289,6 +289,30 @@ def sglang_namespaced(event_hash: int, seed: bytes) -> int:
     )
 
 
+def sglang_page_chain(
+    token_ids: Sequence[int],
+    page_size: int,
+    prior: bytes | None,
+    *,
+    namespace_seed: bytes | None = None,
+) -> tuple[list[int], list[bytes]]:
+    """Signed int64 event hashes and raw digests of every full page of ``token_ids``, the
+    chain continuing from ``prior`` (the digest of the page before; at the root: None, or the
+    salt prior of a salted request)."""
+    if page_size <= 0:
+        raise ValueError("page_size must be positive")
+    hashes: list[int] = []
+    digests: list[bytes] = []
+    for index in range(len(token_ids) // page_size):
+        prior = sglang_page_digest(prior, token_ids[index * page_size : (index + 1) * page_size])
+        value = hash_str_to_int64(prior)
+        if namespace_seed is not None:
+            value = sglang_namespaced(value, namespace_seed)
+        hashes.append(value)
+        digests.append(prior)
+    return hashes, digests
+
+
 def sglang_page_hashes(
     token_ids: Sequence[int],
     page_size: int,
@@ -297,17 +321,8 @@ def sglang_page_hashes(
     namespace_seed: bytes | None = None,
 ) -> list[int]:
     """Signed int64 event hashes of every full page of a radix path from the root."""
-    if page_size <= 0:
-        raise ValueError("page_size must be positive")
     prior = sglang_salt_prior(cache_salt) if cache_salt is not None else None
-    hashes: list[int] = []
-    for index in range(len(token_ids) // page_size):
-        prior = sglang_page_digest(prior, token_ids[index * page_size : (index + 1) * page_size])
-        value = hash_str_to_int64(prior)
-        if namespace_seed is not None:
-            value = sglang_namespaced(value, namespace_seed)
-        hashes.append(value)
-    return hashes
+    return sglang_page_chain(token_ids, page_size, prior, namespace_seed=namespace_seed)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +358,24 @@ class SglangChainHasher:
             namespace_seed=self.namespace_seed(lora_name, cache_salt),
         )
         return [BlockHash(v & U64_MASK, None) for v in values]
+
+    def continue_chain(
+        self,
+        prior: bytes | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> tuple[list[int], list[bytes]]:
+        """The pages of ``token_ids`` that follow a page whose raw digest is ``prior`` (None:
+        they start at the root): their event values (normalised as ``__call__``'s) and raw
+        digests, so a radix tree hashes only the pages it adds."""
+        if prior is None and cache_salt is not None:
+            prior = sglang_salt_prior(cache_salt)
+        values, digests = sglang_page_chain(
+            token_ids, block_size, prior,
+            namespace_seed=self.namespace_seed(lora_name, cache_salt))
+        return [v & U64_MASK for v in values], digests
 
 
 ChainHasher = VllmChainHasher | SglangChainHasher
