@@ -26,10 +26,11 @@ Rules:
   (the queue merges consecutive ones).
 
 Invariants (``audit`` checks them): ``size_tokens`` = sum of node lengths;
-``evictable_tokens`` = sum of the lengths of nodes with ``lock_ref == 0``; every node holds a
-positive whole number of pages, its engine hashes (``hashes``) and raw digests (``digests``,
-32 bytes a page, for the chain of children) one per page; no two children of a node start
-with the same page; every cached page's ancestors are cached (no orphans).
+``evictable_tokens`` = sum of the lengths of nodes with ``lock_ref == 0``; every unlocked leaf
+is an eviction candidate at its last touch; every node holds a positive whole number of pages,
+its engine hashes (``hashes``) and raw digests (``digests``, 32 bytes a page, for the chain of
+children) one per page; no two children of a node start with the same page; every cached
+page's ancestors are cached (no orphans).
 
 Cost: match and insert O(nodes on the path + tokens compared); lock and unlock O(nodes on the
 path); eviction O(log heap) per node. Hashing costs one SHA-256 per new page (two with a
@@ -237,6 +238,11 @@ class SglangRadixTree:
                 if child.parent is not node or self._page_key(child.key, 0) != first:
                     problems.append(f"node {child.serial}: misfiled under {node.serial}")
             stack.extend((child, path) for child in node.children.values())
+        candidates = {(tick, serial) for tick, serial, node in self._heap if node.alive}
+        for node in self.nodes():
+            if (node.lock_ref == 0 and not node.children
+                    and (node.tick, node.serial) not in candidates):
+                problems.append(f"node {node.serial}: an unlocked leaf eviction never finds")
         if size != self.size_tokens or evictable != self.evictable_tokens:
             problems.append(f"sizes {self.size_tokens}/{self.evictable_tokens} counted, "
                             f"{size}/{evictable} held")
@@ -277,9 +283,9 @@ class SglangRadixTree:
                 common = common // page * page
             child.tick = tick
             if common < len(key):
-                child = self._split(child, common)
-                child.tick = tick
-                node, pos = child, pos + common
+                upper = self._split(child, common)
+                self._offer(child)  # the touched tail may be an evictable leaf
+                node, pos = upper, pos + common
                 break
             node, pos = child, pos + common
         self._offer(node)
