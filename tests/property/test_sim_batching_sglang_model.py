@@ -14,6 +14,7 @@ from cortex.events.model import AllBlocksCleared, BlockRemoved, Event
 from cortex.sim.batching.core import SimRequest, TruthEntry
 from cortex.sim.batching.sglang import SglangBatchingConfig, SglangBatchingEngine
 from cortex.sim.engine_hashes import SglangChainHasher
+from cortex.sim.output_tokens import output_token_id
 from cortex.sim.step_time import StepProfile
 
 PROFILE = StepProfile("test", step_s=0.01, prefill_token_s=0.001, attention_pair_s=1e-6,
@@ -55,7 +56,7 @@ class Ledger:
     produced: dict[int, int] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
     aborted: set[int] = field(default_factory=set)
-    in_prefill: set[int] = field(default_factory=set)  # scheduled, no first token yet
+    in_prefill: set[int] = field(default_factory=set)  # (re)scheduled, no token since
 
 
 def _hit_bound(
@@ -71,8 +72,9 @@ def _hit_bound(
     return hit
 
 
-def _pages(request: SimRequest, page: int) -> set[TruthEntry]:
-    tokens = request.tokens
+def _pages(request: SimRequest, produced: int, page: int) -> set[TruthEntry]:
+    """The pages a prefill of ``request`` computes: its prompt and the outputs it has."""
+    tokens = request.tokens + tuple(output_token_id(i) for i in range(produced))
     return {(request.lora_name, request.cache_salt, tokens[:end])
             for end in range(page, len(tokens) + 1, page)}
 
@@ -81,7 +83,7 @@ def _step(engine: SglangBatchingEngine, ledger: Ledger, replay: Replay, page: in
     # a chunk stashed at this pass's start is cached for the admissions of the same pass
     known = engine.truth()
     for rid in ledger.in_prefill:
-        known |= _pages(ledger.requests[rid], page)
+        known |= _pages(ledger.requests[rid], ledger.produced[rid], page)
     outcome = engine.step()
     assert engine.audit() == []
     assert engine.used_tokens <= engine.capacity_tokens
@@ -101,6 +103,8 @@ def _step(engine: SglangBatchingEngine, ledger: Ledger, replay: Replay, page: in
     for rid in outcome.tokens:
         assert 0 < ledger.produced[rid] < ledger.requests[rid].output_tokens
         ledger.produced[rid] += 1
+        ledger.in_prefill.discard(rid)
+    ledger.in_prefill.update(outcome.preempted)  # recomputed from its prompt and outputs
     for rid in outcome.finished:
         assert ledger.produced[rid] == ledger.requests[rid].output_tokens
         assert rid not in ledger.finished
