@@ -55,6 +55,7 @@ from cortex.events.model import EngineFamily
 
 U64_MASK = (1 << 64) - 1
 U32_LIMIT = 1 << 32
+_INT64_BE = struct.Struct(">q")
 
 VllmHashAlgo = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 VLLM_HASH_ALGOS: tuple[VllmHashAlgo, ...] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
@@ -248,14 +249,15 @@ class VllmChainHasher:
 # ---------------------------------------------------------------- SGLang chain
 
 
+def _sglang_page_body(page_tokens: Sequence[int]) -> bytes:
+    if all(0 <= t < U32_LIMIT for t in page_tokens):
+        return struct.pack(f"<{len(page_tokens)}I", *page_tokens)
+    return b"\xff" + struct.pack(f"<{len(page_tokens)}Q", *page_tokens)
+
+
 def sglang_page_digest(prior: bytes | None, page_tokens: Sequence[int]) -> bytes:
     """SHA-256 of one page, continuing from the previous page's digest (None at the root)."""
-    head = prior or b""
-    if all(0 <= t < U32_LIMIT for t in page_tokens):
-        body = struct.pack(f"<{len(page_tokens)}I", *page_tokens)
-    else:
-        body = b"\xff" + struct.pack(f"<{len(page_tokens)}Q", *page_tokens)
-    return hashlib.sha256(head + body).digest()
+    return hashlib.sha256((prior or b"") + _sglang_page_body(page_tokens)).digest()
 
 
 def sglang_salt_prior(cache_salt: str) -> bytes:
@@ -301,15 +303,28 @@ def sglang_page_chain(
     salt prior of a salted request)."""
     if page_size <= 0:
         raise ValueError("page_size must be positive")
+    pages = len(token_ids) // page_size
     hashes: list[int] = []
     digests: list[bytes] = []
-    for index in range(len(token_ids) // page_size):
-        prior = sglang_page_digest(prior, token_ids[index * page_size : (index + 1) * page_size])
-        value = hash_str_to_int64(prior)
+    if not pages:
+        return hashes, digests
+    used = token_ids[: pages * page_size]
+    if min(used) >= 0 and max(used) < U32_LIMIT:  # the usual case: pack every page at once
+        packed = struct.pack(f"<{len(used)}I", *used)
+        width = 4 * page_size
+        bodies = [packed[i * width : (i + 1) * width] for i in range(pages)]
+    else:
+        bodies = [_sglang_page_body(used[i * page_size : (i + 1) * page_size])
+                  for i in range(pages)]
+    sha256 = hashlib.sha256
+    head = prior or b""
+    for body in bodies:
+        head = sha256(head + body).digest()
+        value = _INT64_BE.unpack_from(head)[0]  # hash_str_to_int64
         if namespace_seed is not None:
             value = sglang_namespaced(value, namespace_seed)
         hashes.append(value)
-        digests.append(prior)
+        digests.append(head)
     return hashes, digests
 
 
