@@ -39,6 +39,9 @@ One ``step`` is one scheduler iteration, either a prefill batch or a decode batc
    lock dropped, its other pages freed (``cache_finished_req``). Decode tokens are never
    inserted while a request runs.
 
+A step's outcome names each token once: in ``first_tokens`` (the first) or ``tokens`` (any
+other, a re-prefill's included); a request whose last token it was is also in ``finished``.
+
 Events (``cortex.sim.sglang_events``): queued as the tree changes (stores at insert, removals
 at eviction) and published — returned in ``StepOutcome.events`` — after every prefill batch and
 every ``decode_log_interval``-th decode batch (counted over the engine's life); the rest wait
@@ -46,7 +49,7 @@ for ``idle_events``. ``cached_tokens`` (``StepOutcome.scheduled``, at a request'
 scheduling) is its prefix hit then; SGLang adds ``prefix - already computed`` per extend,
 which is 0 for later chunks, and stops counting at a retraction.
 
-Invariants (``audit`` checks them):
+Invariants (``audit`` checks the first and third, the property tests the rest):
 
 * the pool is never over-committed: tree tokens + pages held outside the tree <= the pool
   (``max_total_tokens`` floored to pages); a request's pages outside the tree are
@@ -55,12 +58,13 @@ Invariants (``audit`` checks them):
 * each tree node's ``lock_ref`` = the requests whose locked path runs through it;
 * at most one chunked request.
 
-Left out (each changes nothing the interface exposes, or is off by default): overlap
-scheduling (``event_loop_overlap``: it shifts CPU work, not the batch sequence);
-``--enable-mixed-chunk`` (default off); matching every waiting request on each pass under
-``fcfs`` (SGLang does it for load reporting, which touches LRU times; here only admission
-matches); ``lpm``'s in-batch prefix deprioritisation; priority scheduling and other policies;
-the ``AllBlocksCleared`` SGLang queues at start-up (unconfirmed). Where SGLang would fail or
+Left out, and why: overlap scheduling (the default event loop prepares batch N+1 while N runs,
+which moves inserts and releases by about a step; the batch sequence here is the plain
+loop's); ``--enable-mixed-chunk`` (off by default); matching every waiting request on every
+pass under ``fcfs`` (SGLang does it for load reporting, which also refreshes those prefixes'
+LRU times; too slow with thousands waiting, so only admission matches here); ``lpm``'s
+in-batch prefix deprioritisation, priority scheduling and the other policies; the
+``AllBlocksCleared`` SGLang may queue at start-up (unconfirmed). Where SGLang would fail or
 abort — a request the pool can never hold (``add`` refuses it), a lone running request that
 cannot decode (retracted here), a chunk that finds no room (it waits) — the model keeps going.
 """
