@@ -55,6 +55,7 @@ from cortex.events.model import EngineFamily
 
 U64_MASK = (1 << 64) - 1
 U32_LIMIT = 1 << 32
+_INT64_BE = struct.Struct(">q")
 
 VllmHashAlgo = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 VLLM_HASH_ALGOS: tuple[VllmHashAlgo, ...] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
@@ -274,14 +275,15 @@ class VllmChainHasher:
 # ---------------------------------------------------------------- SGLang chain
 
 
+def _sglang_page_body(page_tokens: Sequence[int]) -> bytes:
+    if all(0 <= t < U32_LIMIT for t in page_tokens):
+        return struct.pack(f"<{len(page_tokens)}I", *page_tokens)
+    return b"\xff" + struct.pack(f"<{len(page_tokens)}Q", *page_tokens)
+
+
 def sglang_page_digest(prior: bytes | None, page_tokens: Sequence[int]) -> bytes:
     """SHA-256 of one page, continuing from the previous page's digest (None at the root)."""
-    head = prior or b""
-    if all(0 <= t < U32_LIMIT for t in page_tokens):
-        body = struct.pack(f"<{len(page_tokens)}I", *page_tokens)
-    else:
-        body = b"\xff" + struct.pack(f"<{len(page_tokens)}Q", *page_tokens)
-    return hashlib.sha256(head + body).digest()
+    return hashlib.sha256((prior or b"") + _sglang_page_body(page_tokens)).digest()
 
 
 def sglang_salt_prior(cache_salt: str) -> bytes:
@@ -315,6 +317,43 @@ def sglang_namespaced(event_hash: int, seed: bytes) -> int:
     )
 
 
+def sglang_page_chain(
+    token_ids: Sequence[int],
+    page_size: int,
+    prior: bytes | None,
+    *,
+    namespace_seed: bytes | None = None,
+) -> tuple[list[int], list[bytes]]:
+    """Signed int64 event hashes and raw digests of every full page of ``token_ids``, the
+    chain continuing from ``prior`` (the digest of the page before; at the root: None, or the
+    salt prior of a salted request)."""
+    if page_size <= 0:
+        raise ValueError("page_size must be positive")
+    pages = len(token_ids) // page_size
+    hashes: list[int] = []
+    digests: list[bytes] = []
+    if not pages:
+        return hashes, digests
+    used = token_ids[: pages * page_size]
+    if min(used) >= 0 and max(used) < U32_LIMIT:  # the usual case: pack every page at once
+        packed = struct.pack(f"<{len(used)}I", *used)
+        width = 4 * page_size
+        bodies = [packed[i * width : (i + 1) * width] for i in range(pages)]
+    else:
+        bodies = [_sglang_page_body(used[i * page_size : (i + 1) * page_size])
+                  for i in range(pages)]
+    sha256 = hashlib.sha256
+    head = prior or b""
+    for body in bodies:
+        head = sha256(head + body).digest()
+        value = _INT64_BE.unpack_from(head)[0]  # hash_str_to_int64
+        if namespace_seed is not None:
+            value = sglang_namespaced(value, namespace_seed)
+        hashes.append(value)
+        digests.append(head)
+    return hashes, digests
+
+
 def sglang_page_hashes(
     token_ids: Sequence[int],
     page_size: int,
@@ -323,17 +362,8 @@ def sglang_page_hashes(
     namespace_seed: bytes | None = None,
 ) -> list[int]:
     """Signed int64 event hashes of every full page of a radix path from the root."""
-    if page_size <= 0:
-        raise ValueError("page_size must be positive")
     prior = sglang_salt_prior(cache_salt) if cache_salt is not None else None
-    hashes: list[int] = []
-    for index in range(len(token_ids) // page_size):
-        prior = sglang_page_digest(prior, token_ids[index * page_size : (index + 1) * page_size])
-        value = hash_str_to_int64(prior)
-        if namespace_seed is not None:
-            value = sglang_namespaced(value, namespace_seed)
-        hashes.append(value)
-    return hashes
+    return sglang_page_chain(token_ids, page_size, prior, namespace_seed=namespace_seed)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +399,24 @@ class SglangChainHasher:
             namespace_seed=self.namespace_seed(lora_name, cache_salt),
         )
         return [BlockHash(v & U64_MASK, None) for v in values]
+
+    def continue_chain(
+        self,
+        prior: bytes | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> tuple[list[int], list[bytes]]:
+        """The pages of ``token_ids`` that follow a page whose raw digest is ``prior`` (None:
+        they start at the root): their event values (normalised as ``__call__``'s) and raw
+        digests, so a radix tree hashes only the pages it adds."""
+        if prior is None and cache_salt is not None:
+            prior = sglang_salt_prior(cache_salt)
+        values, digests = sglang_page_chain(
+            token_ids, block_size, prior,
+            namespace_seed=self.namespace_seed(lora_name, cache_salt))
+        return [v & U64_MASK for v in values], digests
 
 
 ChainHasher = VllmChainHasher | SglangChainHasher

@@ -23,7 +23,8 @@ Pure (no I/O). Two behaviours, one interface (``admit`` / ``release`` / ``clear`
   does not show on the wire). Hits are capped like vLLM's (and by ``read_limit``: SGLang's
   ``logprob_start_len``), but matched pages are never stored again (the radix insert
   deduplicates).
-* New pages of a request form one chain and are published as ONE coalesced ``BlockStored``.
+* New pages of a request form one chain and are published as ONE coalesced ``BlockStored``
+  (fields as SGLang's recorder sets them: ``cortex.sim.sglang_events``).
 * Eviction takes the least recently used unlocked leaf, repeatedly: descendants always go before
   ancestors. All removals of one step form ONE ``BlockRemoved`` with several hashes.
 
@@ -49,8 +50,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from cortex.events.model import AllBlocksCleared, Event
 from cortex.sim.engine_hashes import BlockHash, ChainHasher, VllmChainHasher
+from cortex.sim.sglang_events import pages_removed, pages_stored
 from cortex.sim.vllm_events import note_digests, vllm_block_removed, vllm_block_stored
 
 Namespace = tuple[str | None, str | None]
@@ -304,7 +306,7 @@ class SglangPrefixCache:
         need = n_full - matched
         removed = self._evict(need - (self.capacity_blocks - self._used))
         if removed:
-            events.append(BlockRemoved(removed, medium=MEDIUM))
+            events.append(pages_removed(removed))
         n_store = min(need, self.capacity_blocks - self._used)
         if n_store > 0:
             hashes = self.hasher(tokens[: (matched + n_store) * size], size, lora_name, cache_salt)
@@ -320,14 +322,13 @@ class SglangPrefixCache:
                 path.append(page)
                 parent = page
             events.append(
-                BlockStored(
-                    block_hashes=[p.hash for p in path[matched:]],
-                    parent_hash=path[matched - 1].hash if matched else None,
-                    token_ids=list(tokens[matched * size : (matched + n_store) * size]),
-                    block_size=size,
-                    medium=MEDIUM,
-                    lora_name=lora_name,
-                    cache_salt=cache_salt,
+                pages_stored(
+                    [p.hash for p in path[matched:]],
+                    path[matched - 1].hash if matched else None,
+                    tokens[matched * size : (matched + n_store) * size],
+                    size,
+                    lora_name,
+                    cache_salt,
                 )
             )
         lease = None

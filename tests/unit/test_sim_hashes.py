@@ -179,6 +179,18 @@ def test_sglang_lora_namespacing_depends_on_version() -> None:
     assert isinstance(new, SglangChainHasher) and new.dynamo_format is False
 
 
+@pytest.mark.parametrize("lora,salt", [(None, None), ("ad", None), (None, "s"), ("ad", "s")])
+def test_sglang_chain_continued_from_a_digest_equals_the_chain_from_the_root(
+    lora: str | None, salt: str | None
+) -> None:
+    hasher = SglangChainHasher(dynamo_format=True)
+    tokens = list(range(7, 19))
+    whole = [h.value for h in hasher(tokens, 2, lora, salt)]
+    head, digests = hasher.continue_chain(None, tokens[:4], 2, lora, salt)
+    tail, _ = hasher.continue_chain(digests[-1], tokens[4:], 2, lora, salt)
+    assert head + tail == whole and len(digests) == 2
+
+
 def test_vllm_hashes_separate_loras_salts_and_ignore_partial_blocks() -> None:
     hasher = make_chain_hasher(EngineFamily.VLLM, (0, 33))
     assert isinstance(hasher, VllmChainHasher)
