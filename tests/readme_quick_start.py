@@ -31,18 +31,23 @@ import pytest
 import trio
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-BEGIN = re.compile(r"^<!-- quick-start\b.*-->$", re.MULTILINE)
-END = "<!-- /quick-start -->"
 PORTS = (8080, 8081, 30000, 30001, 5557, 5558, 5657, 5658)  # Cortex, engines, events, replay
 
 
 def quick_start_script() -> str:
+    return readme_block("quick-start", "sh")
+
+
+def readme_block(marker: str, language: str) -> str:
+    """The fenced ``language`` block of README.md between ``<!-- marker ... -->`` and
+    ``<!-- /marker -->``, unchanged."""
     text = README.read_text()
-    begin = BEGIN.search(text)
-    assert begin is not None, "README.md has no <!-- quick-start --> marker"
-    block = text[begin.end():text.index(END, begin.end())].strip()
-    assert block.startswith("```sh\n") and block.endswith("\n```"), block[:80]
-    return block.removeprefix("```sh\n").removesuffix("```")
+    begin = re.search(rf"^<!-- {re.escape(marker)}\b.*-->$", text, re.MULTILINE)
+    assert begin is not None, f"README.md has no <!-- {marker} --> marker"
+    block = text[begin.end():text.index(f"<!-- /{marker} -->", begin.end())].strip()
+    fence = f"```{language}\n"
+    assert block.startswith(fence) and block.endswith("\n```"), block[:80]
+    return block.removeprefix(fence).removesuffix("```")
 
 
 def busy_ports() -> list[int]:

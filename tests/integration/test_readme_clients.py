@@ -7,30 +7,16 @@ the test cluster's (its ports are ephemeral)."""
 from __future__ import annotations
 
 import os
-import re
 import sys
-from pathlib import Path
 
 import trio
 
 from tests.gateway_cluster import MODEL, gateway_cluster
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-BEGIN = re.compile(r"^<!-- clients\b.*-->$", re.MULTILINE)
-END = "<!-- /clients -->"
-
-
-def clients_block() -> str:
-    text = README.read_text()
-    begin = BEGIN.search(text)
-    assert begin is not None, "README.md has no <!-- clients --> marker"
-    block = text[begin.end():text.index(END, begin.end())].strip()
-    assert block.startswith("```python\n") and block.endswith("\n```"), block[:80]
-    return block.removeprefix("```python\n").removesuffix("```")
+from tests.readme_quick_start import readme_block
 
 
 async def test_the_readme_client_examples_run_as_written_with_any_key():
-    script = clients_block()
+    script = readme_block("clients", "python")
     assert 'api_key="unused"' in script and "localhost:8080" in script
     async with gateway_cluster(("sglang-0.5.23", "sglang-0.5.23")) as cluster:
         script = (script.replace("http://localhost:8080", f"http://127.0.0.1:{cluster.port}")
