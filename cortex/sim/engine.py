@@ -1,9 +1,11 @@
 """``SimEngine``: one simulated vLLM or SGLang engine, KV-event side and HTTP side as one unit.
 
 Lifecycle: construct, then ``url = await nursery.start(engine.run)``: the KV side
-(``SimKVEngine``: prefix cache and ZeroMQ publishers per DP rank) starts first, then the lean
-HTTP server (``cortex.front.server.HttpServer``) serving ``engine.handler``; the started value is
-the base URL (``http://host:port``), also ``engine.url``. Cancelling the nursery stops both.
+(``SimKVEngine``: prefix cache or batching model, and ZeroMQ publishers per DP rank) starts
+first, then the batching model's steppers (one per rank, none on the fixed model), then the
+lean HTTP server (``cortex.front.server.HttpServer``) serving ``engine.handler``; the started
+value is the base URL (``http://host:port``), also ``engine.url``. Cancelling the nursery stops
+them all.
 
 Two timing models (``engine_model``), one ``generation`` contract:
 
