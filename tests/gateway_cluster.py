@@ -33,6 +33,7 @@ from cortex.config.tree import (
 from cortex.ledger.state import TargetState
 from cortex.profile.model_profile import ModelProfile, ProfileSpec, load_profile
 from cortex.scheduling.view import Role
+from cortex.sim.batching.factory import BatchingSettings
 from cortex.sim.engine import SimEngine
 from cortex.sim.http_faults import SimFaults
 from cortex.sim.kv_engine import SimEndpointConfig
@@ -193,9 +194,14 @@ async def gateway_cluster(
     pd_settings: PdSimSettings = PdSimSettings(),
     kv_endpoints: SimEndpointConfig = SimEndpointConfig(),
     engine_faults: Mapping[str, object] | None = None,
+    engine_model: str = "fixed",
+    batching: BatchingSettings = BatchingSettings(),
 ) -> AsyncIterator[Cluster]:
     """``roles`` (one per flavor: both, prefill, decode) makes a PD cluster: the engines take
     those roles (``cortex.sim.pd``) and the workers are registered with them.
+    ``engine_model="batching"`` runs the engines on the continuous-batching model with
+    ``batching`` (vLLM flavors, no PD roles; ``timing`` is then unused); the default "fixed"
+    is the simple timing model most tests assert against.
     ``engine_faults``: fault switches every engine starts with (``SimFaults.update`` changes,
     e.g. ``{"poison_marker": "POISON"}``: a request containing it fails on every worker); each
     engine's own switches stay in ``cluster.engines[i].faults``."""
@@ -207,7 +213,8 @@ async def gateway_cluster(
                              pd_role=None if role == "both" else role,
                              bootstrap_port=0 if role == "prefill" else None,
                              pd_settings=pd_settings, kv_endpoints=kv_endpoints,
-                             faults=_faults(engine_faults))
+                             faults=_faults(engine_faults), engine_model=engine_model,
+                             batching=batching)
                    for i, (flavor, role) in enumerate(zip(flavors, roles, strict=True))]
         scopes: dict[str, trio.CancelScope] = {}
         for engine in engines:

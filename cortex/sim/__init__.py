@@ -11,9 +11,11 @@ Event side, pure cores first:
 
 HTTP side (``cortex sim``):
 
-* ``serving`` — pure timing model: FIFO queue, batch limit, prefill and decode time.
+* ``serving`` — pure timing model ("fixed"): FIFO queue, batch limit, prefill and decode time.
+* ``batching`` — pure continuous-batching engine models ("batching"), timed by ``step_time``;
+  ``stepper`` — the trio task stepping one rank's model and delivering its tokens and events.
 * ``tokenize`` — prompt token ids the way an engine computes them (one full encode).
-* ``generation`` — one started request's token stream and the per-rank totals it feeds.
+* ``generation`` — one started request's token stream (either model) and the per-rank totals.
 * ``http_faults`` — the HTTP side's fault switches (``SimFaults``) and ``EngineCrashed``.
 * ``engine_view`` — the engine as its parts (routes, bodies, PD role) see it: protocols, so
   they need not import ``engine``, which builds them.

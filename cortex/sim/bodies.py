@@ -14,9 +14,13 @@ Pure builders (plain dicts and bytes) over a ``SimEngineView`` (``cortex.sim.eng
   decode engine returns an empty list there (it did not compute the prompt: the gateway
   prepends the prefill's, protocols/pd-disaggregation.md §1.3 step 7).
 * vLLM metrics carry the labels ``model_name`` and ``engine`` (the DP rank).
-* KV usage (vLLM ``kv_cache_usage_perc``, SGLang ``token_usage``/``num_used_tokens``) counts
-  the tokens of running requests, as the engines do (evictable cached blocks are free space);
-  the cache fill is ``num_cached_tokens`` in ``/v1/loads`` (a simulator extra).
+* Load (running, waiting, KV usage: vLLM ``num_requests_running``/``_waiting`` and
+  ``kv_cache_usage_perc``, SGLang ``num_running_reqs``/``num_waiting_reqs`` and
+  ``token_usage``/``num_used_tokens``) is the engine's ``load(rank)``, whichever timing model
+  runs it: KV usage counts what requests hold, as the engines do (evictable cached blocks are
+  free space); the cache fill is ``num_cached_tokens`` in ``/v1/loads`` (a simulator extra).
+* ``vllm:num_preemptions_total``: requests the batching model preempted (0 on the fixed
+  model, which never preempts).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any
 import msgspec
 
 from cortex.sim.engine_view import SimEngineView
-from cortex.sim.generation import Generation
+from cortex.sim.generation import TokenStream
 
 _PREFIX = {"chat": "chatcmpl", "completion": "cmpl", "generate": "gen"}
 _OBJECT = {"chat": "chat.completion", "completion": "text_completion"}
@@ -107,7 +111,7 @@ def input_logprobs(token_ids: Sequence[int]) -> list[list[Any]]:
 
 
 def generate_body(
-    rid: str, gen: Generation, pieces: Sequence[tuple[str, int]], e2e_s: float, *, done: bool,
+    rid: str, gen: TokenStream, pieces: Sequence[tuple[str, int]], e2e_s: float, *, done: bool,
     logprobs: list[list[Any]] | None = None,
 ) -> dict[str, Any]:
     """SGLang ``/generate`` answer (or streamed event) after ``pieces`` output tokens; with
@@ -142,24 +146,24 @@ def models_body(engine: SimEngineView) -> dict[str, Any]:
 
 
 def _load_fields(engine: SimEngineView, rank: int) -> dict[str, Any]:
-    queue, counters = engine.queues[rank], engine.counters[rank]
+    load, counters = engine.load(rank), engine.counters[rank]
     total = engine.kv.capacity_blocks * engine.block_size
-    used = min(engine.active_tokens(rank), total)
+    used = round(load.kv_usage * total)
     hit_rate = counters.cached_tokens / counters.prompt_tokens if counters.prompt_tokens else 0.0
     return {
         "dp_rank": rank,
-        "num_running_reqs": queue.running,
-        "num_waiting_reqs": queue.waiting,
+        "num_running_reqs": load.running,
+        "num_waiting_reqs": load.waiting,
         "num_waiting_uncached_tokens": 0,
         "num_used_tokens": used,
         "num_total_tokens": total,
         "num_cached_tokens": engine.kv.used_blocks(rank) * engine.block_size,
         "max_total_num_tokens": total,
-        "max_running_requests": engine.timing.max_running,
+        "max_running_requests": load.max_running,
         "token_usage": used / total if total else 0.0,
         "gen_throughput": 0.0,
         "cache_hit_rate": hit_rate,
-        "utilization": queue.running / engine.timing.max_running,
+        "utilization": load.running / load.max_running,
     }
 
 
@@ -214,14 +218,14 @@ def server_info_body(engine: SimEngineView) -> dict[str, Any]:
         "disaggregation_mode": "null" if engine.pd is None else engine.pd.role,
         "disaggregation_bootstrap_port": None if engine.pd is None
         else engine.pd.bootstrap_port,
-        "max_running_requests": engine.timing.max_running,
+        "max_running_requests": engine.load(0).max_running,
         "max_total_num_tokens": total,
         "context_length": engine.max_model_len,
         "kv_events_config": None if events_config is None else json.dumps(events_config),
         "kv_events": kv_events,
         "internal_states": [
             {"dp_rank": r, "memory_usage": {"token_usage": _load_fields(engine, r)["token_usage"]},
-             "effective_max_running_requests_per_dp": engine.timing.max_running}
+             "effective_max_running_requests_per_dp": engine.load(r).max_running}
             for r in range(engine.dp_size)
         ],
         "status": "ready",
@@ -260,6 +264,7 @@ _COUNTERS = (
     ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
     ("vllm:prompt_tokens", "Number of prefill tokens processed."),
     ("vllm:generation_tokens", "Number of generation tokens processed."),
+    ("vllm:num_preemptions", "Cumulative number of preemption from the engine."),
 )
 
 
@@ -273,14 +278,12 @@ def vllm_metrics_text(engine: SimEngineView) -> str:
     lines = []
     per_rank = []
     for rank in range(engine.dp_size):
-        queue, counters = engine.queues[rank], engine.counters[rank]
-        total = engine.kv.capacity_blocks * engine.block_size
-        usage_perc = min(engine.active_tokens(rank) / total, 1.0) if total else 0.0
+        load, counters = engine.load(rank), engine.counters[rank]
         per_rank.append((
             f'{{engine="{rank}",model_name="{model}"}}',
-            (queue.running, queue.waiting, usage_perc),
+            (load.running, load.waiting, load.kv_usage),
             (counters.prompt_tokens, counters.cached_tokens, counters.prompt_tokens,
-             counters.generation_tokens),
+             counters.generation_tokens, counters.preemptions),
         ))
     for i, (name, help_text) in enumerate(_GAUGES):
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]

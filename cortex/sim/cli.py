@@ -22,6 +22,17 @@ line per engine for the programs that read it.
 by each of them, as a request that crashes the engine would be. The other switches are changed
 at runtime through ``POST /sim/faults``.
 
+``--engine-model`` picks the timing model (``cortex.sim.engine``): ``batching`` runs every rank
+on a continuous-batching model of the engine's scheduler (steps shared by the running requests
+under ``--max-num-batched-tokens`` and ``--max-num-seqs``, a KV pool of ``--capacity-blocks``
+that preempts when full, KV events at each step's end; the step timing is a placeholder
+profile, ``cortex.sim.batching.factory.default_step_profile``, run ``--speedup`` times faster
+than the wall clock); ``fixed`` is the simple model (a FIFO queue in front of ``--max-running``
+slots; ``--prefill-tokens-per-s``, ``--decode-ms-per-token``; running requests never slow each
+other). The default, ``auto``, is ``batching`` wherever a batching model exists (vLLM engines
+without a PD role) and ``fixed`` elsewhere (SGLang, whose batching model has not landed, and PD
+roles, which run on the fixed model only); ``batching`` named where none exists exits 2.
+
 With ``--pd-role prefill|decode`` the engines take that PD role (``cortex.sim.pd``); prefill
 engines listen for KV fetches on ``--bootstrap-port`` + i and add ``pd=prefill bootstrap=PORT``
 to their line (decode engines: ``pd=decode``).
@@ -49,12 +60,15 @@ import zmq
 
 from cortex.config.tree import ModelConfig
 from cortex.errors import ConfigError
+from cortex.events.model import EngineFamily
 from cortex.profile import builtin
 from cortex.profile.model_profile import ProfileError
+from cortex.sim.batching.factory import available as batching_available
 from cortex.sim.serve_line import serve_line
 from cortex.sim.wire import PROFILES
 
 ENGINE_ALIASES = {"vllm": "vllm-0.33", "sglang": "sglang-0.5.23"}
+ENGINE_MODELS = ("auto", "batching", "fixed")
 DEFAULT_HTTP_PORTS = {"vllm": 8000, "sglang": 30000}
 ENV_PREFIX = "CORTEX_SIM_"
 
@@ -95,10 +109,22 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     add("--dp-size", 1, "data-parallel ranks per engine", type=int)
     add("--block-size", 16, "KV block (page) size in tokens", type=int)
     add("--capacity-blocks", 4096, "prefix cache capacity per rank, in blocks", type=int)
-    add("--prefill-tokens-per-s", 50_000.0, "prefill speed for uncached prompt tokens",
+    add("--engine-model", "auto", "timing model: batching (continuous batching: shared steps, "
+        "token budget, preemption), fixed (FIFO queue, fixed speeds), or auto (batching where "
+        "the engine family has a batching model and no PD role, else fixed)",
+        choices=ENGINE_MODELS)
+    add("--max-num-batched-tokens", None, "batching model: token budget of one step (unset: "
+        "the engine's, vLLM 8192)", type=int)
+    add("--max-num-seqs", None, "batching model: requests running at once per rank at most "
+        "(unset: the engine's, vLLM 1024)", type=int)
+    add("--speedup", 1.0, "batching model: run the engine's clock this many times faster "
+        "than the wall clock (a step of s seconds takes s / speedup)", type=float)
+    add("--prefill-tokens-per-s", 50_000.0, "fixed model: prefill speed for uncached prompt "
+        "tokens", type=float)
+    add("--decode-ms-per-token", 1.0, "fixed model: decode time per output token, per request",
         type=float)
-    add("--decode-ms-per-token", 1.0, "decode time per output token, per request", type=float)
-    add("--max-running", 64, "batch limit per rank; more requests queue FIFO", type=int)
+    add("--max-running", 64, "fixed model: batch limit per rank; more requests queue FIFO",
+        type=int)
     add("--count", 1, "number of engines (consecutive ports)", type=int)
     add("--topic", "", "KV-event topic")
     add("--pd-role", None, "prefill or decode: a PD-disaggregated engine (default: neither)",
@@ -121,6 +147,7 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
 @dataclass(frozen=True, slots=True)
 class _Plan:
     profile: str
+    engine_model: str  # batching or fixed (auto resolved)
     names: list[str]
     http_ports: list[int]
     kv_ports: list[int | None]
@@ -144,14 +171,26 @@ def _plan(args: argparse.Namespace) -> _Plan:
         problems.append("--bootstrap-port must be a port number (0 = any)")
     if args.prefill_tokens_per_s <= 0 or args.decode_ms_per_token < 0:
         problems.append("--prefill-tokens-per-s must be > 0 and --decode-ms-per-token >= 0")
+    for flag in ("max_num_batched_tokens", "max_num_seqs"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            problems.append(f"--{flag.replace('_', '-')} must be >= 1")
+    if not args.speedup > 0:
+        problems.append("--speedup must be > 0")
+    engine_model = None
+    if profile in PROFILES:
+        engine_model, problem = _engine_model(args, PROFILES[profile].family)
+        if problem:
+            problems.append(problem)
     problems += _port_range_problems(args)
     if problems:
         raise ConfigError(problems)
+    assert engine_model is not None
     family = PROFILES[profile].family.value
     port = args.port if args.port is not None else DEFAULT_HTTP_PORTS[family]
     n = args.count
     return _Plan(
         profile,
+        engine_model,
         [f"{args.name}{i}" for i in range(n)],
         [port + i if port else 0 for i in range(n)],
         [None if args.kv_events_port is None else args.kv_events_port + i * args.dp_size
@@ -161,6 +200,20 @@ def _plan(args: argparse.Namespace) -> _Plan:
         [args.bootstrap_port + i if args.bootstrap_port and args.pd_role == "prefill"
          else args.bootstrap_port for i in range(n)],
     )
+
+
+def _engine_model(args: argparse.Namespace, family: EngineFamily) -> tuple[str, str | None]:
+    """``--engine-model`` resolved (auto: batching where it exists), and the problem with it."""
+    exists = batching_available(family) and args.pd_role is None
+    if args.engine_model == "auto":
+        return ("batching" if exists else "fixed"), None
+    if args.engine_model == "batching" and not exists:
+        why = (f"--pd-role {args.pd_role} runs on the fixed model only" if args.pd_role
+               else f"{family.value} has no batching model yet")
+        return "batching", f"--engine-model batching: {why} (use --engine-model fixed or auto)"
+    if args.engine_model not in ENGINE_MODELS:
+        return "fixed", f"--engine-model {args.engine_model!r}: use {', '.join(ENGINE_MODELS)}"
+    return args.engine_model, None
 
 
 def _port_range_problems(args: argparse.Namespace) -> list[str]:
@@ -201,6 +254,7 @@ def _served_model(args: argparse.Namespace) -> ModelConfig | None:
 
 def run_sim(args: argparse.Namespace) -> int:
     from cortex.profile.model_profile import load_profile
+    from cortex.sim.batching.factory import BatchingSettings
     from cortex.sim.engine import SimEngine
     from cortex.sim.http_faults import SimFaults
     from cortex.sim.kv_engine import SimEndpointConfig
@@ -217,24 +271,27 @@ def run_sim(args: argparse.Namespace) -> int:
         pd_settings = PdSimSettings(waiting_timeout_s=args.pd_waiting_timeout_s,
                                     bootstrap_timeout_s=args.pd_waiting_timeout_s,
                                     kv_lease_s=args.pd_kv_lease_s)
+        batching = BatchingSettings(max_num_batched_tokens=args.max_num_batched_tokens,
+                                    max_num_seqs=args.max_num_seqs, speedup=args.speedup)
+        engines = [
+            SimEngine(name, plan.profile, model_profile, dp_size=args.dp_size,
+                      block_size=args.block_size, capacity_blocks=args.capacity_blocks,
+                      timing=timing, http_host=args.host, http_port=http_port,
+                      served_model_name=args.model, topic=args.topic,
+                      kv_endpoints=SimEndpointConfig(host=args.host, base_port=kv_port,
+                                                     replay_base_port=replay_port),
+                      pd_role=args.pd_role, bootstrap_port=bootstrap_port,
+                      pd_settings=pd_settings,
+                      faults=SimFaults(poison_marker=args.poison_marker or None),
+                      engine_model=plan.engine_model, batching=batching)
+            for name, http_port, kv_port, replay_port, bootstrap_port in zip(
+                plan.names, plan.http_ports, plan.kv_ports, plan.replay_ports,
+                plan.bootstrap_ports, strict=True)
+        ]
     except (ConfigError, ProfileError) as exc:
         for problem in exc.problems:
             print(f"cortex sim: {problem}", file=sys.stderr)
         return 2
-    engines = [
-        SimEngine(name, plan.profile, model_profile, dp_size=args.dp_size,
-                  block_size=args.block_size, capacity_blocks=args.capacity_blocks,
-                  timing=timing, http_host=args.host, http_port=http_port,
-                  served_model_name=args.model, topic=args.topic,
-                  kv_endpoints=SimEndpointConfig(host=args.host, base_port=kv_port,
-                                                 replay_base_port=replay_port),
-                  pd_role=args.pd_role, bootstrap_port=bootstrap_port,
-                  pd_settings=pd_settings,
-                  faults=SimFaults(poison_marker=args.poison_marker or None))
-        for name, http_port, kv_port, replay_port, bootstrap_port in zip(
-            plan.names, plan.http_ports, plan.kv_ports, plan.replay_ports, plan.bootstrap_ports,
-            strict=True)
-    ]
     failures: list[Exception] = []
     try:
         trio.run(partial(serve_engines, engines, served=served))

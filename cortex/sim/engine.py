@@ -1,19 +1,39 @@
 """``SimEngine``: one simulated vLLM or SGLang engine, KV-event side and HTTP side as one unit.
 
 Lifecycle: construct, then ``url = await nursery.start(engine.run)``: the KV side
-(``SimKVEngine``: prefix cache and ZeroMQ publishers per DP rank) starts first, then the lean
-HTTP server (``cortex.front.server.HttpServer``) serving ``engine.handler``; the started value is
-the base URL (``http://host:port``), also ``engine.url``. Cancelling the nursery stops both.
+(``SimKVEngine``: prefix cache or batching model, and ZeroMQ publishers per DP rank) starts
+first, then the batching model's steppers (one per rank, none on the fixed model), then the
+lean HTTP server (``cortex.front.server.HttpServer``) serving ``engine.handler``; the started
+value is the base URL (``http://host:port``), also ``engine.url``. Cancelling the nursery stops
+them all.
 
-One generation request (``engine.generation(...)``, an async context manager):
+Two timing models (``engine_model``), one ``generation`` contract:
+
+``"fixed"`` (the default of in-process engines; ``cortex.sim.serving``), one generation request
+(``engine.generation(...)``, an async context manager):
 
 1. it joins its rank's FIFO queue (``serving.RankQueue``) and waits for a slot in the batch;
 2. once started, its prompt is admitted into the rank's prefix cache with ``hold=True`` (one
    scheduler step: the KV events go out), which gives ``cached_tokens``;
 3. its tokens come out on the ``serving.plan`` timetable (trio's clock): prefill of the
-   uncached tokens, then one decode step per token;
+   uncached tokens, then one decode step per token; running requests never slow each other;
 4. on exit — finished, failed, or cancelled because the client went away — the cache hold is
    released and the request leaves the queue or batch, which starts the next waiting request.
+
+``"batching"`` (a continuous-batching model per rank, ``cortex.sim.batching``, run by the rank's
+``cortex.sim.stepper.RankStepper`` on trio's clock; settings ``BatchingSettings``):
+
+1. the request is added to its rank's model (400 when it could never fit the KV pool) and
+   waits until a step schedules it, which gives ``cached_tokens``;
+2. each token is ready at the end of the step that produced it (steps are shared by every
+   running request: a long prefill delays the others' tokens, a full pool preempts), and each
+   step's KV events go out at its end;
+3. on exit before the last token (the client went away, or a failure) the request is aborted
+   in the model: its blocks are freed. A rank restart fails its requests (502).
+
+PD roles (``cortex.sim.pd``) run on the fixed model only: their KV hand-over holds cache leases
+the batching model does not have, so ``engine_model="batching"`` with a ``pd_role`` is refused
+(``ConfigError``), as is the batching model for an engine family that has none yet (SGLang).
 
 Output text is deterministic: token ``i`` is ``OUTPUT_WORDS[i % len(OUTPUT_WORDS)]``
 (``cortex.sim.generation``).
@@ -37,19 +57,25 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from cortex.errors import BadRequest
+from cortex.errors import BadRequest, ConfigError
 from cortex.events.model import EngineFamily
 from cortex.front.limits import ServerLimits
 from cortex.host_literal import host_port
 from cortex.profile.model_profile import ModelProfile
-from cortex.sim.generation import Generation, RankCounters
+from cortex.sim.batching.core import SimRequest
+from cortex.sim.batching.factory import BatchingSettings, RankModels, rank_models
+from cortex.sim.engine_view import RankLoad
+from cortex.sim.generation import Generation, RankCounters, SteppedGeneration, TokenStream
 from cortex.sim.http_engine import SimHttpHandler
 from cortex.sim.http_faults import SimFaults
 from cortex.sim.kv_engine import SimEndpointConfig, SimHashConfig, SimKVEngine
 from cortex.sim.pd import PdSimSettings, SimPd
 from cortex.sim.serving import RankQueue, TimingConfig, TokenPlan, plan
+from cortex.sim.stepper import RankStepper
 from cortex.sim.tokenize import SimTokenizer
 from cortex.sim.wire import WireProfile, profile_named
+
+ENGINE_MODELS = ("fixed", "batching")
 
 
 class SimEngine:
@@ -80,6 +106,8 @@ class SimEngine:
         pd_role: str | None = None,
         bootstrap_port: int | None = None,
         pd_settings: PdSimSettings = PdSimSettings(),
+        engine_model: str = "fixed",
+        batching: BatchingSettings = BatchingSettings(),
     ) -> None:
         self.name = name
         # the process start time a real engine exposes (vLLM: process_start_time_seconds)
@@ -96,6 +124,19 @@ class SimEngine:
         self.http_port = http_port
         self.limits = limits
         self.faults = faults if faults is not None else SimFaults()
+        self.engine_model = engine_model
+        self.batching = batching
+        models: RankModels | None = None
+        if engine_model == "batching":
+            if pd_role is not None:
+                raise ConfigError([(f"pd_role {pd_role!r} runs on the fixed engine model only "
+                                   "(the batching model has no PD hand-over yet): use "
+                                   "engine_model='fixed'")])
+            models = rank_models(self.family, batching, capacity_blocks=capacity_blocks,
+                                 block_size=block_size)
+        elif engine_model != "fixed":
+            raise ConfigError([(f"engine_model must be one of {ENGINE_MODELS}, "
+                               f"not {engine_model!r}")])
         self.kv = SimKVEngine(
             self.wire,
             block_size=block_size,
@@ -105,10 +146,16 @@ class SimEngine:
             endpoints=kv_endpoints,
             hashing=hashing,
             rng=rng,
+            batching=None if models is None else models.make,
         )
         self.tokenizer = SimTokenizer(model_profile)
         self.queues = [RankQueue(timing.max_running) for _ in range(dp_size)]
         self.counters = [RankCounters() for _ in range(dp_size)]
+        # the batching model's shells, one per rank; empty on the fixed model
+        self.steppers = [RankStepper(self.kv, rank, self.counters[rank],
+                                     speedup=batching.speedup)
+                         for rank in range(dp_size)] if models is not None else []
+        self._batch_limit = timing.max_running if models is None else models.max_running
         self.running: list[dict[int, Generation]] = [{} for _ in range(dp_size)]
         self.lora_names = frozenset(a.name for a in hashing.lora_adapters)
         self.url: str | None = None
@@ -140,6 +187,8 @@ class SimEngine:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.kv.run)
+                for stepper in self.steppers:
+                    await nursery.start(stepper.run)
                 if self.pd is not None:
                     await nursery.start(self.pd.run, self.http_host)
                 host, port = await nursery.start(server.serve, self.http_host, self.http_port)
@@ -167,14 +216,22 @@ class SimEngine:
         kv_received: bool = False,
         cache_prompt: bool = True,
         read_limit: int | None = None,
-    ) -> AsyncIterator[Generation]:
+    ) -> AsyncIterator[TokenStream]:
         """Queue, admit and run one request on ``rank`` (see the module docstring).
 
-        PD decode (``cortex.sim.pd``): with ``kv_received`` the uncached tokens arrive from the
-        prefill peer (transfer time instead of prefill time); without ``cache_prompt`` the
-        prompt does not enter the prefix cache (no events, nothing cached). ``read_limit``:
-        prompt tokens the request may read from the cache (``tokenize.cache_read_limit``)."""
+        PD decode (``cortex.sim.pd``, fixed model only): with ``kv_received`` the uncached
+        tokens arrive from the prefill peer (transfer time instead of prefill time); without
+        ``cache_prompt`` the prompt does not enter the prefix cache (no events, nothing
+        cached). ``read_limit``: prompt tokens the request may read from the cache
+        (``tokenize.cache_read_limit``)."""
         self.check_rank(rank)
+        if self.steppers:
+            if kv_received or not cache_prompt:
+                raise ConfigError(["PD hand-overs run on the fixed engine model only"])
+            async with self._stepped(rank, token_ids, output_tokens, lora_name=lora_name,
+                                     cache_salt=cache_salt, read_limit=read_limit) as gen:
+                yield gen
+            return
         queue, counters = self.queues[rank], self.counters[rank]
         request_id = next(self._ids)
         started = self._start_signals[request_id] = trio.Event()
@@ -213,23 +270,60 @@ class SimEngine:
             self._signal(queue.leave(request_id))
             del self._start_signals[request_id]
 
+    @asynccontextmanager
+    async def _stepped(self, rank: int, token_ids: Sequence[int], output_tokens: int, *,
+                       lora_name: str | None, cache_salt: str | None,
+                       read_limit: int | None) -> AsyncIterator[SteppedGeneration]:
+        """One request on the rank's batching model (see the module docstring)."""
+        stepper, counters = self.steppers[rank], self.counters[rank]
+        request = SimRequest(next(self._ids), tuple(token_ids), output_tokens,
+                             lora_name=lora_name, cache_salt=cache_salt, read_limit=read_limit)
+        try:
+            progress = stepper.add(request)
+        except ValueError as exc:  # longer than the KV pool holds: vLLM refuses it (400)
+            raise BadRequest(str(exc)) from None
+        gen: SteppedGeneration | None = None
+        try:
+            cached = await progress.wait_scheduled()
+            counters.requests += 1
+            counters.prompt_tokens += len(token_ids)
+            counters.cached_tokens += cached
+            gen = SteppedGeneration(request.request_id, rank, len(token_ids), cached,
+                                    output_tokens, progress, _counters=counters)
+            yield gen
+        finally:
+            if not progress.finished:
+                stepper.abort(request.request_id)
+                counters.aborted += 1
+
     def _signal(self, started: list[int]) -> None:
         for request_id in started:
             self._start_signals[request_id].set()
 
     def active_tokens(self, rank: int) -> int:
-        """KV tokens the rank's running requests use (prompt + output so far; shared prefixes
-        counted per request): the load the engines report, unlike the cache fill, which also
-        counts evictable blocks."""
+        """Fixed model: KV tokens the rank's running requests use (prompt + output so far;
+        shared prefixes counted per request): the load the engines report, unlike the cache
+        fill, which also counts evictable blocks."""
         return sum(g.prompt_tokens + g.produced for g in self.running[rank].values())
 
+    def load(self, rank: int) -> RankLoad:
+        """The rank's load now: the batching model's own figures, or (fixed model) its queue
+        and the tokens of its running requests."""
+        if self.steppers:
+            model = self.steppers[rank].model
+            return RankLoad(model.running, model.waiting, model.kv_usage, self._batch_limit)
+        queue = self.queues[rank]
+        total = self.kv.capacity_blocks * self.block_size
+        usage = min(self.active_tokens(rank) / total, 1.0) if total else 0.0
+        return RankLoad(queue.running, queue.waiting, usage, self._batch_limit)
+
     def busy(self) -> bool:
-        return any(q.running or q.waiting for q in self.queues)
+        return any(load.running or load.waiting
+                   for load in map(self.load, range(self.dp_size)))
 
     def flush_cache(self) -> bool:
         """Clear every rank's cache (AllBlocksCleared), or refuse while requests run or wait."""
         if self.busy():
             return False
-        for rank in range(self.dp_size):
-            self.kv.clear(rank)
-        return True
+        cleared = [self.kv.clear(rank) for rank in range(self.dp_size)]
+        return all(cleared)

@@ -6,8 +6,9 @@ HTTP handler over itself, so those modules see it through these protocols instea
 ``cortex.sim.engine`` (which would be an import circle). A member the parts start reading is
 added here.
 
-* ``SimEngineView`` — the engine: identity, its ranks (prefix caches, queues, counters), its
-  tokenizer and fault switches, and ``generation`` (queue, admit and run one request).
+* ``SimEngineView`` — the engine: identity, its ranks (prefix caches, counters, load),
+  its tokenizer and fault switches, and ``generation`` (queue, admit and run one request).
+* ``RankLoad`` — one rank's load as the engines report it (whichever timing model runs it).
 * ``SimPdView`` — its prefill/decode role, as the HTTP side uses it; ``PdLeg`` — what that
   role hands the HTTP side for one PD request.
 """
@@ -20,21 +21,30 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cortex.events.model import EngineFamily
-from cortex.sim.generation import Generation, RankCounters
+from cortex.sim.generation import RankCounters, TokenStream
 from cortex.sim.http_faults import SimFaults
 from cortex.sim.kv_engine import SimKVEngine
-from cortex.sim.serving import RankQueue, TimingConfig
 from cortex.sim.tokenize import SimTokenizer
 from cortex.sim.wire import WireProfile
 
-__all__ = ["PdLeg", "SimEngineView", "SimPdView"]
+__all__ = ["PdLeg", "RankLoad", "SimEngineView", "SimPdView"]
+
+
+@dataclass(frozen=True, slots=True)
+class RankLoad:
+    """One rank's load now, as the engines report it."""
+
+    running: int  # requests in the running batch
+    waiting: int  # requests queued
+    kv_usage: float  # share of the KV pool in use by requests (evictable cached blocks: free)
+    max_running: int  # the batch limit (vLLM max_num_seqs, SGLang max_running_requests)
 
 
 @dataclass(slots=True)
 class PdLeg:
     """What the HTTP side serves for one PD request: its generation and extra body fields."""
 
-    generation: AbstractAsyncContextManager[Generation]
+    generation: AbstractAsyncContextManager[TokenStream]
     extra: dict[str, Any] | None = None
 
 
@@ -61,11 +71,9 @@ class SimEngineView(Protocol):
     lora_names: frozenset[str]
     started_at: float  # the process start time a real engine exposes
     http_host: str
-    timing: TimingConfig
     kv: SimKVEngine
     tokenizer: SimTokenizer
     faults: SimFaults
-    queues: list[RankQueue]
     counters: list[RankCounters]
     pd: SimPdView | None  # None: an ordinary (aggregated) engine
 
@@ -85,12 +93,12 @@ class SimEngineView(Protocol):
     def generation(self, rank: int, token_ids: Sequence[int], output_tokens: int, *,
                    lora_name: str | None = None, cache_salt: str | None = None,
                    kv_received: bool = False, cache_prompt: bool = True,
-                   read_limit: int | None = None) -> AbstractAsyncContextManager[Generation]:
+                   read_limit: int | None = None) -> AbstractAsyncContextManager[TokenStream]:
         """Queue, admit and run one request on ``rank``."""
         ...
 
-    def active_tokens(self, rank: int) -> int:
-        """KV tokens the rank's running requests use."""
+    def load(self, rank: int) -> RankLoad:
+        """The rank's load now."""
         ...
 
     def flush_cache(self) -> bool:

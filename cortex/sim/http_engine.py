@@ -78,7 +78,7 @@ from cortex.profile.chat_template import TemplateError
 from cortex.profile.request_text import split_model_name
 from cortex.sim import api_bodies, bodies, engine_errors, pd, request_fields, tokenizer_api
 from cortex.sim.engine_view import SimEngineView
-from cortex.sim.generation import Generation
+from cortex.sim.generation import TokenStream
 from cortex.sim.http_faults import EngineCrashed
 from cortex.sim.tokenize import cache_read_limit
 
@@ -262,7 +262,7 @@ class SimHttpHandler:
                 async for i, text, _ in gen:
                     if i == 0 and kind == "chat":
                         yield shape.role_event()
-                    yield shape.token_event(text, last=i == gen.plan.output_tokens - 1)
+                    yield shape.token_event(text, last=i == gen.output_tokens - 1)
                 if include_usage:
                     yield shape.usage_event(gen.prompt_tokens, gen.produced, gen.cached_tokens)
             yield DONE
@@ -310,7 +310,7 @@ class SimHttpHandler:
                 pieces: list[tuple[str, int]] = []
                 async for i, text, tid in gen:
                     pieces.append((text, tid))
-                    done = i == gen.plan.output_tokens - 1
+                    done = i == gen.output_tokens - 1
                     e2e = trio.current_time() - began
                     payload = bodies.generate_body(rid, gen, pieces, e2e, done=done,
                                                    logprobs=logprobs)
@@ -363,7 +363,7 @@ class SimHttpHandler:
         out: int,
         lora: str | None,
         salt: str | None,
-    ) -> tuple[AbstractAsyncContextManager[Generation], dict[str, Any]]:
+    ) -> tuple[AbstractAsyncContextManager[TokenStream], dict[str, Any]]:
         """The request's generation (not started) and extra answer fields. A PD role
         (``cortex.sim.pd``) does its part that precedes the response head here."""
         engine = self.engine

@@ -6,26 +6,35 @@ into that rank's cache and the step's events, if any, go out as one batch (``ts`
 ``clock()``, ``time.time()`` by default like the engines). An HTTP front can drive it by calling
 ``submit`` (``hold=True`` keeps the request's blocks in use until ``release``).
 
+With a ``batching`` factory every rank holds a continuous-batching model
+(``cortex.sim.batching``, one per rank, made from the rank's block hasher) instead of a
+one-shot prefix cache: requests then go through the rank's stepper (``cortex.sim.stepper``),
+which publishes each step's events with ``publish_events``; ``submit``/``release`` are refused,
+and ``clear``/``restart``/``truth``/``used_blocks`` act on the model (``batching(rank)``).
+
 Lifecycle: construct (caches exist at once), then ``await nursery.start(engine.run)``, which
 binds every rank's sockets (ports probed when not given) and returns once all publishers run.
 ``submit``/``clear``/``restart`` need a running engine; ``truth`` does not.
 
 A restart is an engine process restart: the cache is emptied silently (no AllBlocksCleared,
 kv-events.md §4.4), the sequence restarts at 0, the replay buffer is emptied, and a vLLM whose
-NONE_HASH is random (no PYTHONHASHSEED before 0.29) hashes differently afterwards.
+NONE_HASH is random (no PYTHONHASHSEED before 0.29) hashes differently afterwards. A batching
+rank gets a new model (its requests are gone with the old one); ``on_restart`` listeners hear
+of it at once (the stepper fails the requests it was serving).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import trio
 import zmq
 
-from cortex.events.model import BlockRemoved, BlockStored, EngineFamily
+from cortex.events.model import BlockRemoved, BlockStored, EngineFamily, Event
+from cortex.sim.batching.core import BatchingEngine
 from cortex.sim.engine_hashes import (
     ChainHasher,
     LoraAdapter,
@@ -85,9 +94,14 @@ class EngineStats:
     restarts: int = 0
 
 
+# One rank's batching model, made from that rank's block hasher (again at each restart).
+BatchingFactory = Callable[[ChainHasher], BatchingEngine]
+
+
 @dataclass(slots=True)
 class _Rank:
-    cache: PrefixCache
+    cache: PrefixCache | None  # the one-shot prefix cache; None on a batching rank
+    model: BatchingEngine | None = None  # the batching model; None on a one-shot rank
     stats: EngineStats = field(default_factory=EngineStats)
     publisher: EventPublisher | None = None
 
@@ -109,6 +123,7 @@ class SimKVEngine:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
         context: zmq.Context | None = None,
+        batching: BatchingFactory | None = None,
     ) -> None:
         if dp_size < 1:
             raise ValueError("dp_size must be at least 1")
@@ -127,7 +142,9 @@ class SimKVEngine:
         self.restart_probability = 0.0  # per submit, per rank: restart before admitting
         self._context = context
         self._loras = LoraRegistry(hashing.lora_adapters)
-        self._ranks = [_Rank(self._new_cache()) for _ in range(dp_size)]
+        self._batching = batching
+        self._restart_listeners: list[Callable[[int], None]] = []
+        self._ranks = [self._new_rank() for _ in range(dp_size)]
         self.base_port: int | None = None
         self.replay_base_port: int | None = None
 
@@ -186,56 +203,96 @@ class SimKVEngine:
     ) -> AdmitResult:
         """Admit one request on ``rank`` (one scheduler step) and publish its events;
         ``read_limit``: prompt tokens it may read from the cache at most."""
-        state = self._rank(rank)
+        cache = self._cache(rank)
         if self.restart_probability > 0 and self.rng.random() < self.restart_probability:
             self.restart(rank)
-        result = state.cache.admit(token_ids, lora_name=lora_name, cache_salt=cache_salt,
-                                   hold=hold, read_limit=read_limit)
-        if result.events:
-            digests = None if self.hashing.int_block_hashes else result.hash_digests
-            payload = encode_batch(
-                self.profile, self.clock(), result.events, rank, hash_digests=digests
-            )
-            self._publisher(rank).publish(payload)
-            state.stats.batches += 1
-            for event in result.events:
-                if isinstance(event, BlockStored):
-                    state.stats.blocks_stored += len(event.block_hashes)
-                elif isinstance(event, BlockRemoved):
-                    state.stats.blocks_removed += len(event.block_hashes)
+            cache = self._cache(rank)
+        result = cache.admit(token_ids, lora_name=lora_name, cache_salt=cache_salt,
+                             hold=hold, read_limit=read_limit)
+        self.publish_events(rank, result.events, result.hash_digests)
         return result
 
     def release(self, rank: int, lease: int) -> None:
         """A held request finished: its blocks become evictable (no event)."""
-        self._rank(rank).cache.release(lease)
+        self._cache(rank).release(lease)
 
-    def clear(self, rank: int) -> None:
-        """Reset the prefix cache (publishes AllBlocksCleared)."""
+    def publish_events(self, rank: int, events: Sequence[Event],
+                       hash_digests: Mapping[int, bytes] | None = None) -> None:
+        """Publish one step's events on ``rank`` as one batch (nothing when there are none);
+        ``hash_digests`` (vLLM: every hash's raw digest) is used in the bytes-hash wire mode."""
+        if not events:
+            return
         state = self._rank(rank)
-        events = state.cache.clear()
-        payload = encode_batch(self.profile, self.clock(), events, rank)
+        digests = None if self.hashing.int_block_hashes else hash_digests
+        payload = encode_batch(self.profile, self.clock(), events, rank, hash_digests=digests)
         self._publisher(rank).publish(payload)
         state.stats.batches += 1
+        for event in events:
+            if isinstance(event, BlockStored):
+                state.stats.blocks_stored += len(event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                state.stats.blocks_removed += len(event.block_hashes)
+
+    def clear(self, rank: int) -> bool:
+        """Reset the prefix cache (publishes AllBlocksCleared). A batching model refuses while
+        a request holds blocks (vLLM's rule): False, nothing published."""
+        state = self._rank(rank)
+        if state.model is not None:
+            events = state.model.clear()
+        else:
+            assert state.cache is not None
+            events = state.cache.clear()
+        if not events:
+            return False
+        self.publish_events(rank, events)
         state.stats.clears += 1
+        return True
 
     def restart(self, rank: int) -> None:
-        """The rank's engine process restarted: empty cache, sequence 0, empty replay buffer."""
+        """The rank's engine process restarted: empty cache, sequence 0, empty replay buffer;
+        a batching rank gets a new model (every request in it is gone) and the ``on_restart``
+        listeners are told."""
         state = self._rank(rank)
-        state.cache.reset(self._new_hasher())  # type: ignore[arg-type]
+        if state.model is not None:
+            assert self._batching is not None
+            state.model = self._batching(self._new_hasher())
+        else:
+            assert state.cache is not None
+            state.cache.reset(self._new_hasher())  # type: ignore[arg-type]
         self._publisher(rank).restart()
         state.stats.restarts += 1
+        for listener in list(self._restart_listeners):
+            listener(rank)
+
+    def on_restart(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(rank)`` right after each restart of a rank."""
+        self._restart_listeners.append(listener)
 
     # ------------------------------------------------------------ inspection and faults
 
+    def batching(self, rank: int) -> BatchingEngine | None:
+        """The rank's batching model now (a restart replaces it); None on a one-shot rank."""
+        return self._rank(rank).model
+
     def truth(self, rank: int) -> set[TruthEntry]:
-        return self._rank(rank).cache.truth()
+        state = self._rank(rank)
+        if state.model is not None:
+            return state.model.truth()
+        assert state.cache is not None
+        return state.cache.truth()
 
     def stats(self, rank: int) -> EngineStats:
         return self._rank(rank).stats
 
     def used_blocks(self, rank: int) -> int:
-        """Blocks the rank's cache holds now (in use or evictable); at most ``capacity_blocks``."""
-        return self._rank(rank).cache.used_blocks
+        """Blocks the rank's cache holds now (in use or evictable); at most ``capacity_blocks``.
+        A batching model counts its cached (hashed) blocks: blocks of requests that are not
+        full yet are left out, and the count copies the whole cache (not for a hot path)."""
+        state = self._rank(rank)
+        if state.model is not None:
+            return len(state.model.truth())
+        assert state.cache is not None
+        return state.cache.used_blocks
 
     def endpoints(self, rank: int) -> RankEndpoints:
         publisher = self._publisher(rank)
@@ -263,6 +320,11 @@ class SimKVEngine:
             sglang_dynamo_format=self.hashing.sglang_dynamo_format,
         )
 
+    def _new_rank(self) -> _Rank:
+        if self._batching is not None:
+            return _Rank(None, self._batching(self._new_hasher()))
+        return _Rank(self._new_cache())
+
     def _new_cache(self) -> PrefixCache:
         hasher = self._new_hasher()
         if isinstance(hasher, VllmChainHasher):
@@ -280,6 +342,13 @@ class SimKVEngine:
         if not 0 <= rank < self.dp_size:
             raise IndexError(f"rank {rank} outside 0..{self.dp_size - 1}")
         return self._ranks[rank]
+
+    def _cache(self, rank: int) -> PrefixCache:
+        cache = self._rank(rank).cache
+        if cache is None:
+            raise RuntimeError("this rank runs a batching model: its requests go through the "
+                               "rank's stepper (cortex.sim.stepper), not submit/release")
+        return cache
 
     def _publisher(self, rank: int) -> EventPublisher:
         publisher = self._rank(rank).publisher

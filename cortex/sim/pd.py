@@ -35,6 +35,10 @@ vLLM flavor (NixlConnector, both instances ``kv_both``):
 Received KV costs ``uncached / transfer_tokens_per_s`` before the first token, instead of the
 prefill time.
 
+PD roles run on the fixed timing model (``cortex.sim.serving``) only: the hand-over keeps the
+prompt's cache lease past the request, which the batching model (``cortex.sim.batching``) has
+no counterpart for, so ``SimEngine`` refuses ``engine_model="batching"`` with a PD role.
+
 The engine is seen as a ``SimEngineView`` (``cortex.sim.engine_view``, where ``PdLeg``, what a
 PD request hands the HTTP side, is defined too): the engine builds its role, so this module does
 not import ``cortex.sim.engine``.

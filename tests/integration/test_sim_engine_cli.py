@@ -61,6 +61,23 @@ def test_bad_flags_are_all_reported():
     assert len(info.value.problems) == 3
 
 
+def test_engine_model_auto_is_batching_wherever_a_batching_model_exists(monkeypatch):
+    assert _plan(parse(["--engine", "vllm"])).engine_model == "batching"
+    assert _plan(parse(["--engine", "sglang"])).engine_model == "fixed"  # not landed yet
+    assert _plan(parse(["--pd-role", "decode"])).engine_model == "fixed"
+    assert _plan(parse(["--engine-model", "fixed"])).engine_model == "fixed"
+    with pytest.raises(ConfigError) as info:
+        _plan(parse(["--engine", "sglang", "--engine-model", "batching", "--speedup", "0",
+                     "--max-num-seqs", "0"]))
+    assert len(info.value.problems) == 3
+    assert "sglang has no batching model yet" in str(info.value)
+    monkeypatch.setenv("CORTEX_SIM_ENGINE_MODEL", "fixed")
+    monkeypatch.setenv("CORTEX_SIM_MAX_NUM_BATCHED_TOKENS", "512")
+    args = parse(["--max-num-seqs", "16"])
+    assert (args.engine_model, args.max_num_batched_tokens, args.max_num_seqs) == \
+        ("fixed", 512, 16)
+
+
 async def test_cortex_sim_process_serves_until_sigint(tmp_path):
     template = tmp_path / "chat.jinja"
     template.write_text(ds.TEMPLATE)

@@ -1,0 +1,113 @@
+"""Which continuous-batching model runs a simulated engine's ranks, built from its settings.
+
+Pure. ``BatchingSettings`` are a simulated engine's knobs of the batching model, in the
+engine-neutral names ``SimEngine`` and ``cortex sim`` use; ``rank_models`` maps them onto a
+flavour (keyed by engine family): its ``make`` builds one rank's model from that rank's block
+hasher (``SimKVEngine`` calls it per rank, and again at each restart, with the new process's
+hasher), its ``max_running`` is the batch limit the engine reports.
+
+* vLLM: ``cortex.sim.batching.vllm`` with ``max_num_batched_tokens``, ``max_num_seqs`` (vLLM's
+  defaults where left None), ``block_size``, and ``num_gpu_blocks = capacity_blocks + 1`` (vLLM
+  counts the null block: ``capacity_blocks`` blocks hold KV, as in the one-shot cache).
+* SGLang: its flavour (``cortex.sim.batching.sglang``) has not landed yet; ``model_factory``
+  raises ``ConfigError`` saying so, and ``available(family)`` tells a caller beforehand (the CLI's
+  ``auto`` model falls back to the fixed model there). When it lands, its branch goes in
+  ``rank_models``.
+
+``default_step_profile()`` is the one place the default step timing comes from (see there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cortex.errors import ConfigError
+from cortex.events.model import EngineFamily
+from cortex.sim.batching.core import BatchingEngine
+from cortex.sim.engine_hashes import ChainHasher, VllmChainHasher
+from cortex.sim.step_time import StepProfile
+
+
+@dataclass(frozen=True, slots=True)
+class RankModels:
+    """How to build one rank's model, and what the engine reports of it."""
+
+    make: Callable[[ChainHasher], BatchingEngine]
+    max_running: int  # the batch limit (vLLM max_num_seqs)
+
+
+def default_step_profile() -> StepProfile:
+    """The step timing a batching engine uses unless given one.
+
+    A PLACEHOLDER until the measured profile files land (``cortex/sim/profiles/``): rough
+    figures for an 8B dense model in bf16 on one H100, from first principles, not measured.
+    A step reads the weights once (~16 GB at ~3.3 TB/s: ~5 ms); a prompt token costs ~16 GFLOP
+    of matmuls (~20k tokens/s at a realistic share of peak); an attention pair ~0.5 MFLOP; a
+    decoding sequence reads ~128 KiB of KV per context token (GQA, 8 KV heads)."""
+    return StepProfile(
+        name="placeholder-8b-h100",
+        step_s=0.005,
+        prefill_token_s=5e-5,
+        attention_pair_s=1.5e-9,
+        decode_seq_s=5e-5,
+        decode_kv_token_s=4.5e-8,
+        source="placeholder: first-principles estimate for an 8B model on an H100, not measured",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingSettings:
+    """How a simulated engine's batching model runs (None: the flavour's default).
+
+    ``max_num_batched_tokens``: the token budget of a step (SGLang: its chunked prefill size);
+    ``max_num_seqs``: requests running at once at most (SGLang: max_running_requests);
+    ``profile``: the step timing (None: ``default_step_profile()``); ``speedup``: the engine's
+    clock runs this many times faster than trio's (a step of ``s`` seconds sleeps
+    ``s / speedup``)."""
+
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    profile: StepProfile | None = None
+    speedup: float = 1.0
+
+    def __post_init__(self) -> None:
+        problems = [f"{name} must be >= 1" for name in ("max_num_batched_tokens", "max_num_seqs")
+                    if getattr(self, name) is not None and not getattr(self, name) >= 1]
+        if not self.speedup > 0:
+            problems.append("speedup must be > 0")
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def step_profile(self) -> StepProfile:
+        return self.profile if self.profile is not None else default_step_profile()
+
+
+def available(family: EngineFamily) -> bool:
+    """Whether a batching model exists for engines of ``family``."""
+    return family is EngineFamily.VLLM
+
+
+def rank_models(family: EngineFamily, settings: BatchingSettings, *, capacity_blocks: int,
+                block_size: int) -> RankModels:
+    """The ranks' models for ``family`` (``ConfigError`` when the settings do not fit it, or
+    when the family has no batching model yet)."""
+    if family is EngineFamily.VLLM:
+        from cortex.sim.batching.vllm import VllmBatchingEngine, VllmSchedulerConfig
+
+        given = {name: value for name, value in (
+            ("max_num_batched_tokens", settings.max_num_batched_tokens),
+            ("max_num_seqs", settings.max_num_seqs)) if value is not None}
+        config = VllmSchedulerConfig(num_gpu_blocks=capacity_blocks + 1, block_size=block_size,
+                                     **given)
+        profile = settings.step_profile
+
+        def make(hasher: ChainHasher) -> BatchingEngine:
+            assert isinstance(hasher, VllmChainHasher)
+            return VllmBatchingEngine(config, profile, hasher)
+
+        return RankModels(make, config.max_num_seqs)
+    raise ConfigError([(f"no batching model for {family.value} engines yet (the SGLang flavour, "
+                       "cortex.sim.batching.sglang, has not landed): use engine_model='fixed' "
+                       "(cortex sim --engine-model fixed)")])
