@@ -29,9 +29,9 @@ that preempts when full, KV events at each step's end; the step timing is a plac
 profile, ``cortex.sim.batching.factory.default_step_profile``, run ``--speedup`` times faster
 than the wall clock); ``fixed`` is the simple model (a FIFO queue in front of ``--max-running``
 slots; ``--prefill-tokens-per-s``, ``--decode-ms-per-token``; running requests never slow each
-other). The default, ``auto``, is ``batching`` wherever a batching model exists (vLLM engines
-without a PD role) and ``fixed`` elsewhere (SGLang, whose batching model has not landed, and PD
-roles, which run on the fixed model only); ``batching`` named where none exists exits 2.
+other). The default, ``auto``, is ``batching`` wherever a batching model exists (vLLM and
+SGLang engines without a PD role) and ``fixed`` elsewhere (PD roles run on the fixed model
+only); ``batching`` named where none exists exits 2.
 
 With ``--pd-role prefill|decode`` the engines take that PD role (``cortex.sim.pd``); prefill
 engines listen for KV fetches on ``--bootstrap-port`` + i and add ``pd=prefill bootstrap=PORT``

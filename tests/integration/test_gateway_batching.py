@@ -4,6 +4,7 @@ blocks stored step by step (prompt chunks and full decode blocks alike) reach it
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from cortex._fast.blockkeys import block_keys, namespace_seed
@@ -26,9 +27,12 @@ def ledger_keys(cluster: Cluster, engine: SimEngine) -> set[int]:
     return book.target_keys(target).get(BLOCK, set())
 
 
-async def test_ledger_equals_the_batching_engines_truth_after_a_small_workload():
+@pytest.mark.parametrize("flavors", [("vllm-0.33", "vllm-0.33"),
+                                     ("sglang-0.5.23", "sglang-0.5.23"),
+                                     ("vllm-0.33", "sglang-0.5.23")])
+async def test_ledger_equals_the_batching_engines_truth_after_a_small_workload(flavors):
     settings = BatchingSettings(max_num_batched_tokens=256, max_num_seqs=8, speedup=5.0)
-    async with gateway_cluster(("vllm-0.33", "vllm-0.33"), engine_model="batching",
+    async with gateway_cluster(flavors, engine_model="batching",
                                batching=settings) as cluster:
         statuses: list[int] = []
 

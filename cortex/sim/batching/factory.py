@@ -9,10 +9,10 @@ hasher), its ``max_running`` is the batch limit the engine reports.
 * vLLM: ``cortex.sim.batching.vllm`` with ``max_num_batched_tokens``, ``max_num_seqs`` (vLLM's
   defaults where left None), ``block_size``, and ``num_gpu_blocks = capacity_blocks + 1`` (vLLM
   counts the null block: ``capacity_blocks`` blocks hold KV, as in the one-shot cache).
-* SGLang: its flavour (``cortex.sim.batching.sglang``) has not landed yet; ``model_factory``
-  raises ``ConfigError`` saying so, and ``available(family)`` tells a caller beforehand (the CLI's
-  ``auto`` model falls back to the fixed model there). When it lands, its branch goes in
-  ``rank_models``.
+* SGLang: ``cortex.sim.batching.sglang`` with ``chunked_prefill_size = max_num_batched_tokens``
+  and ``max_running_requests = max_num_seqs`` (SGLang's defaults where left None), ``page_size
+  = block_size`` (the engine's page is its event block) and a pool of ``capacity_blocks``
+  pages (``max_total_tokens = capacity_blocks x block_size``).
 
 ``default_step_profile()`` is the one place the default step timing comes from (see there).
 """
@@ -85,8 +85,8 @@ class BatchingSettings:
 
 
 def available(family: EngineFamily) -> bool:
-    """Whether a batching model exists for engines of ``family``."""
-    return family is EngineFamily.VLLM
+    """Whether a batching model exists for engines of ``family`` (both flavours now)."""
+    return family in (EngineFamily.VLLM, EngineFamily.SGLANG)
 
 
 def rank_models(family: EngineFamily, settings: BatchingSettings, *, capacity_blocks: int,
@@ -108,6 +108,20 @@ def rank_models(family: EngineFamily, settings: BatchingSettings, *, capacity_bl
             return VllmBatchingEngine(config, profile, hasher)
 
         return RankModels(make, config.max_num_seqs)
-    raise ConfigError([(f"no batching model for {family.value} engines yet (the SGLang flavour, "
-                       "cortex.sim.batching.sglang, has not landed): use engine_model='fixed' "
-                       "(cortex sim --engine-model fixed)")])
+    if family is EngineFamily.SGLANG:
+        from cortex.sim.batching.sglang import SglangBatchingConfig, SglangBatchingEngine
+        from cortex.sim.engine_hashes import SglangChainHasher
+
+        given = {name: value for name, value in (
+            ("chunked_prefill_size", settings.max_num_batched_tokens),
+            ("max_running_requests", settings.max_num_seqs)) if value is not None}
+        sglang = SglangBatchingConfig(max_total_tokens=capacity_blocks * block_size,
+                                      page_size=block_size, **given)
+        profile = settings.step_profile
+
+        def make_sglang(hasher: ChainHasher) -> BatchingEngine:
+            assert isinstance(hasher, SglangChainHasher)
+            return SglangBatchingEngine(sglang, profile, hasher)
+
+        return RankModels(make_sglang, sglang.running_cap)
+    raise ConfigError([f"no batching model for {family.value} engines"])
