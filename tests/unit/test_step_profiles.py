@@ -23,6 +23,7 @@ from cortex.sim.step_time import Chunk, StepWork
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = "llama-3.1-8b-h100-vllm"
+CPU = "vllm-cpu-tiny"
 
 VALID = """
 name = "test"
@@ -77,7 +78,7 @@ def test_a_valid_file_loads_by_path_as_str_or_path(tmp_path):
 
 
 def test_builtin_names_resolve_to_the_packaged_files():
-    assert GPU in builtin_profiles()
+    assert {GPU, CPU} <= set(builtin_profiles())
     for name in builtin_profiles():
         assert profile_path(name) == PROFILE_DIR / f"{name}.toml"
         assert load_step_profile(name).name == name  # a built-in is named after its file
@@ -88,7 +89,7 @@ def test_builtin_names_resolve_to_the_packaged_files():
 
 def test_an_unknown_builtin_names_the_known_ones():
     (problem,) = problems_of("no-such-profile")
-    assert "no-such-profile" in problem and GPU in problem
+    assert "no-such-profile" in problem and GPU in problem and CPU in problem
 
 
 def test_a_missing_file_and_bad_toml_are_config_errors(tmp_path):
@@ -194,6 +195,17 @@ def test_the_gpu_profile_reproduces_the_published_figures_it_cites():
     assert 14.1e-6 < profile.prefill_token_s < 2 * 14.1e-6
     # 128 KiB of KV per token read at no more than 3.35 TB/s
     assert profile.decode_kv_token_s >= 131072 / 3.35e12
+
+
+def test_the_cpu_profile_carries_its_fit():
+    loaded = read_step_profile(CPU)
+    fit = loaded.fit
+    assert "perf/fit_step_profile.py" in fit["command"]
+    assert len(fit["data"]["steps"]) == fit["steps_used"] > 100
+    assert len(fit["data"]["shapes"]) == fit["shapes"] > 20
+    assert {"prefill", "cached", "decode", "shapes", "shapes_kept"} <= fit["residuals"].keys()
+    # the profile against the median step of each shape (single steps scatter far more)
+    assert fit["residuals"]["shapes_kept"]["median_abs_relative"] < 0.25
 
 
 # ------------------------------------------------------------------------------ packaging
