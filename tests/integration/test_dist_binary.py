@@ -38,7 +38,8 @@ def _skip_reason() -> str | None:
         return f"{BINARY} is not built: run `make dist` (or `make dist-smoke`)"
     built = BINARY.stat().st_mtime
     sources = [ROOT / "pyproject.toml", ROOT / "packaging" / "cortex.spec",
-               *(ROOT / "cortex").rglob("*.py"), *(ROOT / "cortex").rglob("*.pyx")]
+               *(ROOT / "cortex").rglob("*.py"), *(ROOT / "cortex").rglob("*.pyx"),
+               *(ROOT / "cortex").rglob("*.toml")]
     newer = [path for path in sources if path.exists() and path.stat().st_mtime > built]
     if newer and "CORTEX_DIST_BINARY" not in os.environ:
         return (f"{BINARY} is older than {newer[0].relative_to(ROOT)} (and {len(newer) - 1} "
