@@ -25,9 +25,9 @@ at runtime through ``POST /sim/faults``.
 ``--engine-model`` picks the timing model (``cortex.sim.engine``): ``batching`` runs every rank
 on a continuous-batching model of the engine's scheduler (steps shared by the running requests
 under ``--max-num-batched-tokens`` and ``--max-num-seqs``, a KV pool of ``--capacity-blocks``
-that preempts when full, KV events at each step's end; the step timing is a placeholder
-profile, ``cortex.sim.batching.factory.default_step_profile``, run ``--speedup`` times faster
-than the wall clock); ``fixed`` is the simple model (a FIFO queue in front of ``--max-running``
+that preempts when full, KV events at each step's end; the step timing is ``--step-profile``, by
+default Llama-3.1-8B on one H100 under vLLM (``cortex/sim/profiles/``), run ``--speedup``
+times faster than the wall clock); ``fixed`` is the simple model (a FIFO queue in front of ``--max-running``
 slots; ``--prefill-tokens-per-s``, ``--decode-ms-per-token``; running requests never slow each
 other). The default, ``auto``, is ``batching`` wherever a batching model exists (vLLM and
 SGLang engines without a PD role) and ``fixed`` elsewhere (PD roles run on the fixed model
@@ -63,8 +63,10 @@ from cortex.errors import ConfigError
 from cortex.events.model import EngineFamily
 from cortex.profile import builtin
 from cortex.profile.model_profile import ProfileError
+from cortex.sim.batching.factory import DEFAULT_STEP_PROFILE
 from cortex.sim.batching.factory import available as batching_available
 from cortex.sim.serve_line import serve_line
+from cortex.sim.step_profiles import load_step_profile
 from cortex.sim.wire import PROFILES
 
 ENGINE_ALIASES = {"vllm": "vllm-0.33", "sglang": "sglang-0.5.23"}
@@ -119,6 +121,9 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         "(unset: the engine's, vLLM 1024)", type=int)
     add("--speedup", 1.0, "batching model: run the engine's clock this many times faster "
         "than the wall clock (a step of s seconds takes s / speedup)", type=float)
+    add("--step-profile", DEFAULT_STEP_PROFILE, "batching model: the step-time profile, a "
+        "built-in name (llama-3.1-8b-h100-vllm, vllm-cpu-tiny) or a profile file's path "
+        "(cortex/sim/profiles/ shows the form)")
     add("--prefill-tokens-per-s", 50_000.0, "fixed model: prefill speed for uncached prompt "
         "tokens", type=float)
     add("--decode-ms-per-token", 1.0, "fixed model: decode time per output token, per request",
@@ -176,6 +181,10 @@ def _plan(args: argparse.Namespace) -> _Plan:
             problems.append(f"--{flag.replace('_', '-')} must be >= 1")
     if not args.speedup > 0:
         problems.append("--speedup must be > 0")
+    try:
+        load_step_profile(args.step_profile)
+    except ConfigError as error:
+        problems += [f"--step-profile {args.step_profile}: {p}" for p in error.problems]
     engine_model = None
     if profile in PROFILES:
         engine_model, problem = _engine_model(args, PROFILES[profile].family)
@@ -272,7 +281,8 @@ def run_sim(args: argparse.Namespace) -> int:
                                     bootstrap_timeout_s=args.pd_waiting_timeout_s,
                                     kv_lease_s=args.pd_kv_lease_s)
         batching = BatchingSettings(max_num_batched_tokens=args.max_num_batched_tokens,
-                                    max_num_seqs=args.max_num_seqs, speedup=args.speedup)
+                                    max_num_seqs=args.max_num_seqs, speedup=args.speedup,
+                                    profile=load_step_profile(args.step_profile))
         engines = [
             SimEngine(name, plan.profile, model_profile, dp_size=args.dp_size,
                       block_size=args.block_size, capacity_blocks=args.capacity_blocks,

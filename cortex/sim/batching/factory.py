@@ -19,6 +19,7 @@ hasher), its ``max_running`` is the batch limit the engine reports.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from cortex.errors import ConfigError
 from cortex.events.model import EngineFamily
 from cortex.sim.batching.core import BatchingEngine
 from cortex.sim.engine_hashes import ChainHasher, VllmChainHasher
+from cortex.sim.step_profiles import load_step_profile
 from cortex.sim.step_time import StepProfile
 
 
@@ -37,23 +39,15 @@ class RankModels:
     max_running: int  # the batch limit (vLLM max_num_seqs)
 
 
-def default_step_profile() -> StepProfile:
-    """The step timing a batching engine uses unless given one.
+DEFAULT_STEP_PROFILE = "llama-3.1-8b-h100-vllm"  # cortex/sim/profiles/: every figure cited
 
-    A PLACEHOLDER until the measured profile files land (``cortex/sim/profiles/``): rough
-    figures for an 8B dense model in bf16 on one H100, from first principles, not measured.
-    A step reads the weights once (~16 GB at ~3.3 TB/s: ~5 ms); a prompt token costs ~16 GFLOP
-    of matmuls (~20k tokens/s at a realistic share of peak); an attention pair ~0.5 MFLOP; a
-    decoding sequence reads ~128 KiB of KV per context token (GQA, 8 KV heads)."""
-    return StepProfile(
-        name="placeholder-8b-h100",
-        step_s=0.005,
-        prefill_token_s=5e-5,
-        attention_pair_s=1.5e-9,
-        decode_seq_s=5e-5,
-        decode_kv_token_s=4.5e-8,
-        source="placeholder: first-principles estimate for an 8B model on an H100, not measured",
-    )
+
+@functools.cache
+def default_step_profile() -> StepProfile:
+    """The step timing a batching engine uses unless given one: Llama-3.1-8B in bf16 on one
+    H100 under vLLM (``cortex/sim/profiles/llama-3.1-8b-h100-vllm.toml``, each coefficient
+    traced to a published measurement there)."""
+    return load_step_profile(DEFAULT_STEP_PROFILE)
 
 
 @dataclass(frozen=True, slots=True)
