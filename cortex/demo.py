@@ -201,7 +201,13 @@ def routing_section(seed: int = 0, out_dir: str | None = None) -> bool:
           f"{result['capacity_basis_blocks']:,} unique blocks, "
           f"{result['cluster_share_of_slice']:.0%} of the slice's {facts['unique_blocks']:,}); "
           f"arrivals {result['time_scale']}x real time; reusable blocks in the slice: "
-          f"{facts['intrinsic_reuse']:.1%}\n")
+          f"{facts['intrinsic_reuse']:.1%}")
+    engines = result["params"]
+    print(f"  engines: continuous batching on the {engines['step_profile']} step profile, each "
+          f"token standing for {params.tokens_per_token():g} of the trace's, step budget "
+          f"{params.step_budget()} tokens (prefill under load ~"
+          f"{engines['prefill_tokens_per_s']:,.0f} tokens/s per engine; PD roles on the "
+          "fixed model)\n" if params.engine_model == "batching" else "")
     print(replay.table(result))
     chart = os.path.join(out_dir, "routing.svg")
     with open(chart, "w") as f:

@@ -76,6 +76,7 @@ from replay_workload import (
     QUICK,
     Params,
     basis_unique_blocks,
+    batching_speeds,
     capacity_per_engine,
     follows_for,
     load_for,
@@ -217,7 +218,9 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
     procs = rc.Procs()
     try:
         settings = rc.EngineSettings(MODEL, p.engine_block, capacity, p.prefill_tokens_per_s,
-                                     p.decode_ms_per_token, p.max_running)
+                                     p.decode_ms_per_token, p.max_running, p.engine_model,
+                                     p.step_profile, p.tokens_per_token(), p.step_budget(),
+                                     p.max_num_seqs)
         flavors = p.flavor_list()
         roles = rc.pd_roles(flavors) if router in PD_ROUTERS else None
         engines = rc.start_engines(procs, settings, flavors,
@@ -225,7 +228,9 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
         policy = router if router in GATEWAY_POLICIES else PD_ROUTERS.get(router, "cortex")
         gateway = rc.start_gateway(procs, engines, policy, MODEL, p.engine_block,
                                    p.prefill_tokens_per_s, p.affinity_tolerance_s,
-                                   p.recompute_weight)
+                                   p.recompute_weight,
+                                   p.decode_ms_per_token / 1000
+                                   if p.engine_model == "batching" else -1.0)
         url = rc.start_sglang_router(procs, engines, MODEL) if router == "sglang-router" \
             else gateway.url
         started = time.monotonic()
@@ -259,6 +264,8 @@ def compare(p: Params, routers: list[str], keep_results: bool = False,
     facts["single_cache_token_hit"] = token_bound(records, text, p.engine_block)
     basis = basis_unique_blocks(p, facts)
     capacity = capacity_per_engine(p, basis)
+    if p.engine_model == "batching":
+        p = batching_speeds(p, records, text)
     scale, prefill = load_for(p, records, text, capacity)
     p = Params(**{**asdict(p), "prefill_tokens_per_s": prefill})
     payloads = bodies(records, text, p)

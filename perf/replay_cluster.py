@@ -48,6 +48,11 @@ class EngineSettings:
     prefill_tokens_per_s: float
     decode_ms_per_token: float
     max_running: int
+    engine_model: str = "fixed"  # batching: on step_profile (PD roles stay on fixed)
+    step_profile: str = ""
+    token_scale: float = 1.0
+    max_num_batched_tokens: int = 0
+    max_num_seqs: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +155,13 @@ def start_engines(procs: Procs, settings: EngineSettings, flavors: list[str],
                 "--max-running", str(settings.max_running),
                 "--tokenizer", ds.TOKENIZER_JSON, "--chat-template", procs.template(),
                 "--bos-token", ds.BOS, "--eos-token", ds.EOS]
+        if settings.engine_model == "batching":  # auto: batching, fixed for PD roles
+            argv += ["--engine-model", "auto", "--step-profile", settings.step_profile,
+                     "--token-scale", str(settings.token_scale),
+                     "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
+                     "--max-num-seqs", str(settings.max_num_seqs)]
+        else:
+            argv += ["--engine-model", "fixed"]
         if role != "both":
             argv += ["--pd-role", role]
         if role == "prefill":
@@ -187,8 +199,10 @@ class Gateway:
 def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
                   block_size: int, prefill_tokens_per_s: float,
                   affinity_tolerance_s: float = -1.0,
-                  recompute_weight: float = -1.0) -> Gateway:
+                  recompute_weight: float = -1.0,
+                  decode_s_per_in_flight: float = -1.0) -> Gateway:
     spec = {"model": model, "prefill_tokens_per_s": prefill_tokens_per_s,
+            "decode_s_per_in_flight": decode_s_per_in_flight,
             "affinity_tolerance_s": affinity_tolerance_s,
             "recompute_weight": recompute_weight, "tokenizer": ds.TOKENIZER_JSON, "block_size": block_size,
             "template": procs.template(), "bos": ds.BOS, "eos": ds.EOS, "policy": policy,

@@ -73,6 +73,8 @@ def config_from(spec: dict) -> CortexConfig:
                                bootstrap_port=w.get("bootstrap_port"))
                     for w in spec["workers"])
     cost = {"default_prefill_tokens_per_s": spec["prefill_tokens_per_s"]}
+    if spec.get("decode_s_per_in_flight", -1.0) >= 0:  # the engines' per-decode step cost
+        cost["decode_s_per_in_flight"] = spec["decode_s_per_in_flight"]
     if spec.get("affinity_tolerance_s", -1.0) >= 0:
         cost["affinity_tolerance_s"] = spec["affinity_tolerance_s"]
     if spec.get("recompute_weight", -1.0) >= 0:

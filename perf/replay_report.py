@@ -75,9 +75,9 @@ def _pd_figures(ok: list[Any], p: Any, roles: dict[str, str], ledger: dict | Non
         "load_spread": {"prefill": _pool(prefill_legs, prefill),
                         "decode": _pool(decode_legs, decode)},
         "utilization": {
-            "prefill": round(prefill_busy / (len(prefill) * p.max_running * span), 3)
+            "prefill": round(prefill_busy / (len(prefill) * p.engine_slots() * span), 3)
             if prefill else 0.0,
-            "decode": round(decode_busy / (len(decode) * p.max_running * span), 3)
+            "decode": round(decode_busy / (len(decode) * p.engine_slots() * span), 3)
             if decode else 0.0},
         "duplicated_blocks": {role: by_role[role]["duplicated_blocks"] for role in by_role},
         "blocks_held": {role: by_role[role]["blocks_held"] for role in by_role},
@@ -133,7 +133,7 @@ def summarize(results: list[Any], p: Any, engines: int, ledger: dict | None,
         "work_spread": _work_spread(ok, p, worker_names),
         "per_worker": dict(sorted(per_worker.items())),
         "modes": modes,
-        "utilization": round(busy / (engines * p.max_running * span), 3),
+        "utilization": round(busy / (engines * p.engine_slots() * span), 3),
         "client_late_ms_p99": round(_pct([r.late_s * 1000 for r in results], 0.99), 1),
         "ledger": {"predicted": len(predicted),
                    "exact_share": round(exact / len(predicted), 4) if predicted else None,

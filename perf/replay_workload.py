@@ -18,11 +18,13 @@ from __future__ import annotations
 import math
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import agentic_trace as at
 import trace_text as tt
+
+from cortex.sim.step_profiles import load_step_profile
 
 HERE = Path(__file__).resolve().parent
 TRACES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthetic_trace.jsonl"}
@@ -60,6 +62,27 @@ class Params:
     affinity_tolerance_s: float = -1.0  # Cortex's exact_kv tolerance; < 0: its default
     recompute_weight: float = -1.0  # Cortex's exact_kv recompute charge; < 0: its default
     engine_procs: str = "engine"  # engine: one process per engine | flavor: one per flavor
+    # The engines' timing model. batching (default): continuous batching on a step-time profile
+    # (cortex/sim/profiles/), each replayed token standing for ``tokens_per_token()`` real ones;
+    # prefill_tokens_per_s and decode_ms_per_token are then derived from the profile (compare)
+    # and max_running is unused. fixed: the old FIFO model on those three knobs.
+    engine_model: str = "batching"
+    step_profile: str = "llama-3.1-8b-h100-vllm"
+    token_scale: float = 0.0  # real tokens per replayed token; 0: the trace's, 512/block_tokens
+    max_num_batched_tokens: int = 8192  # a step's budget in real tokens (vLLM's H100 default)
+    max_num_seqs: int = 256
+
+    def tokens_per_token(self) -> float:
+        return self.token_scale or tt.TRACE_BLOCK / self.block_tokens
+
+    def step_budget(self) -> int:
+        """A step's token budget in replayed tokens (at least one engine block)."""
+        return max(self.engine_block, round(self.max_num_batched_tokens / self.tokens_per_token()))
+
+    def engine_slots(self) -> int:
+        """Requests an engine computes at once in the busy-time estimate: a batching engine's
+        steps are serial GPU time (1), the fixed model runs ``max_running`` side by side."""
+        return 1 if self.engine_model == "batching" else self.max_running
 
     def flavor_list(self) -> list[str]:
         if self.flavors in ("vllm", "sglang"):
@@ -192,6 +215,20 @@ def round_robin_uncached(records: list[tt.TraceRecord], text: tt.TraceText, engi
     return out
 
 
+def batching_speeds(p: Params, records: list[tt.TraceRecord], text: tt.TraceText) -> Params:
+    """``p`` with the batching engines' speeds in the fixed model's terms, from the scaled step
+    profile: ``prefill_tokens_per_s`` = prompt tokens per second of back-to-back full-budget
+    steps over half a mean prompt of context (what the load estimate and Cortex's cost model
+    divide queued prefill work by), ``decode_ms_per_token`` = what one decoding request with a
+    mean context adds to a step (Cortex's ``decode_s_per_in_flight``)."""
+    profile = load_step_profile(p.step_profile).scaled(p.tokens_per_token())
+    mean_prompt = sum(text.prompt_tokens(r) for r in records) / max(len(records), 1)
+    rate = profile.prefill_tokens_per_s(p.step_budget(), round(mean_prompt / 2))
+    decode_s = profile.decode_seq_cost_s(round(mean_prompt))
+    return replace(p, prefill_tokens_per_s=round(rate, 1),
+                   decode_ms_per_token=round(decode_s * 1000, 4))
+
+
 def load_for(p: Params, records: list[tt.TraceRecord], text: tt.TraceText,
              capacity: int) -> tuple[float, float]:
     """``(time_scale, prefill_tokens_per_s)`` at which round robin would keep the engines
@@ -202,7 +239,7 @@ def load_for(p: Params, records: list[tt.TraceRecord], text: tt.TraceText,
     decode = sum(max(min(r.output_length, p.max_output) - 1, 0) for r in records) \
         * p.decode_ms_per_token / 1000
     span = max((records[-1].timestamp_ms - records[0].timestamp_ms) / 1000, 1e-3)
-    slots = p.utilization * p.engines * p.max_running * span
+    slots = p.utilization * p.engines * p.engine_slots() * span
     if p.prefill_tokens_per_s > 0:
         scale = p.time_scale or slots / (uncached / p.prefill_tokens_per_s + decode)
         return round(scale, 3), p.prefill_tokens_per_s

@@ -26,8 +26,9 @@ at runtime through ``POST /sim/faults``.
 on a continuous-batching model of the engine's scheduler (steps shared by the running requests
 under ``--max-num-batched-tokens`` and ``--max-num-seqs``, a KV pool of ``--capacity-blocks``
 that preempts when full, KV events at each step's end; the step timing is ``--step-profile``, by
-default Llama-3.1-8B on one H100 under vLLM (``cortex/sim/profiles/``), run ``--speedup``
-times faster than the wall clock); ``fixed`` is the simple model (a FIFO queue in front of ``--max-running``
+default Llama-3.1-8B on one H100 under vLLM (``cortex/sim/profiles/``), scaled by
+``--token-scale`` when each served token stands for several, run ``--speedup`` times faster
+than the wall clock); ``fixed`` is the simple model (a FIFO queue in front of ``--max-running``
 slots; ``--prefill-tokens-per-s``, ``--decode-ms-per-token``; running requests never slow each
 other). The default, ``auto``, is ``batching`` wherever a batching model exists (vLLM and
 SGLang engines without a PD role) and ``fixed`` elsewhere (PD roles run on the fixed model
@@ -124,6 +125,9 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     add("--step-profile", DEFAULT_STEP_PROFILE, "batching model: the step-time profile, a "
         "built-in name (llama-3.1-8b-h100-vllm, vllm-cpu-tiny) or a profile file's path "
         "(cortex/sim/profiles/ shows the form)")
+    add("--token-scale", 1.0, "batching model: real tokens each served token stands for (a "
+        "replay that shrinks a trace's prompts k times runs the step profile scaled by k: "
+        "per-token costs x k, attention x k^2)", type=float)
     add("--prefill-tokens-per-s", 50_000.0, "fixed model: prefill speed for uncached prompt "
         "tokens", type=float)
     add("--decode-ms-per-token", 1.0, "fixed model: decode time per output token, per request",
@@ -185,6 +189,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         load_step_profile(args.step_profile)
     except ConfigError as error:
         problems += [f"--step-profile {args.step_profile}: {p}" for p in error.problems]
+    if not args.token_scale > 0:
+        problems.append("--token-scale must be > 0")
     engine_model = None
     if profile in PROFILES:
         engine_model, problem = _engine_model(args, PROFILES[profile].family)
@@ -282,7 +288,8 @@ def run_sim(args: argparse.Namespace) -> int:
                                     kv_lease_s=args.pd_kv_lease_s)
         batching = BatchingSettings(max_num_batched_tokens=args.max_num_batched_tokens,
                                     max_num_seqs=args.max_num_seqs, speedup=args.speedup,
-                                    profile=load_step_profile(args.step_profile))
+                                    profile=load_step_profile(args.step_profile)
+                                    .scaled(args.token_scale))
         engines = [
             SimEngine(name, plan.profile, model_profile, dp_size=args.dp_size,
                       block_size=args.block_size, capacity_blocks=args.capacity_blocks,

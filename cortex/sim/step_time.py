@@ -18,7 +18,7 @@ in the profile's ``source`` (profile files: ``cortex/sim/profiles/``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cortex.errors import ConfigError
 
@@ -79,3 +79,27 @@ class StepProfile:
         return (self.step_s + self.prefill_token_s * tokens + self.attention_pair_s * pairs
                 + self.decode_seq_s * work.decodes
                 + self.decode_kv_token_s * work.decode_context)
+
+    def scaled(self, tokens_per_token: float) -> StepProfile:
+        """This profile for a workload whose every token stands for ``tokens_per_token`` real
+        ones (a replay that shrinks a trace's prompts to what two vCPUs can tokenize): per-token
+        costs grow by that factor, attention pairs by its square, per-step and per-sequence
+        costs stay. A step of scaled work then takes what the real-size step would."""
+        if not tokens_per_token > 0:
+            raise ConfigError([f"tokens_per_token must be > 0, not {tokens_per_token}"])
+        k = tokens_per_token
+        return replace(self, name=self.name if k == 1 else f"{self.name} x{k:g} tokens",
+                       prefill_token_s=self.prefill_token_s * k,
+                       attention_pair_s=self.attention_pair_s * k * k,
+                       decode_kv_token_s=self.decode_kv_token_s * k)
+
+    def prefill_tokens_per_s(self, budget: int, context: int = 0) -> float:
+        """Prompt tokens per second of back-to-back steps that each compute ``budget`` tokens
+        of one prompt after ``context`` tokens already in KV: an engine's prefill speed under
+        load (what a router's cost model divides queued work by)."""
+        return budget / self.seconds(StepWork((Chunk(budget, context),)))
+
+    def decode_seq_cost_s(self, context: int) -> float:
+        """What one more decoding sequence with ``context`` KV tokens adds to a step."""
+        return self.decode_seq_s + self.decode_kv_token_s * context
+

@@ -19,7 +19,7 @@ from cortex.sim.step_profiles import (
     profile_path,
     read_step_profile,
 )
-from cortex.sim.step_time import Chunk, StepWork
+from cortex.sim.step_time import Chunk, StepProfile, StepWork
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = "llama-3.1-8b-h100-vllm"
@@ -220,3 +220,24 @@ def test_the_packaging_carries_every_profile_file():
     spec = (REPO / "packaging" / "cortex.spec").read_text()
     assert '"/cortex/sim/profiles/*.toml", "cortex/sim/profiles"' in spec
     assert "step_profiles" in spec.split("datas=", 1)[1].split("\n", 1)[0]
+
+
+def test_a_scaled_profile_times_scaled_work_as_the_real_size_work():
+    """Work shrunk k times (each token stands for k) on the profile scaled by k takes what the
+    real-size work takes on the profile."""
+    base = load_step_profile("llama-3.1-8b-h100-vllm")
+    k = 16
+    real = StepWork((Chunk(4096, 8192),), decodes=12, decode_context=12 * 16_000)
+    shrunk = StepWork((Chunk(4096 // k, 8192 // k),), decodes=12,
+                      decode_context=12 * 16_000 // k)
+    assert base.scaled(k).seconds(shrunk) == pytest.approx(base.seconds(real), rel=1e-9)
+    assert base.scaled(1) == base
+    with pytest.raises(ConfigError):
+        base.scaled(0)
+
+
+def test_prefill_speed_under_load_and_a_decodes_cost():
+    flat = StepProfile("t", step_s=0.01, prefill_token_s=0.001, attention_pair_s=0.0,
+                       decode_seq_s=0.002, decode_kv_token_s=1e-6)
+    assert flat.prefill_tokens_per_s(90) == pytest.approx(90 / (0.01 + 0.09))
+    assert flat.decode_seq_cost_s(1000) == pytest.approx(0.003)
