@@ -121,6 +121,9 @@ class Result:
     # the answering (decode) engine reported; ``cached_tokens`` is then the prefill engine's.
     prefill_worker: str = ""
     answer_cached_tokens: int = 0
+    # gaps between the answer's streamed chunks after the first (each chunk one token here,
+    # unless the network coalesced some): the inter-token latencies the client saw
+    gaps_s: tuple[float, ...] = ()
 
 
 def bodies(records: list[tt.TraceRecord], text: tt.TraceText, p: Params) -> list[bytes]:
@@ -149,6 +152,8 @@ async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
     async def one(i: int, due: float) -> None:
         sent = trio.current_time()
         first = None
+        last_chunk = 0.0
+        gaps: list[float] = []
         tail = head = b""
         status = 0
         predicted = None
@@ -166,9 +171,13 @@ async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
                 value = response.header(b"x-replay-prefill-cached-tokens")
                 prefill_cached = int(value) if value is not None else None
                 async for chunk in response.body_chunks():
+                    now = trio.current_time()
                     if first is None and b"data:" in chunk:
-                        first = trio.current_time()
+                        first = now
                         head = chunk[:600]
+                    elif first is not None and b'"content"' in chunk:  # a token, not usage
+                        gaps.append(now - last_chunk)
+                    last_chunk = now
                     tail = (tail + chunk)[-2048:]
         except Exception as error:  # noqa: BLE001 - a failed request is a result
             print(f"request {i}: {error!r}", file=sys.stderr)
@@ -185,7 +194,7 @@ async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
             (first or end) - sent, end - sent, int(prompt.group(1)) if prompt else 0,
             answer_cached if prefill_cached is None else prefill_cached,
             int(output.group(1)) if output else 0, predicted, mode.decode(),
-            prefill_worker.decode(), answer_cached))
+            prefill_worker.decode(), answer_cached, tuple(gaps)))
         answered[i].set()
 
     async def after(i: int, previous: int, think_s: float) -> None:

@@ -91,6 +91,7 @@ def summarize(results: list[Any], p: Any, engines: int, ledger: dict | None,
     """One router's figures; ``roles`` (worker -> role) for a PD cluster."""
     ok = [r for r in results if r.status == 200]
     ttft = [r.ttft_s * 1000 for r in ok]
+    gaps = [gap * 1000 for r in ok for gap in getattr(r, "gaps_s", ())]  # inter-token, ms
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     per_worker: dict[str, int] = {}  # PD: each worker's legs in its role
@@ -119,6 +120,8 @@ def summarize(results: list[Any], p: Any, engines: int, ledger: dict | None,
     summary = {
         "requests": len(results), "failed": len(results) - len(ok),
         "hit_rate": round(cached / prompt, 4) if prompt else 0.0,
+        "itl_ms": {"p50": round(_pct(gaps, 0.5), 2), "p99": round(_pct(gaps, 0.99), 2)},
+        "output_tokens_per_s": round(sum(r.output_tokens for r in ok) / span, 1),
         "ttft_ms": {"mean": round(sum(ttft) / len(ttft), 1) if ttft else 0.0,
                     "p50": round(_pct(ttft, 0.5), 1), "p99": round(_pct(ttft, 0.99), 1)},
         "ttft_parts_ms": {"own_prefill_mean": round(sum(own) / len(own), 1) if own else 0.0,
@@ -188,16 +191,18 @@ def table(result: dict) -> str:
 
 def markdown(result: dict) -> str:
     """The comparison as a Markdown table (perf/RESULTS.md)."""
-    head = ("| router | hit rate | TTFT mean | p50 | p99 | wait mean (p99) | prefill tokens "
-            "| dup blocks | req/s | load max/mean | work max/mean | util | ledger exact |")
+    head = ("| router | hit rate | TTFT mean | p50 | p99 | wait mean (p99) | ITL p50 / p99 "
+            "| out tok/s | prefill tokens | dup blocks | req/s | load max/mean | work max/mean "
+            "| util | ledger exact |")
     lines = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
     for name, r in result["routers"].items():
         exact = r["ledger"]["exact_share"]
-        t, w = r["ttft_ms"], r["ttft_parts_ms"]
+        t, w, itl = r["ttft_ms"], r["ttft_parts_ms"], r.get("itl_ms", {})
         lines.append(
             f"| {name} | {r['hit_rate']:.1%} | {t['mean']:.0f} ms | {t['p50']:.0f} ms "
             f"| {t['p99']:.0f} ms | {w['wait_mean']:.0f} ({w['wait_p99']:.0f}) ms "
-            f"| {r['prefill_tokens']:,} | {r['duplicated_blocks']:,} | {r['req_per_s']:.1f} "
+            f"| {itl.get('p50', 0.0):.1f} / {itl.get('p99', 0.0):.1f} ms "
+            f"| {r.get('output_tokens_per_s', 0.0):.0f} | {r['prefill_tokens']:,} | {r['duplicated_blocks']:,} | {r['req_per_s']:.1f} "
             f"| {r['load_spread']:.2f} | {r.get('work_spread', 0.0):.2f} "
             f"| {r['utilization']:.0%} "
             f"| {'-' if exact is None else f'{exact:.1%}'} |")
