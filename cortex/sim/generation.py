@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from cortex.sim.output_text import OUTPUT_WORDS, output_token
+from cortex.sim.rank_counters import RankCounters
 from cortex.sim.serving import TokenPlan
 
 if TYPE_CHECKING:
@@ -35,17 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["OUTPUT_WORDS", "Generation", "RankCounters", "SteppedGeneration", "TokenStream",
            "output_token"]
 
-
-@dataclass(slots=True)
-class RankCounters:
-    """Monotonic per-rank totals (tokens), exposed on the metrics and load endpoints."""
-
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    generation_tokens: int = 0
-    aborted: int = 0
-    preemptions: int = 0  # requests the batching model preempted (recomputed later)
 
 
 class TokenStream(Protocol):

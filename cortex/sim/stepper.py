@@ -30,9 +30,9 @@ from __future__ import annotations
 import trio
 
 from cortex.sim.batching.core import BatchingEngine, SimRequest, StepOutcome
-from cortex.sim.generation import RankCounters
 from cortex.sim.http_faults import EngineCrashed
 from cortex.sim.kv_engine import SimKVEngine
+from cortex.sim.rank_counters import RankCounters
 
 __all__ = ["RankStepper", "RequestProgress"]
 

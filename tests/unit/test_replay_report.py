@@ -11,7 +11,8 @@ sys.path.insert(0, str(REPO / "perf"))
 
 from replay_report import markdown, summarize, table
 
-PARAMS = SimpleNamespace(prefill_tokens_per_s=1000.0, decode_ms_per_token=10.0, max_running=1)
+PARAMS = SimpleNamespace(prefill_tokens_per_s=1000.0, decode_ms_per_token=10.0, max_running=1,
+                         engine_slots=lambda: 1)
 
 
 def _record(index: int, worker: str, sent: float, ttft: float, prompt: int, cached: int,
