@@ -211,14 +211,14 @@ def find_free_port_range(count: int, host: str = "127.0.0.1", *, attempts: int =
     for _ in range(attempts):
         probes: list[socket.socket] = []
         try:
-            first = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            first = _probe_socket()
             probes.append(first)
             first.bind((host, 0))
             base = first.getsockname()[1]
             if base + count - 1 > 65535:
                 continue
             for port in range(base + 1, base + count):
-                probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                probe = _probe_socket()
                 probes.append(probe)
                 probe.bind((host, port))
             return base
@@ -229,6 +229,15 @@ def find_free_port_range(count: int, host: str = "127.0.0.1", *, attempts: int =
             for probe in probes:
                 probe.close()
     raise OSError(errno.EADDRINUSE, f"no {count} contiguous free ports on {host}")
+
+
+def _probe_socket() -> socket.socket:
+    """A probe that binds as ZeroMQ will (``SO_REUSEADDR``): a port held only by a closed
+    connection in TIME_WAIT is free to it — the kernel hands bind(0) even ports and outgoing
+    connections odd ones, so on a busy host the port after a free one is often such a leftover."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return probe
 
 
 @dataclass(slots=True)
