@@ -313,8 +313,8 @@ class SimEngine:
             if not progress.finished:
                 stepper.abort(request.request_id)
                 counters.aborted += 1
-            elif gen is not None and gen.lease is not None:  # held, and nobody took it
-                stepper.release(gen.lease)
+            elif hold_kv and (gen is None or gen.lease is not None):  # held, nobody took it
+                stepper.release(request.request_id)
 
     async def _receive_kv(self, rank: int, request: SimRequest) -> None:
         """A PD decode request's KV transfer, before it joins the rank's model: the prompt
