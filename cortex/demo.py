@@ -206,8 +206,8 @@ def routing_section(seed: int = 0, out_dir: str | None = None) -> bool:
     print(f"  engines: continuous batching on the {engines['step_profile']} step profile, each "
           f"token standing for {params.tokens_per_token():g} of the trace's, step budget "
           f"{params.step_budget()} tokens (prefill under load ~"
-          f"{engines['prefill_tokens_per_s']:,.0f} tokens/s per engine; PD roles on the "
-          "fixed model)\n" if params.engine_model == "batching" else "")
+          f"{engines['prefill_tokens_per_s']:,.0f} tokens/s per engine; PD roles too)\n"
+          if params.engine_model == "batching" else "")
     print(replay.table(result))
     chart = os.path.join(out_dir, "routing.svg")
     with open(chart, "w") as f:

@@ -99,7 +99,8 @@ async def start_sim(nursery: trio.Nursery, flavor: str, name: str, role: str,
             "--prefill-tokens-per-s", str(timing.prefill_tokens_per_s),
             "--decode-ms-per-token", str(timing.decode_s_per_token * 1000.0),
             "--max-running", str(timing.max_running), "--tokenizer", ds.TOKENIZER_JSON,
-            # the fixed model on both paths: PD roles have no batching model, and the
+            # the fixed model on both paths (the figures in perf/RESULTS.md were measured
+            # on it; PD roles run on the batching model too now), and the
             # comparison needs equal timing
             "--engine-model", "fixed",
             "--chat-template", template_path(), "--bos-token", ds.BOS, "--eos-token", ds.EOS]

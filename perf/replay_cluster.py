@@ -48,7 +48,7 @@ class EngineSettings:
     prefill_tokens_per_s: float
     decode_ms_per_token: float
     max_running: int
-    engine_model: str = "fixed"  # batching: on step_profile (PD roles stay on fixed)
+    engine_model: str = "fixed"  # batching: on step_profile (PD roles included)
     step_profile: str = ""
     token_scale: float = 1.0
     max_num_batched_tokens: int = 0
@@ -155,8 +155,8 @@ def start_engines(procs: Procs, settings: EngineSettings, flavors: list[str],
                 "--max-running", str(settings.max_running),
                 "--tokenizer", ds.TOKENIZER_JSON, "--chat-template", procs.template(),
                 "--bos-token", ds.BOS, "--eos-token", ds.EOS]
-        if settings.engine_model == "batching":  # auto: batching, fixed for PD roles
-            argv += ["--engine-model", "auto", "--step-profile", settings.step_profile,
+        if settings.engine_model == "batching":  # every role, PD ones included
+            argv += ["--engine-model", "batching", "--step-profile", settings.step_profile,
                      "--token-scale", str(settings.token_scale),
                      "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
                      "--max-num-seqs", str(settings.max_num_seqs)]

@@ -200,7 +200,7 @@ async def gateway_cluster(
     """``roles`` (one per flavor: both, prefill, decode) makes a PD cluster: the engines take
     those roles (``cortex.sim.pd``) and the workers are registered with them.
     ``engine_model="batching"`` runs the engines on the continuous-batching model with
-    ``batching`` (vLLM flavors, no PD roles; ``timing`` is then unused); the default "fixed"
+    ``batching`` (both flavors, PD roles included; ``timing`` is then unused); the default "fixed"
     is the simple timing model most tests assert against.
     ``engine_faults``: fault switches every engine starts with (``SimFaults.update`` changes,
     e.g. ``{"poison_marker": "POISON"}``: a request containing it fails on every worker); each

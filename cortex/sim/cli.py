@@ -31,8 +31,10 @@ default Llama-3.1-8B on one H100 under vLLM (``cortex/sim/profiles/``), scaled b
 than the wall clock); ``fixed`` is the simple model (a FIFO queue in front of ``--max-running``
 slots; ``--prefill-tokens-per-s``, ``--decode-ms-per-token``; running requests never slow each
 other). The default, ``auto``, is ``batching`` wherever a batching model exists (vLLM and
-SGLang engines without a PD role) and ``fixed`` elsewhere (PD roles run on the fixed model
-only); ``batching`` named where none exists exits 2.
+SGLang engines, PD roles included) and ``fixed`` elsewhere; ``batching`` named where none
+exists exits 2. On the batching model a PD decode's KV transfer runs at the fixed model's
+``transfer_tokens_per_s`` divided by ``--token-scale`` (each served token's KV stands for
+that many tokens').
 
 With ``--pd-role prefill|decode`` the engines take that PD role (``cortex.sim.pd``); prefill
 engines listen for KV fetches on ``--bootstrap-port`` + i and add ``pd=prefill bootstrap=PORT``
@@ -114,7 +116,7 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     add("--capacity-blocks", 4096, "prefix cache capacity per rank, in blocks", type=int)
     add("--engine-model", "auto", "timing model: batching (continuous batching: shared steps, "
         "token budget, preemption), fixed (FIFO queue, fixed speeds), or auto (batching where "
-        "the engine family has a batching model and no PD role, else fixed)",
+        "the engine family has a batching model, else fixed)",
         choices=ENGINE_MODELS)
     add("--max-num-batched-tokens", None, "batching model: token budget of one step (unset: "
         "the engine's, vLLM 8192)", type=int)
@@ -219,13 +221,12 @@ def _plan(args: argparse.Namespace) -> _Plan:
 
 def _engine_model(args: argparse.Namespace, family: EngineFamily) -> tuple[str, str | None]:
     """``--engine-model`` resolved (auto: batching where it exists), and the problem with it."""
-    exists = batching_available(family) and args.pd_role is None
+    exists = batching_available(family)
     if args.engine_model == "auto":
         return ("batching" if exists else "fixed"), None
     if args.engine_model == "batching" and not exists:
-        why = (f"--pd-role {args.pd_role} runs on the fixed model only" if args.pd_role
-               else f"{family.value} has no batching model yet")
-        return "batching", f"--engine-model batching: {why} (use --engine-model fixed or auto)"
+        return "batching", (f"--engine-model batching: {family.value} has no batching model "
+                            "yet (use --engine-model fixed or auto)")
     if args.engine_model not in ENGINE_MODELS:
         return "fixed", f"--engine-model {args.engine_model!r}: use {', '.join(ENGINE_MODELS)}"
     return args.engine_model, None
@@ -283,9 +284,12 @@ def run_sim(args: argparse.Namespace) -> int:
         timing = TimingConfig(prefill_tokens_per_s=args.prefill_tokens_per_s,
                               decode_s_per_token=args.decode_ms_per_token / 1000.0,
                               max_running=args.max_running)
+        scale = args.token_scale if plan.engine_model == "batching" else 1.0
         pd_settings = PdSimSettings(waiting_timeout_s=args.pd_waiting_timeout_s,
                                     bootstrap_timeout_s=args.pd_waiting_timeout_s,
-                                    kv_lease_s=args.pd_kv_lease_s)
+                                    kv_lease_s=args.pd_kv_lease_s,
+                                    transfer_tokens_per_s=PdSimSettings().transfer_tokens_per_s
+                                    / scale)
         batching = BatchingSettings(max_num_batched_tokens=args.max_num_batched_tokens,
                                     max_num_seqs=args.max_num_seqs, speedup=args.speedup,
                                     profile=load_step_profile(args.step_profile)

@@ -31,9 +31,22 @@ Two timing models (``engine_model``), one ``generation`` contract:
 3. on exit before the last token (the client went away, or a failure) the request is aborted
    in the model: its blocks are freed. A rank restart fails its requests (502).
 
-PD roles (``cortex.sim.pd``) run on the fixed model only: their KV hand-over holds cache leases
-the batching model does not have, so ``engine_model="batching"`` with a ``pd_role`` is refused
-(``ConfigError``), as is the batching model for an engine family that has none yet (SGLang).
+PD roles (``cortex.sim.pd``) run on either model, through the same ``generation``:
+
+* ``hold_kv`` (the prefill leg): the caller takes ``gen.lease`` to keep the prompt's KV past
+  the request and gives it back with ``release_kv`` (fixed: the prompt's cache hold; batching:
+  the request, held in the model by ``SimRequest.hold_kv``, its blocks counting against the
+  pool until then);
+* ``kv_received`` (the decode leg): the uncached prompt tokens arrive at
+  ``transfer_tokens_per_s`` instead of being computed. Fixed: the transfer replaces the prefill
+  time in the request's timetable. Batching: the request waits for the transfer first
+  (``uncached`` = what the rank's cache does not hold then, ``BatchingEngine.local_hit``; on
+  the engine's clock; counted as waiting in ``load``), then joins the model as
+  ``SimRequest.kv_received``: blocks for its whole prompt, no prefill, its first token from its
+  first decode step, so it shares steps with the running decodes but never slows them with a
+  prefill (what disaggregation buys). What the received prompt does to the cache is the
+  flavour's (vLLM caches it, SGLang's decode keeps no radix cache), as ``cache_prompt`` says on
+  the fixed model.
 
 Output text is deterministic: token ``i`` is ``OUTPUT_WORDS[i % len(OUTPUT_WORDS)]``
 (``cortex.sim.generation``).
@@ -128,10 +141,6 @@ class SimEngine:
         self.batching = batching
         models: RankModels | None = None
         if engine_model == "batching":
-            if pd_role is not None:
-                raise ConfigError([(f"pd_role {pd_role!r} runs on the fixed engine model only "
-                                   "(the batching model has no PD hand-over yet): use "
-                                   "engine_model='fixed'")])
             models = rank_models(self.family, batching, capacity_blocks=capacity_blocks,
                                  block_size=block_size)
         elif engine_model != "fixed":
@@ -157,6 +166,7 @@ class SimEngine:
                          for rank in range(dp_size)] if models is not None else []
         self._batch_limit = timing.max_running if models is None else models.max_running
         self.running: list[dict[int, Generation]] = [{} for _ in range(dp_size)]
+        self._receiving = [0] * dp_size  # batching: PD decode requests waiting for their KV
         self.lora_names = frozenset(a.name for a in hashing.lora_adapters)
         self.url: str | None = None
         self._ids = itertools.count(1)
@@ -216,20 +226,24 @@ class SimEngine:
         kv_received: bool = False,
         cache_prompt: bool = True,
         read_limit: int | None = None,
+        hold_kv: bool = False,
     ) -> AsyncIterator[TokenStream]:
         """Queue, admit and run one request on ``rank`` (see the module docstring).
 
-        PD decode (``cortex.sim.pd``, fixed model only): with ``kv_received`` the uncached
-        tokens arrive from the prefill peer (transfer time instead of prefill time); without
-        ``cache_prompt`` the prompt does not enter the prefix cache (no events, nothing
+        PD (``cortex.sim.pd``): with ``hold_kv`` the caller may take ``gen.lease`` and keep the
+        prompt's KV past the request (``release_kv`` gives it back); with ``kv_received`` the
+        uncached tokens arrive from the prefill peer (transfer time instead of prefill time);
+        without ``cache_prompt`` (fixed model; on the batching model the flavour decides for a
+        received prompt) the prompt does not enter the prefix cache (no events, nothing
         cached). ``read_limit``: prompt tokens the request may read from the cache
         (``tokenize.cache_read_limit``)."""
         self.check_rank(rank)
         if self.steppers:
-            if kv_received or not cache_prompt:
-                raise ConfigError(["PD hand-overs run on the fixed engine model only"])
+            if not (cache_prompt or kv_received):
+                raise ConfigError(["the batching model caches every prompt it computes"])
             async with self._stepped(rank, token_ids, output_tokens, lora_name=lora_name,
-                                     cache_salt=cache_salt, read_limit=read_limit) as gen:
+                                     cache_salt=cache_salt, read_limit=read_limit,
+                                     hold_kv=hold_kv, kv_received=kv_received) as gen:
                 yield gen
             return
         queue, counters = self.queues[rank], self.counters[rank]
@@ -272,12 +286,15 @@ class SimEngine:
 
     @asynccontextmanager
     async def _stepped(self, rank: int, token_ids: Sequence[int], output_tokens: int, *,
-                       lora_name: str | None, cache_salt: str | None,
-                       read_limit: int | None) -> AsyncIterator[SteppedGeneration]:
+                       lora_name: str | None, cache_salt: str | None, read_limit: int | None,
+                       hold_kv: bool, kv_received: bool) -> AsyncIterator[SteppedGeneration]:
         """One request on the rank's batching model (see the module docstring)."""
         stepper, counters = self.steppers[rank], self.counters[rank]
         request = SimRequest(next(self._ids), tuple(token_ids), output_tokens,
-                             lora_name=lora_name, cache_salt=cache_salt, read_limit=read_limit)
+                             lora_name=lora_name, cache_salt=cache_salt, read_limit=read_limit,
+                             hold_kv=hold_kv, kv_received=kv_received)
+        if kv_received:
+            await self._receive_kv(rank, request)
         try:
             progress = stepper.add(request)
         except ValueError as exc:  # longer than the KV pool holds: vLLM refuses it (400)
@@ -289,12 +306,34 @@ class SimEngine:
             counters.prompt_tokens += len(token_ids)
             counters.cached_tokens += cached
             gen = SteppedGeneration(request.request_id, rank, len(token_ids), cached,
-                                    output_tokens, progress, _counters=counters)
+                                    output_tokens, progress, _counters=counters,
+                                    lease=request.request_id if hold_kv else None)
             yield gen
         finally:
             if not progress.finished:
                 stepper.abort(request.request_id)
                 counters.aborted += 1
+            elif hold_kv and (gen is None or gen.lease is not None):  # held, nobody took it
+                stepper.release(request.request_id)
+
+    async def _receive_kv(self, rank: int, request: SimRequest) -> None:
+        """A PD decode request's KV transfer, before it joins the rank's model: the prompt
+        tokens the rank's cache does not hold now, at ``transfer_tokens_per_s`` of the
+        engine's clock."""
+        settings = self.pd.settings if self.pd is not None else PdSimSettings()
+        uncached = len(request.tokens) - self.steppers[rank].model.local_hit(request)
+        self._receiving[rank] += 1
+        try:
+            await trio.sleep(uncached / settings.transfer_tokens_per_s / self.batching.speedup)
+        finally:
+            self._receiving[rank] -= 1
+
+    def release_kv(self, rank: int, lease: int) -> None:
+        """Give back the KV hold taken from a generation (``TokenStream.lease``)."""
+        if self.steppers:
+            self.steppers[rank].release(lease)
+        else:
+            self.kv.release(rank, lease)
 
     def _signal(self, started: list[int]) -> None:
         for request_id in started:
@@ -311,7 +350,8 @@ class SimEngine:
         and the tokens of its running requests."""
         if self.steppers:
             model = self.steppers[rank].model
-            return RankLoad(model.running, model.waiting, model.kv_usage, self._batch_limit)
+            return RankLoad(model.running, model.waiting + self._receiving[rank],
+                            model.kv_usage, self._batch_limit)
         queue = self.queues[rank]
         total = self.kv.capacity_blocks * self.block_size
         usage = min(self.active_tokens(rank) / total, 1.0) if total else 0.0

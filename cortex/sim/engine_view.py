@@ -93,8 +93,13 @@ class SimEngineView(Protocol):
     def generation(self, rank: int, token_ids: Sequence[int], output_tokens: int, *,
                    lora_name: str | None = None, cache_salt: str | None = None,
                    kv_received: bool = False, cache_prompt: bool = True,
-                   read_limit: int | None = None) -> AbstractAsyncContextManager[TokenStream]:
+                   read_limit: int | None = None,
+                   hold_kv: bool = False) -> AbstractAsyncContextManager[TokenStream]:
         """Queue, admit and run one request on ``rank``."""
+        ...
+
+    def release_kv(self, rank: int, lease: int) -> None:
+        """Give back the KV hold taken from a generation (``TokenStream.lease``)."""
         ...
 
     def load(self, rank: int) -> RankLoad:

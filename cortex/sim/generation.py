@@ -46,6 +46,10 @@ class TokenStream(Protocol):
     prompt_tokens: int
     cached_tokens: int
     produced: int  # tokens handed out so far
+    # the KV hold the request releases when it ends (fixed model: always; batching: with
+    # hold_kv); whoever keeps the KV past the request takes it (sets None) and later gives it
+    # to ``SimEngine.release_kv``
+    lease: int | None
 
     @property
     def output_tokens(self) -> int:
@@ -102,6 +106,7 @@ class SteppedGeneration:
     output_tokens: int
     progress: RequestProgress = field(repr=False)
     produced: int = 0
+    lease: int | None = None  # hold_kv: the request id, released with its KV
     _counters: RankCounters = field(repr=False, default_factory=RankCounters)
 
     def __aiter__(self) -> SteppedGeneration:

@@ -35,9 +35,16 @@ vLLM flavor (NixlConnector, both instances ``kv_both``):
 Received KV costs ``uncached / transfer_tokens_per_s`` before the first token, instead of the
 prefill time.
 
-PD roles run on the fixed timing model (``cortex.sim.serving``) only: the hand-over keeps the
-prompt's cache lease past the request, which the batching model (``cortex.sim.batching``) has
-no counterpart for, so ``SimEngine`` refuses ``engine_model="batching"`` with a PD role.
+Both timing models run the roles, through ``generation`` (``SimEngine``'s docstring has the
+details). The prefill leg is an ordinary request for one token asked with ``hold_kv``: this
+module takes its KV hold (``gen.lease``) and gives it back (``release_kv``) once the decode
+has read the KV or the lease / bootstrap wait ran out. On the fixed model (``cortex.sim.serving``)
+the hold is the prompt's cache lease; on the batching model (``cortex.sim.batching``) the
+finished request keeps its blocks in the model (``SimRequest.hold_kv``), counting against the
+pool. The decode leg asks with ``kv_received``: on the batching model it waits the transfer,
+then joins the model with its prompt's KV in place, so it never runs a prefill in a step it
+shares with other requests' decodes (an aggregated engine's long prompt stretches every
+running decode's inter-token gap; a decode engine's never does).
 
 The engine is seen as a ``SimEngineView`` (``cortex.sim.engine_view``, where ``PdLeg``, what a
 PD request hands the HTTP side, is defined too): the engine builds its role, so this module does
@@ -57,7 +64,7 @@ import trio
 from cortex.errors import BadRequest, ConfigError
 from cortex.events.model import EngineFamily
 from cortex.sim.engine_view import PdLeg, SimEngineView
-from cortex.sim.generation import Generation
+from cortex.sim.generation import Generation, TokenStream
 from cortex.sim.pd_transfer import KvTransferFailed, Offer, OfferTable, fetch, serve_offers
 from cortex.sim.serving import TokenPlan
 
@@ -319,11 +326,11 @@ class _Run:
     lora: str | None
     salt: str | None
 
-    async def prefill(self) -> tuple[Generation, int | None]:
-        """Queue, admit and prefill; the first token is made; the cache lease is kept (the
-        KV must stay until it is handed over) and the batch slot is freed."""
+    async def prefill(self) -> tuple[TokenStream, int | None]:
+        """Queue, admit and prefill; the first token is made; the KV hold is kept (the KV
+        must stay until it is handed over) and the batch slot is freed."""
         async with self.engine.generation(self.rank, self.token_ids, 1, lora_name=self.lora,
-                                          cache_salt=self.salt) as gen:
+                                          cache_salt=self.salt, hold_kv=True) as gen:
             async for _ in gen:
                 pass
             lease, gen.lease = gen.lease, None
@@ -331,7 +338,7 @@ class _Run:
 
     def release(self, lease: int | None) -> None:
         if lease is not None:
-            self.engine.kv.release(self.rank, lease)
+            self.engine.release_kv(self.rank, lease)
 
     def check_prompt(self, received: list[int], what: str) -> None:
         if received != self.token_ids:
@@ -340,13 +347,13 @@ class _Run:
                                    f"{len(self.token_ids)})")
 
     def decode(self, output_tokens: int, *, cache_prompt: bool) -> (
-            AbstractAsyncContextManager[Generation]):
+            AbstractAsyncContextManager[TokenStream]):
         return self.engine.generation(self.rank, self.token_ids, output_tokens,
                                       lora_name=self.lora, cache_salt=self.salt,
                                       kv_received=True, cache_prompt=cache_prompt)
 
 
-def _answered(gen: Generation) -> AbstractAsyncContextManager[Generation]:
+def _answered(gen: TokenStream) -> AbstractAsyncContextManager[Generation]:
     """The prefill's one token, already made: served at once."""
 
     @asynccontextmanager

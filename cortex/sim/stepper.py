@@ -15,7 +15,8 @@ A thin I/O shell: the model (``cortex.sim.batching``, a ``BatchingEngine`` held 
 
 Requests: ``add`` queues a ``SimRequest`` in the model and returns its ``RequestProgress``, which
 its reader awaits (``wait_scheduled``, ``wait_token``); ``abort`` (the client went away) takes
-it out of the model at once. A restart of the rank (``SimKVEngine.restart``) replaces the model:
+it out of the model at once; ``release`` frees what a finished ``hold_kv`` request (a PD
+prefill leg) still holds. Both wake the stepper: the blocks they free may admit a request. A restart of the rank (``SimKVEngine.restart``) replaces the model:
 the step in flight is dropped unpublished (its blocks died with the old process) and every
 request fails with ``EngineCrashed``.
 
@@ -116,6 +117,12 @@ class RankStepper:
         if self._requests.pop(request_id, None) is not None:
             self.model.abort(request_id)
             self._wake()
+
+    def release(self, request_id: int) -> None:
+        """Free the KV a finished ``hold_kv`` request holds (a no-op once released, or when a
+        restart took it)."""
+        self.model.release(request_id)
+        self._wake()
 
     async def wait_idle(self) -> None:
         """Return once the model has nothing it can run."""

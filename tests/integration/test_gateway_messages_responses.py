@@ -22,6 +22,7 @@ import json
 
 import anthropic
 import openai
+import pytest
 import trio
 
 from cortex.pd.plan import PdSettings
@@ -132,9 +133,11 @@ async def test_a_failing_worker_is_retried_around_before_the_first_byte():
             in text
 
 
-async def test_through_a_vllm_prefill_decode_pair():
+@pytest.mark.parametrize("engine_model", ["fixed", "batching"])
+async def test_through_a_vllm_prefill_decode_pair(engine_model):
     settings = PdSimSettings(waiting_timeout_s=5.0, bootstrap_timeout_s=5.0, kv_lease_s=5.0)
     async with gateway_cluster(("vllm-0.33", "vllm-0.33"), roles=("prefill", "decode"),
+                               engine_model=engine_model,
                                pd_settings=settings, config_changes={
                                    "pd": PdSettings(bypass_max_uncached_tokens=0)}) as cluster:
         for path, body in (("/v1/messages", MESSAGES), ("/v1/responses", RESPONSES)):

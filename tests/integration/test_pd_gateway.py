@@ -3,6 +3,9 @@
 The simulated prefill and decode engines behave like the real ones on the wire
 (``cortex.sim.pd``): an SGLang decode engine without its room's KV fails the request, a vLLM
 decode engine fails on unknown ``kv_transfer_params``, so a wrong orchestration fails here.
+Every test runs on both engine timing models (``engine_model``): the fixed one and the
+continuous-batching one (whose prefill legs hold their blocks in the model and whose decode
+legs join it with their prompt's KV received).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from tests.front_http_client import RawClient, chat_request, read_broken_stream
 from tests.gateway_cluster import MODEL, SYSTEM_TEXT, Cluster, gateway_cluster
 
 FLAVORS = {"sglang": "sglang-0.5.23", "vllm": "vllm-0.33"}
+ENGINE_MODELS = ("fixed", "batching")
+pytestmark = pytest.mark.parametrize("engine_model", ENGINE_MODELS)
 SHORT = PdSimSettings(waiting_timeout_s=5.0, bootstrap_timeout_s=5.0, kv_lease_s=5.0)
 NO_BYPASS = PdSettings(bypass_max_uncached_tokens=0)
 
@@ -60,17 +65,19 @@ async def all_clean(cluster: Cluster, timeout_s: float = 10.0) -> None:
             await trio.sleep(0.01)
 
 
-def pd_cluster(flavor: str, roles: tuple[str, ...], **kwargs: Any) -> Any:
-    """A PD cluster; vLLM's bypass is off unless asked for (a shared system prompt cached on
-    decode would otherwise skip the prefill leg of every later request)."""
+def pd_cluster(flavor: str, roles: tuple[str, ...], engine_model: str = "fixed",
+               **kwargs: Any) -> Any:
+    """A PD cluster on ``engine_model``; vLLM's bypass is off unless asked for (a shared system
+    prompt cached on decode would otherwise skip the prefill leg of every later request)."""
     kwargs.setdefault("pd_settings", SHORT)
     kwargs.setdefault("config_changes", {"pd": NO_BYPASS})
-    return gateway_cluster((FLAVORS[flavor],) * len(roles), roles=roles, **kwargs)
+    return gateway_cluster((FLAVORS[flavor],) * len(roles), roles=roles,
+                           engine_model=engine_model, **kwargs)
 
 
 @pytest.mark.parametrize("flavor", sorted(FLAVORS))
-async def test_streamed_and_whole_answers_through_the_pd_pair(flavor):
-    async with pd_cluster(flavor, ("prefill", "decode")) as cluster:
+async def test_streamed_and_whole_answers_through_the_pd_pair(flavor, engine_model):
+    async with pd_cluster(flavor, ("prefill", "decode"), engine_model) as cluster:
         client = await RawClient.connect(cluster.port)
         response = await client.request(b"POST", b"/v1/chat/completions", chat_body(
             "Stream through two engines.", stream=True, stream_options={"include_usage": True}),
@@ -91,10 +98,13 @@ async def test_streamed_and_whole_answers_through_the_pd_pair(flavor):
         assert whole.header(b"x-cortex-decode-worker") == b"e1"
         await client.aclose()
         prefill, decode = cluster.engines
+        assert bool(prefill.steppers) == bool(decode.steppers) == (engine_model == "batching")
         assert prefill.counters[0].requests == decode.counters[0].requests == 2
         assert prefill.counters[0].generation_tokens == 2  # one token per prefill leg
         assert cluster.running.gateway.pd.counters.served == 2  # type: ignore[attr-defined]
         await all_clean(cluster)
+        # the prefill legs' KV was held for the decode legs, then let go
+        assert prefill.load(0).kv_usage == decode.load(0).kv_usage == 0.0
 
 
 def metric(text: str, line_start: str) -> float:
@@ -106,10 +116,11 @@ def metric(text: str, line_start: str) -> float:
 
 
 @pytest.mark.parametrize("flavor", sorted(FLAVORS))
-async def test_pd_decisions_and_the_prefill_engines_cached_tokens_are_measured(flavor):
+async def test_pd_decisions_and_the_prefill_engines_cached_tokens_are_measured(
+        flavor, engine_model):
     """Metrics see PD traffic as they see single-worker traffic: one decision per request and
     the prefill engine's cached-token report against the prediction for the prefill pick."""
-    async with pd_cluster(flavor, ("prefill", "decode")) as cluster:
+    async with pd_cluster(flavor, ("prefill", "decode"), engine_model) as cluster:
         client = await RawClient.connect(cluster.port)
         predicted = 0
         for question in ("First of two.", "Second of two."):
@@ -130,8 +141,9 @@ async def test_pd_decisions_and_the_prefill_engines_cached_tokens_are_measured(f
 
 
 @pytest.mark.parametrize("flavor", sorted(FLAVORS))
-async def test_prefill_killed_before_decode_starts_is_retried_on_another_prefill(flavor):
-    async with pd_cluster(flavor, ("prefill", "prefill", "decode")) as cluster:
+async def test_prefill_killed_before_decode_starts_is_retried_on_another_prefill(
+        flavor, engine_model):
+    async with pd_cluster(flavor, ("prefill", "prefill", "decode"), engine_model) as cluster:
         warm = await cluster.chat(messages("Who prefills this prefix?"))
         assert warm.status == 200, warm.body
         holder = warm.header(b"x-cortex-prefill-worker").decode()
@@ -150,8 +162,8 @@ async def test_prefill_killed_before_decode_starts_is_retried_on_another_prefill
 
 
 @pytest.mark.parametrize("flavor", sorted(FLAVORS))
-async def test_decode_killed_before_its_answer_is_retried_on_another_decode(flavor):
-    async with pd_cluster(flavor, ("prefill", "decode", "decode")) as cluster:
+async def test_decode_killed_before_its_answer_is_retried_on_another_decode(flavor, engine_model):
+    async with pd_cluster(flavor, ("prefill", "decode", "decode"), engine_model) as cluster:
         cluster.stop_engine("e1")
         for question in ("Which decode?", "And this one?", "Once more?"):
             response = await cluster.chat(messages(question))
@@ -166,8 +178,8 @@ async def test_decode_killed_before_its_answer_is_retried_on_another_decode(flav
 
 
 @pytest.mark.parametrize("flavor", sorted(FLAVORS))
-async def test_only_prefill_killed_falls_back_to_a_both_worker(flavor):
-    async with pd_cluster(flavor, ("prefill", "decode", "both")) as cluster:
+async def test_only_prefill_killed_falls_back_to_a_both_worker(flavor, engine_model):
+    async with pd_cluster(flavor, ("prefill", "decode", "both"), engine_model) as cluster:
         cluster.stop_engine("e0")
         response = await cluster.chat(messages("Who answers now?"))
         assert response.status == 200, response.body
@@ -181,8 +193,8 @@ async def test_only_prefill_killed_falls_back_to_a_both_worker(flavor):
 
 
 @pytest.mark.parametrize("flavor", sorted(FLAVORS))
-async def test_decode_dying_mid_stream_ends_the_stream_and_cleans_both_legs(flavor):
-    async with pd_cluster(flavor, ("prefill", "decode")) as cluster:
+async def test_decode_dying_mid_stream_ends_the_stream_and_cleans_both_legs(flavor, engine_model):
+    async with pd_cluster(flavor, ("prefill", "decode"), engine_model) as cluster:
         engine(cluster, "e1").faults.update({"die_after_chunks": 2})
         client = await RawClient.connect(cluster.port)
         await client.send(chat_request(chat_body("Die halfway.", stream=True, max_tokens=20)))
@@ -198,9 +210,10 @@ async def test_decode_dying_mid_stream_ends_the_stream_and_cleans_both_legs(flav
 
 
 @pytest.mark.parametrize("flavor", sorted(FLAVORS))
-async def test_client_leaving_mid_stream_aborts_the_decode_leg(flavor):
+async def test_client_leaving_mid_stream_aborts_the_decode_leg(flavor, engine_model):
     slow = {"decode_s_per_token": 0.05}
-    async with pd_cluster(flavor, ("prefill", "decode"), timing_changes=slow) as cluster:
+    async with pd_cluster(flavor, ("prefill", "decode"), engine_model,
+                          timing_changes=slow) as cluster:
         client = await RawClient.connect(cluster.port)
         await client.send(chat_request(chat_body("A long answer.", stream=True,
                                                   max_tokens=10_000)))
@@ -208,15 +221,15 @@ async def test_client_leaving_mid_stream_aborts_the_decode_leg(flavor):
             status, _, _ = await client.read_head()
             assert status == 200
             assert await client.read_chunk()
-        assert engine(cluster, "e1").queues[0].running == 1
+        assert engine(cluster, "e1").load(0).running == 1
         await client.aclose()
         await all_clean(cluster)
         assert engine(cluster, "e1").counters[0].aborted == 1
 
 
 @pytest.mark.parametrize("flavor", sorted(FLAVORS))
-async def test_client_leaving_during_prefill_aborts_both_legs(flavor):
-    async with pd_cluster(flavor, ("prefill", "decode"),
+async def test_client_leaving_during_prefill_aborts_both_legs(flavor, engine_model):
+    async with pd_cluster(flavor, ("prefill", "decode"), engine_model,
                           pd_settings=PdSimSettings()) as cluster:
         prefill = engine(cluster, "e0")
         prefill.faults.update({"slow_s": 30.0})  # prefill still busy when the client leaves
@@ -234,8 +247,8 @@ async def test_client_leaving_during_prefill_aborts_both_legs(flavor):
         await all_clean(cluster)  # SGLang's default 300 s wait would otherwise hold decode
 
 
-async def test_vllm_bypass_when_decode_holds_the_prefix():
-    async with pd_cluster("vllm", ("prefill", "decode"),
+async def test_vllm_bypass_when_decode_holds_the_prefix(engine_model):
+    async with pd_cluster("vllm", ("prefill", "decode"), engine_model,
                           config_changes={"pd": PdSettings()}) as cluster:
         question = messages("Cache this on decode.")
         first = await cluster.chat(question)
@@ -257,8 +270,8 @@ async def test_vllm_bypass_when_decode_holds_the_prefix():
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_sglang_prefill_input_logprobs_reach_the_client(stream):
-    async with pd_cluster("sglang", ("prefill", "decode")) as cluster:
+async def test_sglang_prefill_input_logprobs_reach_the_client(stream, engine_model):
+    async with pd_cluster("sglang", ("prefill", "decode"), engine_model) as cluster:
         body = json.dumps({"model": MODEL, "text": SYSTEM_TEXT + "Logprobs, please.",
                            "sampling_params": {"max_new_tokens": 3}, "return_logprob": True,
                            "stream": stream}).encode()
@@ -282,8 +295,8 @@ async def test_sglang_prefill_input_logprobs_reach_the_client(stream):
         await all_clean(cluster)
 
 
-async def test_sglang_batch_gets_one_room_per_item_through_cortex():
-    async with pd_cluster("sglang", ("prefill", "decode")) as cluster:
+async def test_sglang_batch_gets_one_room_per_item_through_cortex(engine_model):
+    async with pd_cluster("sglang", ("prefill", "decode"), engine_model) as cluster:
         body = json.dumps({"model": MODEL, "text": ["One prompt.", "Another prompt here."],
                            "sampling_params": {"max_new_tokens": 2}}).encode()
         client = await RawClient.connect(cluster.port)

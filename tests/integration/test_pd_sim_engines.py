@@ -1,6 +1,7 @@
 """Simulated prefill/decode engines over real sockets, driven by hand as a gateway would: the
 right orchestration works, and each wrong one fails the way the real engines fail (400 for
-missing fields, 500 when the KV cannot be had), leaving nothing waiting on either engine."""
+missing fields, 500 when the KV cannot be had), leaving nothing waiting on either engine.
+Every test runs on both engine timing models (``engine_model``: fixed, batching)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 import trio
 
 from cortex.sim.engine import SimEngine
@@ -20,11 +22,13 @@ from tests.sim_engine_profile import chat, deepseek
 
 FAST = TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=0.0)
 SHORT = PdSimSettings(waiting_timeout_s=0.5, bootstrap_timeout_s=0.5, kv_lease_s=0.5)
+pytestmark = pytest.mark.parametrize("engine_model", ["fixed", "batching"])
 
 
 @asynccontextmanager
-async def pair(flavor: str, settings: PdSimSettings = SHORT,
+async def pair(flavor: str, engine_model: str, settings: PdSimSettings = SHORT,
                **kwargs: Any) -> AsyncIterator[tuple[SimEngine, SimEngine]]:
+    kwargs["engine_model"] = engine_model
     prefill = SimEngine("p0", flavor, deepseek(), timing=FAST, pd_role="prefill",
                         bootstrap_port=0, pd_settings=settings, **kwargs)
     decode = SimEngine("d0", flavor, deepseek(), timing=FAST, pd_role="decode",
@@ -66,8 +70,8 @@ def events(body: bytes) -> list[dict[str, Any]]:
             if line.startswith(b"data: {")]
 
 
-async def test_sglang_both_legs_at_once_stream_decodes_answer():
-    async with pair("sglang-0.5.23") as (prefill, decode):
+async def test_sglang_both_legs_at_once_stream_decodes_answer(engine_model):
+    async with pair("sglang-0.5.23", engine_model) as (prefill, decode):
         body = sglang_body(prefill, 12345, stream=True,
                            stream_options={"include_usage": True})
         answers: dict[str, RawResponse] = {}
@@ -89,8 +93,8 @@ async def test_sglang_both_legs_at_once_stream_decodes_answer():
         await idle(prefill, decode)
 
 
-async def test_sglang_generate_batch_room_list_of_one():
-    async with pair("sglang-0.5.23") as (prefill, decode):
+async def test_sglang_generate_batch_room_list_of_one(engine_model):
+    async with pair("sglang-0.5.23", engine_model) as (prefill, decode):
         body = {"text": "Hello there, general.", "sampling_params": {"max_new_tokens": 3},
                 "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill.pd.bootstrap_port,
                 "bootstrap_room": [7]}
@@ -104,8 +108,8 @@ async def test_sglang_generate_batch_room_list_of_one():
         await idle(prefill, decode)
 
 
-async def test_sglang_batch_one_room_per_item():
-    async with pair("sglang-0.5.23") as (prefill, decode):
+async def test_sglang_batch_one_room_per_item(engine_model):
+    async with pair("sglang-0.5.23", engine_model) as (prefill, decode):
         body = {"text": ["First prompt.", "Second, longer prompt."],
                 "sampling_params": {"max_new_tokens": 2}, "bootstrap_host": "127.0.0.1",
                 "bootstrap_port": prefill.pd.bootstrap_port, "bootstrap_room": [21, 22]}
@@ -130,8 +134,8 @@ async def test_sglang_batch_one_room_per_item():
         assert (await post(decode, "/generate", body)).status == 400
 
 
-async def test_sglang_missing_bootstrap_fields_are_refused():
-    async with pair("sglang-0.5.23") as (prefill, decode):
+async def test_sglang_missing_bootstrap_fields_are_refused(engine_model):
+    async with pair("sglang-0.5.23", engine_model) as (prefill, decode):
         for engine in (prefill, decode):
             answer = await post(engine, "/v1/chat/completions", chat(max_tokens=2))
             assert answer.status == 400, answer.body
@@ -139,8 +143,8 @@ async def test_sglang_missing_bootstrap_fields_are_refused():
         await idle(prefill, decode)
 
 
-async def test_sglang_decode_fails_when_the_room_never_appears():
-    async with pair("sglang-0.5.23") as (prefill, decode):
+async def test_sglang_decode_fails_when_the_room_never_appears(engine_model):
+    async with pair("sglang-0.5.23", engine_model) as (prefill, decode):
         started = trio.current_time()
         answer = await post(decode, "/v1/chat/completions", sglang_body(prefill, 99))
         assert answer.status == 500
@@ -148,8 +152,8 @@ async def test_sglang_decode_fails_when_the_room_never_appears():
         await idle(prefill, decode)
 
 
-async def test_sglang_decode_fails_at_once_when_the_prefill_is_unreachable():
-    async with pair("sglang-0.5.23") as (prefill, decode):
+async def test_sglang_decode_fails_at_once_when_the_prefill_is_unreachable(engine_model):
+    async with pair("sglang-0.5.23", engine_model) as (prefill, decode):
         body = sglang_body(prefill, 5)
         body["bootstrap_port"] = 1  # nobody listens for bootstraps there
         answer = await post(decode, "/v1/chat/completions", body)
@@ -158,16 +162,16 @@ async def test_sglang_decode_fails_at_once_when_the_prefill_is_unreachable():
         await idle(prefill, decode)
 
 
-async def test_sglang_prefill_alone_times_out_and_frees_its_blocks():
-    async with pair("sglang-0.5.23") as (prefill, decode):
+async def test_sglang_prefill_alone_times_out_and_frees_its_blocks(engine_model):
+    async with pair("sglang-0.5.23", engine_model) as (prefill, decode):
         answer = await post(prefill, "/v1/chat/completions", sglang_body(prefill, 3))
         assert answer.status == 500
         assert b"no decode engine fetched" in answer.body
         await idle(prefill, decode)
 
 
-async def test_sglang_decode_with_another_prompt_fails():
-    async with pair("sglang-0.5.23") as (prefill, decode):
+async def test_sglang_decode_with_another_prompt_fails(engine_model):
+    async with pair("sglang-0.5.23", engine_model) as (prefill, decode):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(post, prefill, "/v1/chat/completions", sglang_body(prefill, 4))
             wrong = sglang_body(prefill, 4)
@@ -177,8 +181,8 @@ async def test_sglang_decode_with_another_prompt_fails():
         assert b"another prompt" in answer.body
 
 
-async def test_sglang_decode_cancelled_while_waiting_leaves_nothing():
-    async with pair("sglang-0.5.23", PdSimSettings()) as (prefill, decode):
+async def test_sglang_decode_cancelled_while_waiting_leaves_nothing(engine_model):
+    async with pair("sglang-0.5.23", engine_model, PdSimSettings()) as (prefill, decode):
         with trio.move_on_after(0.3):
             await post(decode, "/v1/chat/completions", sglang_body(prefill, 11))
         await idle(prefill, decode)
@@ -192,8 +196,8 @@ def vllm_prefill_body(**extra: Any) -> dict[str, Any]:
         "remote_block_ids": None, "remote_host": None, "remote_port": None}, **extra)
 
 
-async def test_vllm_transfer_params_carry_the_kv_to_decode():
-    async with pair("vllm-0.33") as (prefill, decode):
+async def test_vllm_transfer_params_carry_the_kv_to_decode(engine_model):
+    async with pair("vllm-0.33", engine_model) as (prefill, decode):
         first = await post(prefill, "/v1/chat/completions", vllm_prefill_body())
         assert first.status == 200
         answer = json.loads(first.body)
@@ -202,6 +206,8 @@ async def test_vllm_transfer_params_carry_the_kv_to_decode():
         assert params["remote_port"] == prefill.pd.bootstrap_port
         assert answer["usage"]["completion_tokens"] == 1
         assert prefill.pd.pinned == 1  # blocks kept for the decode
+        if engine_model == "batching":  # ... in the model: they count against its pool
+            assert prefill.load(0).kv_usage > 0 and prefill.load(0).running == 0
         body = chat("Split me.", max_tokens=4, stream=True, kv_transfer_params=params)
         second = await post(decode, "/v1/chat/completions", body)
         assert second.status == 200
@@ -210,14 +216,15 @@ async def test_vllm_transfer_params_carry_the_kv_to_decode():
         again = await post(decode, "/v1/chat/completions", body)  # read once only
         assert again.status == 500
         await idle(prefill, decode)
+        assert prefill.load(0).kv_usage == 0.0  # the pin was released once decode read it
         # a later request with the same prefix hits decode's cache
         alone = json.loads((await post(decode, "/v1/chat/completions",
                                        chat("Split me.", max_tokens=2))).body)
         assert alone["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
-async def test_vllm_decode_refuses_incomplete_or_expired_params():
-    async with pair("vllm-0.33") as (prefill, decode):
+async def test_vllm_decode_refuses_incomplete_or_expired_params(engine_model):
+    async with pair("vllm-0.33", engine_model) as (prefill, decode):
         params = json.loads((await post(prefill, "/v1/chat/completions",
                                         vllm_prefill_body())).body)["kv_transfer_params"]
         partial = {k: v for k, v in params.items() if k != "remote_request_id"}
@@ -231,8 +238,8 @@ async def test_vllm_decode_refuses_incomplete_or_expired_params():
         assert b"unknown or expired" in answer.body
 
 
-async def test_vllm_decode_without_params_computes_the_prefill():
-    async with pair("vllm-0.33") as (prefill, decode):
+async def test_vllm_decode_without_params_computes_the_prefill(engine_model):
+    async with pair("vllm-0.33", engine_model) as (prefill, decode):
         answer = await post(decode, "/v1/chat/completions", chat("Alone.", max_tokens=3))
         assert answer.status == 200
         assert json.loads(answer.body)["choices"][0]["message"]["content"] == (
@@ -240,8 +247,8 @@ async def test_vllm_decode_without_params_computes_the_prefill():
         await idle(prefill, decode)
 
 
-async def test_server_info_names_the_role():
-    async with pair("sglang-0.5.23") as (prefill, decode):
+async def test_server_info_names_the_role(engine_model):
+    async with pair("sglang-0.5.23", engine_model) as (prefill, decode):
         for engine, mode in ((prefill, "prefill"), (decode, "decode")):
             client = await RawClient.connect(urlsplit(engine.url or "").port or 0)
             info = json.loads((await client.request(b"GET", b"/server_info")).body)

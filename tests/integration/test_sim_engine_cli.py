@@ -64,12 +64,14 @@ def test_bad_flags_are_all_reported():
 def test_engine_model_auto_is_batching_wherever_a_batching_model_exists(monkeypatch):
     assert _plan(parse(["--engine", "vllm"])).engine_model == "batching"
     assert _plan(parse(["--engine", "sglang"])).engine_model == "batching"
-    assert _plan(parse(["--pd-role", "decode"])).engine_model == "fixed"
+    assert _plan(parse(["--pd-role", "decode"])).engine_model == "batching"  # PD roles too
+    assert _plan(parse(["--engine", "sglang", "--pd-role", "prefill"])).engine_model == \
+        "batching"
     assert _plan(parse(["--engine-model", "fixed"])).engine_model == "fixed"
     with pytest.raises(ConfigError) as info:
         _plan(parse(["--pd-role", "prefill", "--engine-model", "batching", "--speedup", "0",
                      "--max-num-seqs", "0"]))
-    assert len(info.value.problems) == 3
+    assert len(info.value.problems) == 2
     monkeypatch.setenv("CORTEX_SIM_ENGINE_MODEL", "fixed")
     monkeypatch.setenv("CORTEX_SIM_MAX_NUM_BATCHED_TOKENS", "512")
     args = parse(["--max-num-seqs", "16"])

@@ -1,7 +1,9 @@
 """The SGLang batching model under random traffic: it never over-commits its pool, every
 request produces exactly its tokens, a consumer replaying the published events ends up with
 the engine's truth whenever everything is published, and a hit is never one the cache did
-not hold."""
+not hold. PD requests mixed in: a ``hold_kv`` one keeps its pages until released, a
+``kv_received`` one is never matched (cached 0), never computes its prompt unless retracted,
+and adds nothing to the tree."""
 
 from __future__ import annotations
 
@@ -57,6 +59,11 @@ class Ledger:
     finished: set[int] = field(default_factory=set)
     aborted: set[int] = field(default_factory=set)
     in_prefill: set[int] = field(default_factory=set)  # (re)scheduled, no token since
+    released: set[int] = field(default_factory=set)
+
+    def holding(self) -> list[int]:
+        return [rid for rid in self.finished - self.released - self.aborted
+                if self.requests[rid].hold_kv]
 
 
 def _hit_bound(
@@ -95,6 +102,11 @@ def _step(engine: SglangBatchingEngine, ledger: Ledger, replay: Replay, page: in
         request = ledger.requests[rid]
         assert cached % page == 0
         assert cached <= _hit_bound(known, request, page)
+        if request.kv_received:  # its KV is there: no prefill; a decode batch's first token
+            assert cached == 0
+            assert rid in outcome.preempted or (
+                (rid in outcome.first_tokens) == (not outcome.work.chunks))
+            continue
         ledger.in_prefill.add(rid)
     for rid in outcome.first_tokens:
         assert ledger.produced[rid] == 0
@@ -125,12 +137,14 @@ adds = st.tuples(
     st.integers(1, 30),
     st.sampled_from(NAMESPACES),
     st.one_of(st.none(), st.integers(0, 6)),
+    st.sampled_from(["", "", "hold", "received"]),  # PD: hold_kv or kv_received
 )
 operations = st.lists(
     st.one_of(
         adds, adds, adds,  # traffic enough to fill the pool
         st.tuples(st.just("step"), st.integers(1, 6)),
         st.tuples(st.just("abort"), st.integers(0, 30)),
+        st.tuples(st.just("release"), st.integers(0, 30)),
         st.just(("idle",)),
         st.just(("clear",)),
     ),
@@ -145,9 +159,10 @@ def _run(config: SglangBatchingConfig, ops: list[tuple[object, ...]]) -> Ledger:
     ledger, replay = Ledger(), Replay()
     for op in ops:
         if op[0] == "add":
-            _, tokens, outputs, ns, read_limit = op
+            _, tokens, outputs, ns, read_limit, pd = op
             rid = len(ledger.requests)
-            request = SimRequest(rid, tokens, outputs, ns[0], ns[1], read_limit)  # type: ignore[arg-type,index]
+            request = SimRequest(rid, tokens, outputs, ns[0], ns[1], read_limit,  # type: ignore[arg-type,index]
+                                 hold_kv=pd == "hold", kv_received=pd == "received")
             if len(tokens) + outputs + page >= engine.capacity_tokens:  # type: ignore[arg-type]
                 continue  # add refuses what the pool can never hold (tested elsewhere)
             engine.add(request)
@@ -163,6 +178,11 @@ def _run(config: SglangBatchingConfig, ops: list[tuple[object, ...]]) -> Ledger:
                 ledger.aborted.add(rid)  # type: ignore[arg-type]
                 ledger.in_prefill.discard(rid)  # type: ignore[arg-type]
             assert engine.audit() == []
+        elif op[0] == "release":
+            engine.release(op[1])  # type: ignore[arg-type]
+            if op[1] in ledger.finished:
+                ledger.released.add(op[1])  # type: ignore[arg-type]
+            assert engine.audit() == []
         elif op[0] == "idle":
             for event in engine.idle_events():
                 replay.apply(event)
@@ -174,10 +194,25 @@ def _run(config: SglangBatchingConfig, ops: list[tuple[object, ...]]) -> Ledger:
             if events:
                 assert isinstance(events[-1], AllBlocksCleared) and engine.truth() == set()
                 assert replay.truth() == set()
+
+    def release_held() -> None:
+        for rid in ledger.holding():
+            engine.release(rid)
+            ledger.released.add(rid)
+
     steps = 0
-    while _step(engine, ledger, replay, page):
+    while True:  # held pages are released when what waits needs them (a lease would end)
+        if not _step(engine, ledger, replay, page):
+            if not engine.waiting:
+                break
+            assert ledger.holding(), "requests wait in an idle engine that holds nothing"
+            release_held()
+        elif steps % 100 == 99:
+            release_held()
         steps += 1
         assert steps < 5000, "the engine does not drain"
+    release_held()
+    assert engine.step() is None
     for event in engine.idle_events():
         replay.apply(event)
     assert replay.truth() == engine.truth()

@@ -5,7 +5,9 @@
 * a request's ``cached_tokens`` are whole blocks, below its prompt length and its read limit,
   and name prefixes the cache really held;
 * every request that is not aborted produces exactly ``output_tokens`` tokens (the first one
-  reported once, as the first) and finishes; then the engine is idle and holds nothing.
+  reported once, as the first) and finishes; then the engine is idle and, once every
+  ``hold_kv`` request is released, holds nothing;
+* a ``kv_received`` request samples its first token in the step that first schedules it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ adds = st.tuples(
     st.integers(1, 5),  # output_tokens
     st.sampled_from(NAMESPACES),
     st.one_of(st.none(), st.integers(0, 8)),  # read_limit
+    st.sampled_from(["", "", "hold", "received"]),  # PD: hold_kv or kv_received
 )
 operations = st.lists(
     st.one_of(
@@ -59,6 +62,7 @@ operations = st.lists(
         adds,
         st.tuples(st.just("step"), st.integers(1, 4)),
         st.tuples(st.just("abort"), st.integers(0, 30)),
+        st.tuples(st.just("release"), st.integers(0, 30)),
         st.just(("clear",)),
     ),
     max_size=40,
@@ -77,6 +81,7 @@ class Checker:
         self.produced: dict[int, int] = {}
         self.finished: set[int] = set()
         self.aborted: set[int] = set()
+        self.released: set[int] = set()
 
     def add(self, request: SimRequest) -> None:
         size = self.config.block_size
@@ -96,6 +101,16 @@ class Checker:
         if request_id in self.requests and request_id not in self.finished:
             self.aborted.add(request_id)
 
+    def holding(self) -> list[int]:
+        """Finished ``hold_kv`` requests not released (nor aborted) yet."""
+        return [rid for rid in self.finished - self.released - self.aborted
+                if self.requests[rid].hold_kv]
+
+    def release(self, request_id: int) -> None:
+        self.engine.release(request_id)  # a no-op unless it finished (and holds)
+        if request_id in self.finished:
+            self.released.add(request_id)
+
     def clear(self) -> None:
         held = self.engine.used_blocks
         events = self.engine.clear()
@@ -107,8 +122,8 @@ class Checker:
     def step(self) -> StepOutcome | None:
         engine = self.engine
         outcome = engine.step()
-        if outcome is None:
-            assert engine.running == 0 and engine.waiting == 0
+        if outcome is None:  # idle, or what waits needs blocks a held request keeps
+            assert engine.running == 0 and (engine.waiting == 0 or self.holding())
             return None
         for event in outcome.events:
             if isinstance(event, BlockRemoved):
@@ -119,7 +134,11 @@ class Checker:
         assert 0 <= engine.used_blocks <= self.config.num_gpu_blocks - 1
         assert 0.0 <= engine.kv_usage <= 1.0
         work = outcome.work
-        assert 0 < work.prefill_tokens + work.decodes <= self.config.max_num_batched_tokens
+        for request_id in outcome.scheduled:  # its last prompt token, alone: its first output
+            assert not self.requests[request_id].kv_received or (
+                request_id in outcome.first_tokens)
+        assert 0 < work.prefill_tokens + work.decodes <= self.config.max_num_batched_tokens or (
+            work.empty and outcome.preempted)
         assert len(work.chunks) + work.decodes <= self.config.max_num_seqs
         assert engine.running <= self.config.max_num_seqs
         size = self.config.block_size
@@ -143,13 +162,23 @@ class Checker:
         return outcome
 
     def drain(self) -> None:
-        for _ in range(MAX_STEPS):
+        """Step until idle, releasing the held requests when what waits cannot run without
+        their blocks (idle, or preempting itself over and over: a lease would end it)."""
+        for count in range(MAX_STEPS):
             if self.step() is None:
-                break
+                if not self.engine.waiting:
+                    break
+                for request_id in self.holding():
+                    self.release(request_id)
+            elif count % 100 == 99:
+                for request_id in self.holding():
+                    self.release(request_id)
         else:
             raise AssertionError("the engine never went idle")
         assert self.finished == set(self.requests) - self.aborted
-        assert self.engine.used_blocks == 0
+        for request_id in self.holding():
+            self.release(request_id)
+        assert self.engine.used_blocks == 0 and self.engine.step() is None
 
 
 @settings(max_examples=300, deadline=None)
@@ -161,14 +190,17 @@ def test_vllm_batching_keeps_its_promises(
     next_id = 0
     for op in burst + ops:
         if op[0] == "add":
-            _, tokens, outputs, (lora, salt), read_limit = op
-            checker.add(SimRequest(next_id, tokens, outputs, lora, salt, read_limit))  # type: ignore[arg-type]
+            _, tokens, outputs, (lora, salt), read_limit, pd = op
+            checker.add(SimRequest(next_id, tokens, outputs, lora, salt, read_limit,  # type: ignore[arg-type]
+                                   hold_kv=pd == "hold", kv_received=pd == "received"))
             next_id += 1
         elif op[0] == "step":
             for _ in range(op[1]):  # type: ignore[misc]
                 checker.step()
         elif op[0] == "abort":
             checker.abort(op[1])  # type: ignore[arg-type]
+        elif op[0] == "release":
+            checker.release(op[1])  # type: ignore[arg-type]
         else:
             checker.clear()
     checker.drain()

@@ -424,3 +424,93 @@ def test_the_event_queue_merges_continuing_stores_and_consecutive_removals() -> 
         AllBlocksCleared(),
     ]
     assert queue.take() == [] and len(queue) == 0
+
+
+def test_a_held_request_stays_locked_in_the_tree_until_released() -> None:
+    """PD prefill (``hold_kv``): the prompt enters the tree after its forward (stored with the
+    prefill batch) and stays locked, counting against the pool, until ``release``."""
+    engine = _engine(40)
+    engine.add(_req(1, P10, 1, hold_kv=True))
+    outcome = _step(engine)
+    assert outcome.first_tokens == [1] and outcome.finished == [1]
+    assert outcome.events == [BlockStored(_hashes(P10), None, list(P10), 1, medium="GPU")]
+    assert engine.running == engine.waiting == 0
+    assert engine.used_tokens == 10 and engine.kv_usage == pytest.approx(10 / 40)
+    assert engine.clear() == [] and engine.step() is None
+    # 25 + 4 + a page does not fit the 30 tokens left beside the locked 10: it waits
+    engine.add(_req(2, tuple(range(300, 325)), 4))
+    assert engine.step() is None and engine.waiting == 1
+    engine.release(2)  # not held: nothing
+    engine.release(1)
+    engine.release(1)
+    assert engine.audit() == [] and engine.kv_usage == 0.0 and engine.truth() == _truth_of(P10)
+    assert _step(engine).scheduled == {2: 0}
+
+
+def test_abort_frees_held_and_received_requests() -> None:
+    engine = _engine(100)
+    engine.add(_req(1, P10, 1, hold_kv=True))
+    _step(engine)
+    engine.add(_req(2, tuple(range(200, 290)), 5, kv_received=True))  # cannot be admitted
+    assert engine.step() is None and engine.waiting == 1
+    engine.abort(2)
+    engine.abort(1)
+    assert engine.audit() == [] and engine.waiting == 0 and engine.kv_usage == 0.0
+
+
+def test_a_received_prompt_gets_its_pages_and_decodes_without_the_tree() -> None:
+    """PD decode (``kv_received``): admitted straight into the running batch with pages for its
+    prompt, first token from the next decode batch; no radix cache on decode: no match even of
+    a cached prompt, no insert, no events, ``cached_tokens`` 0."""
+    engine = _engine(100)
+    engine.add(_req(1, P10, 2))
+    _drain(engine)
+    assert engine.truth() == _truth_of(_seq(P10, 1))  # (the last output has no KV)
+    stored = engine.truth()
+    engine.idle_events()  # request 1's last store
+    received = _req(2, P10, 3, kv_received=True)
+    assert engine.local_hit(received) == 0
+    engine.add(received)
+    outcome = _step(engine)
+    assert outcome.scheduled == {2: 0} and outcome.first_tokens == [2]
+    assert outcome.work == StepWork(decodes=1, decode_context=11)
+    assert engine.used_tokens == len(_seq(P10, 1)) + 11  # its pages are its own
+    outcomes = _drain(engine)
+    assert [o.tokens for o in outcomes] == [[2], [2]] and outcomes[-1].finished == [2]
+    assert engine.truth() == stored and engine.idle_events() == []
+    assert all(not o.events for o in [outcome, *outcomes])
+    with pytest.raises(ValueError):
+        engine.local_hit(_req(3, P10, 1))
+
+
+def test_received_requests_are_admitted_in_order_while_memory_allows() -> None:
+    """The adder's test, reserves included: in one pass A (20 + 5 + a page < 40) joins and
+    reserves 21 + 5, so B (10 + 5 + a page) is not below the 14 left and waits (head of line);
+    a pass later A's reserve is its 4 outputs to go x new_token_ratio: B joins."""
+    engine = _engine(40)
+    engine.add(_req(1, tuple(range(20)), 5, kv_received=True))
+    engine.add(_req(2, tuple(range(100, 110)), 5, kv_received=True))
+    engine.add(_req(3, (200,), 1, kv_received=True))  # 3 tokens would fit: queued after B
+    outcome = _step(engine)
+    assert outcome.scheduled == {1: 0} and engine.waiting == 2 and engine.running == 1
+    outcome = _step(engine)
+    assert outcome.scheduled == {2: 0} and outcome.first_tokens == [2]
+    outcomes = [outcome, *_drain(engine)]
+    produced = [rid for o in outcomes for rid in (*o.first_tokens, *o.tokens)]
+    assert produced.count(1) == 4 and produced.count(2) == 5 and produced.count(3) == 1
+    assert engine.kv_usage == 0.0 and engine.truth() == set()
+
+
+def test_a_retracted_received_request_is_recomputed_outside_the_tree() -> None:
+    """Two received requests of 12 + 12 under a low reserve join a pass apart; together they
+    outgrow the 40-token pool: the one with fewer outputs is retracted and recomputed."""
+    engine = _engine(40, schedule_conservativeness=0.02)
+    engine.add(_req(1, tuple(range(12)), 12, kv_received=True))
+    engine.add(_req(2, tuple(range(100, 112)), 12, kv_received=True))
+    outcomes = _drain(engine)
+    assert [o.scheduled for o in outcomes[:2]] == [{1: 0}, {2: 0}]
+    assert any(o.preempted for o in outcomes)
+    assert any(o.work.chunks for o in outcomes)  # the recompute is a prefill
+    produced = [rid for o in outcomes for rid in (*o.first_tokens, *o.tokens)]
+    assert produced.count(1) == produced.count(2) == 12
+    assert engine.truth() == set() and engine.kv_usage == 0.0

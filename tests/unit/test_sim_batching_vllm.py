@@ -343,3 +343,89 @@ def test_config_is_checked_as_vllm_checks_it() -> None:
         VllmSchedulerConfig(num_gpu_blocks=1)
     with pytest.raises(ConfigError):
         VllmSchedulerConfig(num_gpu_blocks=10, watermark=1.0)
+
+
+def test_a_held_request_keeps_its_blocks_until_released_then_frees_them_tail_first() -> None:
+    """PD prefill (``hold_kv``): 4 usable blocks of 4; the 12-token prompt's three blocks stay
+    held after its one token, so a request needing two blocks waits; once released they are
+    free but cached, and the first one reused is the tail."""
+    engine = _engine(5, block_size=4)
+    replay = EventModel()
+    prompt = _tokens(0, 12)
+    engine.add(SimRequest(1, prompt, output_tokens=1, hold_kv=True))
+    outcome = _step(engine, replay)
+    assert outcome.first_tokens == [1] and outcome.finished == [1]
+    assert engine.running == engine.waiting == 0 and engine.used_blocks == 3
+    assert engine.clear() == []  # blocks held: vLLM's reset fails
+    with pytest.raises(ValueError, match="already"):
+        engine.add(SimRequest(1, prompt, output_tokens=1))
+    engine.add(SimRequest(2, _tokens(100, 8), output_tokens=1))
+    assert engine.step() is None and engine.waiting == 1  # 1 block free, 2 needed
+    engine.release(2)  # not held: nothing
+    engine.release(1)
+    engine.release(1)
+    assert engine.used_blocks == 0 and len(engine.truth()) == 3
+    outcome = _step(engine, replay)
+    assert outcome.scheduled == {2: 0}
+    removed = [e for e in outcome.events if isinstance(e, BlockRemoved)]
+    assert [e.block_hashes for e in removed] == [[_hasher()(prompt, 4)[2].value]]
+    assert (None, None, prompt[:8]) in engine.truth()
+
+
+def test_abort_frees_a_held_request() -> None:
+    engine = _engine(100, block_size=4)
+    engine.add(SimRequest(1, _tokens(0, 10), output_tokens=2, hold_kv=True))
+    _step(engine)
+    _step(engine)  # its second token: finished, held
+    assert engine.used_blocks == 3
+    engine.abort(1)
+    assert engine.used_blocks == 0 and engine.step() is None
+
+
+def test_a_received_prompt_is_allocated_whole_and_decodes_from_its_first_step() -> None:
+    """PD decode (``kv_received``): no prefill chunk; its last prompt token is the one token
+    of its first step, counted as a decode, which samples its first output; the received
+    full blocks are cached (stored) at admission; ``cached_tokens`` is what was held before."""
+    engine = _engine(100, block_size=4, max_num_batched_tokens=8, max_num_seqs=4)
+    replay = EventModel()
+    prompt = _tokens(0, 10)
+    received = SimRequest(1, prompt, output_tokens=3, kv_received=True)
+    assert engine.local_hit(received) == 0
+    engine.add(received)
+    engine.add(SimRequest(2, _tokens(100, 20), output_tokens=1))
+    outcome = _step(engine, replay)
+    assert outcome.scheduled == {1: 0, 2: 0} and outcome.first_tokens == [1]
+    assert outcome.work.chunks == (Chunk(7, 0),)  # the budget left after its one token
+    assert (outcome.work.decodes, outcome.work.decode_context) == (1, 10)
+    stored = [e for e in outcome.events if isinstance(e, BlockStored)]
+    assert [list(e.token_ids) for e in stored] == [list(prompt[:8]), list(range(100, 104))]
+    outcome = _step(engine, replay)
+    assert outcome.tokens == [1] and outcome.work.decode_context == 11
+    while engine.running or engine.waiting:
+        _step(engine, replay)
+    # the prompt is now this engine's: a second transfer of it brings one block only
+    again = SimRequest(3, (*prompt, 7, 7, 7), output_tokens=1, kv_received=True)
+    assert engine.local_hit(again) == 8
+    engine.add(again)
+    outcome = _step(engine, replay)
+    assert outcome.scheduled == {3: 8} and outcome.work.chunks == ()
+    assert outcome.first_tokens == [3] and outcome.finished == [3]
+    stored = [e for e in outcome.events if isinstance(e, BlockStored)]
+    assert [list(e.token_ids) for e in stored] == [[*prompt[8:], 7, 7]]
+
+
+def test_a_preempted_received_request_recomputes_its_prompt() -> None:
+    engine = _engine(5, block_size=4, max_num_batched_tokens=16, max_num_seqs=4)
+    engine.add(SimRequest(1, _tokens(0, 7), output_tokens=6))
+    engine.add(SimRequest(2, _tokens(100, 7), output_tokens=6, kv_received=True))
+    first = _step(engine)
+    assert first.work.chunks == (Chunk(7, 0),) and first.work.decodes == 1
+    outcomes = []
+    while (outcome := engine.step()) is not None:
+        outcomes.append(outcome)
+    preempted_at = next(i for i, o in enumerate(outcomes) if 2 in o.preempted)
+    assert 1 not in {rid for o in outcomes for rid in o.preempted}
+    # its KV is gone: it recomputes prompt and outputs (from what stayed cached)
+    assert any(o.work.chunks for o in outcomes[preempted_at + 1:])
+    produced = [rid for o in [first, *outcomes] for rid in (*o.first_tokens, *o.tokens)]
+    assert produced.count(1) == produced.count(2) == 6

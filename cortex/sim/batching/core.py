@@ -18,6 +18,26 @@ Rules every flavour keeps:
   freed as the engine frees a finished request's, and it produces nothing more.
 * The cache never claims a block it does not hold: ``truth()`` is what a consumer of the
   published events must end up with.
+
+Prefill/decode disaggregation (``cortex.sim.pd`` drives both through ``cortex.sim.stepper``):
+
+* ``hold_kv`` (the prefill leg): the request runs and finishes as any other (its last token,
+  ``finished``), but its KV stays: its blocks remain held, counting against the pool and never
+  evicted, until ``release(request_id)`` (the decode side read them, or the lease ran out) or
+  ``abort``; then they are freed as a finished request's are (vLLM: tail first, the hashed
+  ones staying cached; SGLang: the sequence was inserted into the tree at the end of its
+  forward and stays locked until then). A held request is neither waiting nor running, but its
+  id stays in use and ``clear`` is refused while it holds blocks.
+* ``kv_received`` (the decode leg): the prompt's KV arrived from a prefill engine (the shell
+  waited the transfer before ``add``). At admission blocks for the whole prompt are allocated
+  and none of it is computed: no prefill chunk in any step; its first token comes from its
+  first decode step (``StepWork.decodes``, shared with the running decodes). vLLM: local prefix hits
+  are reused (``cached_tokens``) and the received blocks enter the prefix cache (``BlockStored``,
+  as vLLM's decode publishes them); SGLang's decode keeps no radix cache (its default): the
+  prompt is neither matched nor inserted, no events, ``cached_tokens`` 0. A received request
+  preempted or retracted has lost that KV: it is recomputed locally like any other.
+* ``local_hit(request)``: for a ``kv_received`` request, the prompt tokens the engine's own
+  cache would serve if it were admitted now (read-only); the transfer brings only the rest.
 """
 
 from __future__ import annotations
@@ -39,6 +59,8 @@ class SimRequest:
     lora_name: str | None = None
     cache_salt: str | None = None
     read_limit: int | None = None  # prompt tokens it may read from the cache at most
+    hold_kv: bool = False  # PD prefill: its KV stays held after it finishes, until release
+    kv_received: bool = False  # PD decode: its prompt's KV came from a prefill engine
 
 
 @dataclass(slots=True)
@@ -60,6 +82,16 @@ class BatchingEngine(Protocol):
     def add(self, request: SimRequest) -> None: ...
 
     def abort(self, request_id: int) -> None: ...
+
+    def release(self, request_id: int) -> None:
+        """Free the KV a finished ``hold_kv`` request still holds (no-op for an id that holds
+        none: unknown, released, or not finished yet)."""
+        ...
+
+    def local_hit(self, request: SimRequest) -> int:
+        """Prompt tokens of a ``kv_received`` request this engine's cache would serve if it
+        were admitted now (read-only: nothing is touched)."""
+        ...
 
     def step(self) -> StepOutcome | None: ...
 

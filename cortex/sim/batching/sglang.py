@@ -39,6 +39,25 @@ One ``step`` is one scheduler iteration, either a prefill batch or a decode batc
    lock dropped, its other pages freed (``cache_finished_req``). Decode tokens are never
    inserted while a request runs.
 
+PD roles (``disaggregation/prefill.py`` and ``decode.py``, as far as the model needs them;
+rules in ``cortex.sim.batching.core``):
+
+* ``hold_kv`` (prefill mode): when it finishes, what it computed is inserted into the tree
+  (``cache_unfinished_req``, after the forward: its events go out with that prefill batch) and
+  stays locked with its other pages while the KV is sent; ``release`` is the transfer's end
+  (``cache_finished_req``: the lock dropped, the rest freed). A release also clears
+  ``batch_is_full`` (the prefill loop resets it every pass).
+* ``kv_received`` (decode mode): the request waits in a pre-allocation queue, admitted at the
+  start of each iteration, in order, while the running cap allows and the prefill adder's
+  memory test passes for its whole prompt (SGLang's ``DecodePreallocQueue`` reserves decode
+  room its own way, ``num_reserved_decode_tokens``; the adder's test stands for it here). It
+  gets pages for the prompt and joins the running batch; its first token comes from the next
+  decode batch (SGLang hands over the prefill's first token in a ``PREBUILT`` pass without a
+  forward; the model decodes it, one decode step later). No radix cache on decode (SGLang's
+  default, ``--disaggregation-decode-enable-radix-cache`` off): the prompt is never matched
+  nor inserted, even after a retraction (recomputed by a prefill batch, still outside the
+  tree), so it publishes nothing and its ``cached_tokens`` is 0.
+
 A step's outcome names each token once: in ``first_tokens`` (the first) or ``tokens`` (any
 other, a re-prefill's included); a request whose last token it was is also in ``finished``.
 
@@ -54,7 +73,8 @@ Invariants (``audit`` checks the first and third, the property tests the rest):
 * the pool is never over-committed: tree tokens + pages held outside the tree <= the pool
   (``max_total_tokens`` floored to pages); a request's pages outside the tree are
   ``ceil(computed / page) x page - tokens of its locked tree path``;
-* every request produces exactly ``output_tokens`` tokens; a finished request holds nothing;
+* every request produces exactly ``output_tokens`` tokens; a finished request holds nothing
+  (a ``hold_kv`` one: until released);
 * each tree node's ``lock_ref`` = the requests whose locked path runs through it;
 * at most one chunked request.
 
@@ -152,7 +172,7 @@ class SglangBatchingConfig:
 class _Req:
     request: SimRequest
     namespace: Namespace
-    state: Literal["waiting", "chunked", "running"] = "waiting"
+    state: Literal["received", "waiting", "chunked", "running", "held"] = "waiting"
     outputs: int = 0  # tokens produced so far
     computed: int = 0  # tokens whose KV exists
     node: RadixNode | None = None  # locked: KV of tokens [0, node.end) is the tree's
@@ -165,6 +185,11 @@ class _Req:
     @property
     def tree_tokens(self) -> int:
         return 0 if self.node is None else self.node.end
+
+    @property
+    def uses_tree(self) -> bool:
+        """Matched against and inserted into the radix cache (a received prompt: never)."""
+        return not self.request.kv_received
 
 
 @dataclass(slots=True)
@@ -223,6 +248,7 @@ class SglangBatchingEngine:
     def _start(self) -> None:
         self._reqs: dict[int, _Req] = {}
         self._waiting: list[_Req] = []
+        self._received: list[_Req] = []  # kv_received, waiting for their pages
         self._running: list[_Req] = []
         self._chunked: _Req | None = None
         self._stash_pending = False
@@ -249,7 +275,11 @@ class SglangBatchingEngine:
                 "admits it")
         req = _Req(request, (request.lora_name, request.cache_salt))
         self._reqs[request.request_id] = req
-        self._waiting.append(req)
+        if request.kv_received:
+            req.state = "received"
+            self._received.append(req)
+        else:
+            self._waiting.append(req)
 
     def abort(self, request_id: int) -> None:
         req = self._reqs.pop(request_id, None)
@@ -257,6 +287,13 @@ class SglangBatchingEngine:
             return
         if req.state == "waiting":
             self._waiting.remove(req)
+            return
+        if req.state == "received":
+            self._received.remove(req)
+            return
+        if req.state == "held":
+            self._release(req, insert=True)
+            self._batch_is_full = False
             return
         if req is self._chunked:
             self._chunked = None
@@ -266,11 +303,27 @@ class SglangBatchingEngine:
         self._release(req, insert=True)
         self._left_running = True
 
+    def release(self, request_id: int) -> None:
+        """The transfer of a held request's KV ended: ``cache_finished_req`` (its lock dropped,
+        its other pages freed)."""
+        req = self._reqs.get(request_id)
+        if req is None or req.state != "held":
+            return
+        del self._reqs[request_id]
+        self._release(req, insert=True)
+        self._batch_is_full = False
+
+    def local_hit(self, request: SimRequest) -> int:
+        """0: SGLang's decode keeps no radix cache for what it receives."""
+        if not request.kv_received:
+            raise ValueError("local_hit is defined for kv_received requests only")
+        return 0
+
     def step(self) -> StepOutcome | None:
         outcome = self._iterate()
         if outcome is None:
             self._on_idle()
-            if self._waiting or self._chunked is not None:
+            if self._waiting or self._received or self._chunked is not None:
                 outcome = self._iterate()
         return outcome
 
@@ -296,7 +349,7 @@ class SglangBatchingEngine:
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._received)
 
     @property
     def running(self) -> int:
@@ -357,6 +410,7 @@ class SglangBatchingEngine:
                 self._checkpoint(chunked)
             self._batch_is_full = False
         report = _Pass()
+        self._admit_received(report)
         batch = self._schedule_prefill(report)
         if batch:
             return self._run_prefill(batch, report)
@@ -372,6 +426,38 @@ class SglangBatchingEngine:
         self._batch_is_full = False
 
     # ------------------------------------------------------------ prefill
+
+    def _admit_received(self, report: _Pass) -> None:
+        """Received requests in order get pages for their prompt and join the running batch
+        while the running cap and the adder's memory test allow (head of line)."""
+        received = self._received
+        if not received:
+            return
+        page = self._page
+        budget = _PrefillBudget(
+            rem_chunk=None, rem_input=0,
+            total_offset=sum(
+                min(r.request.output_tokens - r.outputs, CLIP_MAX_NEW_TOKENS)
+                for r in self._running) * self._ratio)
+        admitted = 0
+        for req in received:
+            if len(self._running) >= self._running_cap:
+                break
+            prompt = len(req.request.tokens)
+            max_new = min(req.request.output_tokens, CLIP_MAX_NEW_TOKENS)
+            if prompt + max_new + page >= self._remaining_total(budget):
+                break
+            self._make_room(-(-prompt // page) * page)
+            assert -(-prompt // page) * page <= self._available, "admitted past the pool"
+            req.computed = prompt
+            self._set_private(req)
+            req.state = "running"
+            req.scheduled = True
+            report.scheduled[req.request.request_id] = 0
+            self._running.append(req)
+            self._reserve(budget, prompt, max_new)
+            admitted += 1
+        del received[:admitted]
 
     def _schedule_prefill(self, report: _Pass) -> list[_Req]:
         chunked = self._chunked
@@ -545,7 +631,8 @@ class SglangBatchingEngine:
         for req in running:
             req.computed += 1
             req.outputs += 1
-            report.tokens.append(req.request.request_id)
+            (report.first_tokens if req.outputs == 1 else report.tokens).append(
+                req.request.request_id)
             if req.outputs == req.request.output_tokens:
                 self._finish(req, report)
                 self._left_running = True
@@ -625,6 +712,8 @@ class SglangBatchingEngine:
         return prompt + req.output_ids[:outputs]
 
     def _match(self, req: _Req, fill: tuple[int, ...]) -> RadixNode:
+        if not req.uses_tree:
+            return self._tree.root(req.namespace)
         limit = len(fill) - 1
         if req.request.read_limit is not None:
             limit = min(limit, req.request.read_limit)
@@ -634,7 +723,7 @@ class SglangBatchingEngine:
         """``cache_unfinished_req``: insert what ``req`` computed (whole pages) and move its
         lock to the new end of its path."""
         length = req.computed // self._page * self._page
-        if length <= req.tree_tokens:
+        if length <= req.tree_tokens or not req.uses_tree:
             return
         node = self._tree.insert(req.namespace, self._sequence(req, length))
         self._tree.lock(node)
@@ -646,7 +735,7 @@ class SglangBatchingEngine:
     def _release(self, req: _Req, *, insert: bool) -> None:
         """``release_kv_cache``: optionally insert what ``req`` computed, drop its lock, free
         its pages."""
-        if insert:
+        if insert and req.uses_tree:
             length = req.computed // self._page * self._page
             if length > req.tree_tokens:
                 self._tree.insert(req.namespace, self._sequence(req, length))
@@ -658,9 +747,13 @@ class SglangBatchingEngine:
         req.computed = 0
 
     def _finish(self, req: _Req, report: _Pass) -> None:
+        report.finished.append(req.request.request_id)
+        if req.request.hold_kv:  # its KV waits for the decode side: locked until release
+            self._checkpoint(req)
+            req.state = "held"
+            return
         self._release(req, insert=True)
         del self._reqs[req.request.request_id]
-        report.finished.append(req.request.request_id)
 
     def _outcome(self, work: StepWork, report: _Pass, events: list[Event]) -> StepOutcome:
         return StepOutcome(

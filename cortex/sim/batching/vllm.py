@@ -30,9 +30,24 @@ A preempted request loses all its blocks (freed tail first; hashed ones stay cac
 usually re-hits them), goes to the front of the waiting queue, and recomputes prompt and
 outputs so far on re-admission. ``cached_tokens`` is its hit at its first scheduling only.
 
+PD roles (NixlConnector's scheduler side, as far as the model needs it; rules in
+``cortex.sim.batching.core``):
+
+* ``hold_kv`` (prefill, ``do_remote_decode``): when it finishes, ``request_finished`` delays the
+  free of its blocks: they stay held (and cached) until ``release`` (the decode read them, or
+  ``kv_lease_duration`` ran out), then are freed as a finished request's, tail first.
+* ``kv_received`` (decode, ``do_remote_prefill``): admitted in the waiting pass like any other
+  (FCFS, the prefix lookup, ``reserve_full_isl``, head of line), its blocks are allocated for
+  the whole prompt and those full are cached at once (``BlockStored``); all its prompt but the
+  last token counts as computed, and that last token is scheduled alone (one token of budget),
+  as vLLM does once the KV has landed: the step samples the first output from it, which the
+  step timing counts as a decode. The local hit is ``cached_tokens``. Here the KV lands before
+  ``add`` (the shell waited the transfer), where vLLM allocates first and waits for the KV in
+  ``WAITING_FOR_REMOTE_KVS``: the blocks are taken a transfer later than vLLM takes them.
+
 Modelled as vLLM 0.32 with its defaults otherwise: FCFS policy, chunked prefill on, one KV
 cache group (full attention), no speculative decoding, no KV connector, no LoRA slot limit
-(``max_loras``), no ``max_model_len``: a request that could never fit the pool is refused at
+(``max_loras``), no KV connector beyond the PD hand-over above, no ``max_model_len``: a request that could never fit the pool is refused at
 ``add`` (vLLM's ``max_model_len`` never exceeds its KV capacity, and it refuses a request
 longer than that), so every admitted request can finish. Async scheduling (vLLM's
 default: step N+1 scheduled while step N runs, its events published with step N's) is not
@@ -40,7 +55,8 @@ modelled: steps are synchronous, so each batch holds its own step's events. ``cl
 the reset at once, where vLLM publishes ``AllBlocksCleared`` with the next step's batch.
 
 Invariants: blocks held never exceed the pool; a request is in exactly one of waiting and
-running until it finishes or is aborted; a running request holds
+running until it finishes or is aborted (then, with ``hold_kv``, held until released); a
+running request holds
 ``ceil(num_computed / block_size)`` blocks between steps; every request produces exactly
 ``output_tokens`` tokens; ``truth()`` equals the replay of every event returned.
 """
@@ -114,6 +130,12 @@ class _Sequence:
     num_cached_blocks: int = 0  # leading blocks of the table that carry their hash
     produced: int = 0
     preemptions: int = 0
+    held: bool = False  # finished, its blocks kept for a PD decode (hold_kv)
+
+    @property
+    def received(self) -> bool:
+        """Its prompt's KV came from a prefill engine and it still has it (never preempted)."""
+        return self.request.kv_received and self.preemptions == 0
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -164,11 +186,38 @@ class VllmBatchingEngine:
         seq = self._by_id.pop(request_id, None)
         if seq is None:
             return
-        if seq in self._waiting:
+        if seq.held:
+            self._free(seq)
+        elif seq in self._waiting:
             self._waiting.remove(seq)
         else:
             self._running.remove(seq)
             self._free(seq)
+
+    def release(self, request_id: int) -> None:
+        """A held request's blocks are let go (the decode read them, or the lease expired):
+        freed tail first, as a finished request's."""
+        seq = self._by_id.get(request_id)
+        if seq is None or not seq.held:
+            return
+        del self._by_id[request_id]
+        self._free(seq)
+
+    def local_hit(self, request: SimRequest) -> int:
+        """The prefix hit ``request`` would get if admitted now (full blocks, at most
+        ``num_tokens - 1`` and ``read_limit`` tokens); nothing is touched."""
+        if not self.config.enable_prefix_caching:
+            return 0
+        size = self.config.block_size
+        limit = len(request.tokens) - 1
+        if request.read_limit is not None and request.read_limit < limit:
+            limit = request.read_limit
+        max_blocks = limit // size
+        if max_blocks <= 0:
+            return 0
+        hashes = self.hasher(request.tokens[: max_blocks * size], size, request.lora_name,
+                             request.cache_salt)
+        return len(self._pool.lookup(hashes)) * size
 
     def step(self) -> StepOutcome | None:
         """Schedule, run and publish one step; None when nothing can run."""
@@ -291,14 +340,20 @@ class VllmBatchingEngine:
             hits = self._prefix_hits(seq)
             computed = len(hits) * size
             wanted = len(seq.source.tokens) - computed
-            if 0 < cap < wanted:
-                wanted = cap
-            wanted = min(wanted, budget)
-            if not self._allocate(seq, wanted, hits, admitting=True):
-                break
+            if seq.received:  # blocks for the whole prompt; only its last token is computed
+                if not self._allocate(seq, wanted, hits, admitting=True):
+                    break
+                seq.num_computed = len(seq.source.tokens) - 1
+                wanted = 1
+            else:
+                if 0 < cap < wanted:
+                    wanted = cap
+                wanted = min(wanted, budget)
+                if not self._allocate(seq, wanted, hits, admitting=True):
+                    break
+                seq.num_computed = computed
             waiting.popleft()
             running.append(seq)
-            seq.num_computed = computed
             if seq.preemptions == 0:
                 first_scheduled[seq.request.request_id] = computed
             scheduled.append((seq, wanted))
@@ -380,10 +435,11 @@ class VllmBatchingEngine:
     def _execute(self, scheduled: list[tuple[_Sequence, int]], outcome: StepOutcome) -> StepWork:
         """The forward pass and sampling: the scheduled tokens count as computed; each request
         whose sequence is then all in KV samples a token; finished requests leave and free
-        their blocks. Returns what the step computed: a decode is one token right after
-        tokens already in KV, for a request that has produced, and reads ``num_computed + 1``
-        KV tokens (its own included); anything else is a prefill chunk (a prompt's, or a
-        preempted request's recompute)."""
+        their blocks (a ``hold_kv`` one keeps them). Returns what the step computed: a decode
+        is one token right after tokens already in KV, for a request that has produced or
+        received its prompt's KV, and reads ``num_computed + 1`` KV tokens (its own
+        included); anything else is a prefill chunk (a prompt's, or a preempted request's
+        recompute)."""
         chunks: list[Chunk] = []
         decodes = 0
         decode_context = 0
@@ -392,7 +448,7 @@ class VllmBatchingEngine:
             before = seq.num_computed
             seq.num_computed = computed = before + wanted
             tokens = seq.source.tokens
-            if wanted == 1 and seq.produced and computed == len(tokens):
+            if wanted == 1 and (seq.produced or seq.received) and computed == len(tokens):
                 decodes += 1
                 decode_context += computed
             else:
@@ -410,6 +466,9 @@ class VllmBatchingEngine:
                 outcome.finished.append(request_id)
                 finished.append(seq)
         for seq in finished:
+            if seq.request.hold_kv:
+                seq.held = True  # freed by release (or abort)
+                continue
             self._free(seq)
             del self._by_id[seq.request.request_id]
         if finished:
