@@ -173,14 +173,14 @@ def pd_notes(result: dict) -> str:
 
 
 def table(result: dict) -> str:
-    cols = ("hit", "ttft mean", "p50", "p99", "prefill tok", "dup blocks", "req/s", "spread",
-            "work spread", "util", "ledger exact")
+    cols = ("hit", "ttft mean", "p50", "p99", "itl p99", "prefill tok", "dup blocks", "req/s",
+            "spread", "work spread", "util", "ledger exact")
     lines = [f"{'router':<16}" + "".join(f"{c:>13}" for c in cols)]
     for name, r in result["routers"].items():
         exact = r["ledger"]["exact_share"]
         cells = (f"{r['hit_rate']:.1%}", f"{r['ttft_ms']['mean']:.0f} ms",
                  f"{r['ttft_ms']['p50']:.0f} ms", f"{r['ttft_ms']['p99']:.0f} ms",
-                 f"{r['prefill_tokens']:,}", f"{r['duplicated_blocks']:,}",
+                 f"{r.get('itl_ms', {}).get('p99', 0.0):.0f} ms", f"{r['prefill_tokens']:,}", f"{r['duplicated_blocks']:,}",
                  f"{r['req_per_s']:.1f}", f"{r['load_spread']:.2f}",
                  f"{r.get('work_spread', 0.0):.2f}", f"{r['utilization']:.0%}",
                  "-" if exact is None else f"{exact:.1%}")
