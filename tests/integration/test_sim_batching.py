@@ -128,6 +128,30 @@ async def test_two_long_prompts_share_steps_under_the_token_budget(autojump_cloc
     assert (alone["c"] - lone_start) * speedup == pytest.approx(1.034 + 0.486)
 
 
+async def test_the_shells_own_time_does_not_stretch_a_busy_engines_steps(autojump_clock):
+    """Each ``step()`` costs the shell 3 ms of the clock (its own work; on the real clock also
+    a sleep's late wake-up): a 64-token prompt and 20 tokens out take a prefill step (0.074 s)
+    and 19 decode steps (0.010 s each) on the engine's timeline, plus the shell's first 3 ms
+    (the first step starts after its own work) and its last (the step() that finds nothing
+    left runs before the answer's end goes out); timed from each step's start, 20 x 3 ms more."""
+    async with running(BatchingSettings(profile=PREFILL_MS)) as engine:
+        assert engine.url is not None
+        model = engine.steppers[0].model
+        step = model.step
+
+        def slow_step():  # the shell's work between two steps, as the clock sees it
+            autojump_clock.jump(0.003)
+            return step()
+
+        model.step = slow_step
+        start = trio.current_time()
+        status, _ = await call(engine.url, "POST", "/v1/completions",
+                               {"prompt": list(range(1000, 1064)), "max_tokens": 20})
+        elapsed = trio.current_time() - start
+    assert status == 200
+    assert elapsed == pytest.approx(0.074 + 19 * 0.010 + 2 * 0.003, abs=1e-6)
+
+
 async def test_kv_events_go_out_at_the_end_of_the_step_that_computed_the_blocks():
     """A 64-token prompt under a 32-token budget: two steps of 0.3 s, each storing the two
     blocks it computed, each published at its end (real ZeroMQ, real clock)."""
