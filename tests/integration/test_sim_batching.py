@@ -8,6 +8,7 @@ busy machine makes things later, never earlier).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -126,6 +127,24 @@ async def test_two_long_prompts_share_steps_under_the_token_budget(autojump_cloc
     ttfts = sorted((t - start) * speedup for t in firsts.values())
     assert ttfts == pytest.approx([1.034 + 1.034, 1.034 + 1.034 + 0.962])
     assert (alone["c"] - lone_start) * speedup == pytest.approx(1.034 + 0.486)
+
+
+@pytest.mark.parametrize("speedup", [1.0, 4.0])
+async def test_a_request_reaches_the_scheduler_after_the_profiles_request_s(autojump_clock,
+                                                                            speedup):
+    """``request_s`` (the real engine's API server time) delays a request's arrival at the
+    scheduler: two 64-token prompts sent at once reach it together 0.05 s later and share one
+    step (0.01 s + 2 x 0.064 s), so both first tokens come at 0.188 s."""
+    profile = dataclasses.replace(PREFILL_MS, request_s=0.05)
+    async with running(BatchingSettings(profile=profile, speedup=speedup)) as engine:
+        assert engine.url is not None
+        start = trio.current_time()
+        firsts: dict[str, float] = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first_token_at, engine.url, list(range(1000, 1064)), firsts, "a")
+            nursery.start_soon(first_token_at, engine.url, list(range(2000, 2064)), firsts, "b")
+    assert [(t - start) * speedup for t in firsts.values()] == \
+        pytest.approx([0.05 + 0.01 + 0.128] * 2)
 
 
 async def test_the_shells_own_time_does_not_stretch_a_busy_engines_steps(autojump_clock):
