@@ -8,20 +8,28 @@ What it does:
 1. Starts one real vLLM CPU server (``tests/real_engine/vllm_server.py``, the suite's own
    settings: ``--block-size 32 --enforce-eager``, bf16, one OpenMP thread) with
    ``--enable-logging-iteration-details``: the engine logs one line per step with its context
-   (prefill) requests and tokens, its generation (decode) requests, and the step's elapsed time.
-   The server runs ``--distributed-executor-backend mp`` although the suite runs ``uni``: under
-   ``uni`` the forward pass runs inside ``execute_model(non_block=True)`` before vLLM's
-   iteration timer starts (``EngineCore.step``), so the logged time is only the sampling; under
-   ``mp`` the timer waits for the worker's whole forward pass. ``--compare-uni`` measures what
-   that costs: the client-side inter-token latency of one stream under each executor.
-2. Drives a grid, one experiment at a time with the engine idle in between, every prompt made
+   (prefill) requests and tokens, its generation (decode) requests, and the step's elapsed time;
+   a logging config (``LOG_CONFIG``) stamps every line with its time to the microsecond. The
+   server runs ``--distributed-executor-backend mp``, as the suite's servers do although they
+   ask for ``uni``: vLLM's CPU platform turns ``uni`` into ``mp`` (``platforms/cpu.py``: OpenMP
+   needs the mp executor), so under either the iteration timer waits for the worker's forward
+   pass. ``--compare-uni`` checks that: one stream's client-side inter-token latency under each.
+2. Drives a grid of streamed completions (as clients send them: the API server's work on each
+   streamed token competes with the engine for the 2 cores, and slows its steps), one
+   experiment at a time with the engine idle in between, every prompt made
    of fresh random token ids (no accidental prefix sharing): single prefills of several lengths;
    prefills over a cached prefix (the prefix sent first, then prefix + suffix); and decode
    batches of several sizes and prompt lengths (``ignore_eos``, a fixed number of tokens each).
 3. Reconstructs each logged step's work (``StepWork``): the log gives only counts, so each
    experiment replays vLLM's FCFS order over its known requests (prompt length, cached tokens,
    tokens to generate); a step the replay cannot explain is dropped and counted.
-4. Fits the five coefficients by non-negative least squares on relative errors (every step
+4. Times each step as the client sees it: the iteration timer runs from the forward pass's
+   dispatch to its result, so it misses the engine core's scheduling and output handling and
+   the API server's share of each step; the log's time stamps (the API server logs a step when
+   it takes the step's outputs) give the period between two steps of a busy engine, and what
+   the timer misses is fitted as ``a + b x requests in the step`` (``fit_gap``) over every step
+   whose period is known, then added to every step's logged time.
+5. Fits the six coefficients by non-negative least squares on relative errors (every step
    weighs the same whatever its length), in pure Python (Cortex's venv has no numpy), and
    writes the profile with the fit's data, residuals and this command.
 
@@ -41,13 +49,13 @@ import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from benchkit import machine_info
 
-from cortex.sim.step_profiles import COEFFICIENTS, read_step_profile
+from cortex.sim.step_profiles import COEFFICIENTS, STEP_COEFFICIENTS, read_step_profile
 from cortex.sim.step_time import Chunk, StepProfile, StepWork
 from tests.real_engine.vllm_server import VllmOptions, VllmServer, engine_env, start_all
 
@@ -57,6 +65,19 @@ BUDGET = 2048  # --max-num-batched-tokens: prompts up to this run in one step
 ITERATION = re.compile(
     r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation "
     r"requests, (\d+) generation tokens, iteration elapsed time: ([\d.]+) ms")
+STAMP = re.compile(r"(\d{9,}\.\d+) ")  # LOG_CONFIG's time stamp opening a line
+# vLLM's own logging layout but for the time: seconds since the epoch to the microsecond
+# (vLLM's default stamps whole seconds); uvicorn's lines too (the ready line is one of them)
+LOG_CONFIG = {
+    "version": 1, "disable_existing_loggers": False,
+    "formatters": {"stamped": {"()": "vllm.logging_utils.NewLineFormatter",
+                               "format": "%(created).6f %(process)d %(levelname)s %(message)s"}},
+    "handlers": {"stamped": {"class": "logging.StreamHandler", "formatter": "stamped",
+                             "level": "INFO", "stream": "ext://sys.stdout"}},
+    "loggers": {name: {"handlers": ["stamped"], "level": level, "propagate": False}
+                for name, level in (("vllm", "INFO"), ("uvicorn", "INFO"),
+                                    ("uvicorn.access", "WARNING"))}}
+GAP_IDLE_S = 0.02  # a period this much longer than the step's own time had the engine idle
 KINDS = ("prefill", "cached", "decode")
 TOKEN_IDS = (1000, 30000)  # plain vocabulary of both tiny models (no special tokens)
 
@@ -81,6 +102,12 @@ class Experiment:
     steps: list[tuple[StepWork, float]] = field(default_factory=list)
     prefix_steps: list[tuple[StepWork, float]] = field(default_factory=list)  # "cached" only
     dropped: int = 0
+    # (requests in the step, its period less its logged time) for each step whose period is
+    # known: the one before it was logged in the same experiment, with a time stamp
+    gaps: list[tuple[int, float]] = field(default_factory=list)
+    # a request alone on an idle engine (a prefill, one token out): the seconds its client
+    # waited, and its steps
+    lone: list[tuple[float, list[tuple[StepWork, float]]]] = field(default_factory=list)
 
     def data(self, kind: str) -> list[tuple[StepWork, float]]:
         """This experiment's steps of one kind (a "cached" one's prefix steps are prefills)."""
@@ -116,6 +143,30 @@ def grid(quick: bool, passes: int, rng: random.Random) -> list[Experiment]:
 
 # ------------------------------------------------------------------------------ running it
 
+Line = tuple[int, int, int, int, float, float | None]  # counts, logged s, stamp (or None)
+
+
+def log_config(directory: Path) -> Path:
+    """``LOG_CONFIG`` as the file ``VLLM_LOGGING_CONFIG_PATH`` names."""
+    path = directory / "vllm-logging.json"
+    directory.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(LOG_CONFIG))
+    return path
+
+
+def iteration_lines(text: str) -> list[Line]:
+    """The iteration lines of a log: context requests and tokens, generation requests and
+    tokens, the logged time in seconds, and the line's time stamp (None without one)."""
+    lines: list[Line] = []
+    for line in text.splitlines():
+        match = ITERATION.search(line)
+        if match:
+            stamp = STAMP.match(line)
+            lines.append((int(match[2]), int(match[3]), int(match[4]), int(match[5]),
+                          float(match[6]) / 1000, float(stamp[1]) if stamp else None))
+    return lines
+
+
 class LogTail:
     """The server's log from a byte offset on: the iteration lines written since."""
 
@@ -123,31 +174,49 @@ class LogTail:
         self.path = path
         self.offset = path.stat().st_size
 
-    def take(self) -> list[tuple[int, int, int, int, float]]:
+    def take(self) -> list[Line]:
         with self.path.open("rb") as handle:
             handle.seek(self.offset)
             text = handle.read()
-        self.offset += len(text)
-        return [(int(m[2]), int(m[3]), int(m[4]), int(m[5]), float(m[6]) / 1000)
-                for m in ITERATION.finditer(text.decode(errors="replace"))]
+        cut = text.rfind(b"\n") + 1  # a line still being written waits for the next take
+        self.offset += cut
+        return iteration_lines(text[:cut].decode(errors="replace"))
 
 
 def prompt(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(*TOKEN_IDS) for _ in range(n)]
 
 
-def complete(server: VllmServer, tokens: list[int], output: int) -> None:
-    status, answer = server.post("/v1/completions", {
-        "model": server.options.served_name, "prompt": tokens, "max_tokens": output,
-        "min_tokens": output, "ignore_eos": True, "temperature": 0.0}, timeout_s=300)
-    if status != 200:
-        raise RuntimeError(f"completion answered {status}: {answer}")
+def complete(server: VllmServer, tokens: list[int], output: int) -> float:
+    """One completion, streamed as clients (and Cortex) ask for them and read to its end; the
+    seconds to its first token, as its client saw them. Streamed, because the API server's
+    work on every token of every stream shares the 2 cores with the engine: a one-token decode
+    step of ~6 ms when the answers were not streamed came out ~9 ms apart in one stream."""
+    body = json.dumps({"model": server.options.served_name, "prompt": tokens,
+                       "max_tokens": output, "min_tokens": output, "ignore_eos": True,
+                       "temperature": 0.0, "stream": True}).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=300)
+    try:
+        started = time.perf_counter()
+        connection.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+        answer = connection.getresponse()
+        if answer.status != 200:
+            raise RuntimeError(f"completion answered {answer.status}: {answer.read()!r}")
+        first = None
+        for line in answer:
+            if first is None and line.startswith(b"data: {"):
+                first = time.perf_counter()
+    finally:
+        connection.close()
+    if first is None:
+        raise RuntimeError("a streamed completion without a token")
+    return first - started
 
 
-def wait_logged(tail: LogTail, expected_min: int) -> list[tuple[int, int, int, int, float]]:
+def wait_logged(tail: LogTail, expected_min: int) -> list[Line]:
     """The iteration lines of the experiment just finished (the frontend logs a step when it
     takes its outputs, around the time the response leaves: wait until they stop coming)."""
-    lines: list[tuple[int, int, int, int, float]] = []
+    lines: list[Line] = []
     quiet_since = time.monotonic()
     while True:
         time.sleep(0.1)
@@ -166,25 +235,38 @@ def run(server: VllmServer, experiment: Experiment, rng: random.Random, tail: Lo
     if experiment.prefix:  # the prefix first, alone: its prefill is a data point of its own
         (request,) = experiment.requests
         head = prompt(rng, experiment.prefix)
-        complete(server, head, 1)
+        took = complete(server, head, 1)
         alone = Experiment("prefill", f"prefill {experiment.prefix}",
                            [Request(experiment.prefix, 1)])
         replay(alone, wait_logged(tail, 1))
         experiment.prefix_steps = alone.steps
         experiment.dropped += alone.dropped
+        experiment.gaps += alone.gaps
+        if not alone.dropped:
+            experiment.lone.append((took, alone.steps))
         prompts = [head + prompt(rng, request.prompt - experiment.prefix)]
     else:
         prompts = [prompt(rng, request.prompt) for request in experiment.requests]
     jobs = [pool.submit(complete, server, tokens, request.output)
             for tokens, request in zip(prompts, experiment.requests, strict=True)]
-    for job in jobs:
-        job.result()
+    took = [job.result() for job in jobs]
     replay(experiment, wait_logged(tail, max(r.output for r in experiment.requests)))
+    if experiment.kind == "prefill" and not experiment.dropped:
+        experiment.lone.append((took[0], experiment.steps))
 
 
-def replay(experiment: Experiment, lines: list[tuple[int, int, int, int, float]]) -> None:
+def replay(experiment: Experiment, lines: list[Line] | list[tuple[int, int, int, int, float]]
+           ) -> None:
     """Each logged step's work, replaying vLLM's FCFS order over the experiment's requests:
-    running decodes first, then prefill tokens to the earliest requests with prompt left."""
+    running decodes first, then prefill tokens to the earliest requests with prompt left; and
+    each time-stamped step's gap (its period less its logged time) after a time-stamped one."""
+    stamps = [line[5] if len(line) > 5 else None for line in lines]
+    for i in range(1, len(lines)):
+        before, now = stamps[i - 1], stamps[i]
+        if before is not None and now is not None:
+            ctx_requests, _, gen_requests, _, seconds = lines[i][:5]
+            experiment.gaps.append((ctx_requests + gen_requests, now - before - seconds))
+    lines = [line[:5] for line in lines]
     requests = experiment.requests
     if any(request.cached is None for request in requests):  # one request: learnt from the log
         (request,) = requests
@@ -220,9 +302,52 @@ def replay(experiment: Experiment, lines: list[tuple[int, int, int, int, float]]
 # ------------------------------------------------------------------------------ the fit
 
 def features(work: StepWork) -> list[float]:
+    """The step's value of each coefficient's term, in ``STEP_COEFFICIENTS`` order."""
     pairs = sum(c.tokens * (c.context + c.tokens / 2) for c in work.chunks)
     return [1.0, float(work.prefill_tokens), pairs, float(work.decodes),
-            float(work.decode_context)]
+            float(work.decode_context), 1.0 if work.prefills else 0.0]
+
+
+@dataclass(frozen=True)
+class Gap:
+    """What vLLM's iteration timer misses of a step: ``base_s + per_request_s x requests``."""
+
+    base_s: float
+    per_request_s: float
+    medians: dict[int, tuple[float, int]]  # requests in the step: (median gap, steps)
+
+    def seconds(self, work: StepWork) -> float:
+        return self.base_s + self.per_request_s * (len(work.chunks) + work.decodes)
+
+
+def fit_gap(gaps: list[tuple[int, float]]) -> Gap:
+    """A straight line, non-negative, through the median gap per number of requests in the
+    step (weights: the square root of the steps behind each median); gaps of an engine that
+    went idle in between (over ``GAP_IDLE_S``) are left out."""
+    by_requests: dict[int, list[float]] = {}
+    for requests, gap in gaps:
+        if gap < GAP_IDLE_S:
+            by_requests.setdefault(requests, []).append(gap)
+    medians = {n: (median(values), len(values)) for n, values in sorted(by_requests.items())}
+    if not medians:
+        return Gap(0.0, 0.0, {})
+    rows = [[math.sqrt(count), math.sqrt(count) * n] for n, (_, count) in medians.items()]
+    targets = [math.sqrt(count) * value for value, count in medians.values()]
+    base, per_request = nnls(rows, targets)
+    return Gap(base, per_request, medians)
+
+
+def request_overheads(experiments: list[Experiment], gap: Gap) -> list[float]:
+    """For each request alone on an idle engine: what its client waited beyond its steps
+    (each its logged time plus ``gap``): the API server's work on the request before the
+    scheduler saw it and on its answer after."""
+    return [took - sum(seconds + gap.seconds(work) for work, seconds in steps)
+            for e in experiments if e.kind != "warmup" for took, steps in e.lone]
+
+
+def timed(steps: list[tuple[StepWork, float]], gap: Gap) -> list[tuple[StepWork, float]]:
+    """Each step's logged time plus what the timer misses of it."""
+    return [(work, seconds + gap.seconds(work)) for work, seconds in steps]
 
 
 def nnls(a: list[list[float]], b: list[float], iterations: int = 200) -> list[float]:
@@ -318,7 +443,7 @@ def fit(steps: list[tuple[StepWork, float]], rounds: int = 20) -> tuple[StepProf
     rows = [g.features for g in groups]
     measured = [g.seconds for g in groups]
     base = [math.sqrt(g.count) for g in groups]
-    scale = [max(row[j] for row in rows) or 1.0 for j in range(len(COEFFICIENTS))]
+    scale = [max(row[j] for row in rows) or 1.0 for j in range(len(STEP_COEFFICIENTS))]
     weights = [1.0] * len(groups)
     predicted = measured[:]
     x = [0.0] * len(scale)
@@ -334,7 +459,7 @@ def fit(steps: list[tuple[StepWork, float]], rounds: int = 20) -> tuple[StepProf
         spread = 1.4826 * median([abs(r - median(relative)) for r in relative]) or 1e-9
         weights = [(1 - (r / (4.685 * spread)) ** 2) ** 2 if abs(r) < 4.685 * spread else 0.0
                    for r in relative]
-    values = {name: x[j] / scale[j] for j, name in enumerate(COEFFICIENTS)}
+    values = {name: x[j] / scale[j] for j, name in enumerate(STEP_COEFFICIENTS)}
     return StepProfile(name="vllm-cpu-tiny", **values), groups, weights
 
 
@@ -356,6 +481,11 @@ def median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
+
+
 def toml_value(value: object) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -369,9 +499,7 @@ def toml_value(value: object) -> str:
 def check_entries(groups: list[Group]) -> list[dict[str, object]]:
     """Measured figures the profile must reproduce: the median steps of well-sampled shapes (a
     short and a long prefill, a single decode, a batch of 16)."""
-    small = ("; the five coefficients have no cost per prefill step, which this engine has (see "
-             "the uncertainty), hence the wider tolerance")
-    wanted = [("a 32-token prefill", 0.5, small,
+    wanted = [("a 32-token prefill", 0.35, "",
                lambda w: w.chunks == (Chunk(32, 0),) and not w.decodes),
               ("a 1024-token prefill", 0.35, "",
                lambda w: w.chunks == (Chunk(1024, 0),) and not w.decodes),
@@ -392,13 +520,17 @@ def check_entries(groups: list[Group]) -> list[dict[str, object]]:
 
 def write_profile(path: Path, profile: StepProfile, experiments: list[Experiment],
                   steps: list[tuple[StepWork, float]], groups: list[Group],
-                  weights: list[float], meta: dict[str, object]) -> None:
+                  weights: list[float], gap: Gap, overheads: list[float],
+                  meta: dict[str, object]) -> None:
+    """The profile file; ``steps`` are timed as fitted (logged time plus ``gap``),
+    ``overheads`` are ``request_overheads``."""
     every = residuals(profile, steps)
     medians = residuals(profile, [(g.work, g.seconds) for g in groups])
     kept = residuals(profile, [(g.work, g.seconds)
                                for g, w in zip(groups, weights, strict=True) if w > 0])
-    by_kind = {kind: residuals(profile, data)
+    by_kind = {kind: residuals(profile, timed(data, gap))
                for kind in KINDS if (data := [s for e in experiments for s in e.data(kind)])}
+    gaps = sum(count for _, count in gap.medians.values())
     executor = meta["executor"]
     small = [profile.seconds(g.work) / g.seconds - 1 for g in groups
              if g.work.chunks and g.work.prefill_tokens <= 256 and not g.work.decodes]
@@ -417,19 +549,35 @@ def write_profile(path: Path, profile: StepProfile, experiments: list[Experiment
         "summary = " + toml_value(
             f"Fitted to {every['steps']} steps of the real vLLM {meta['vllm']} CPU engine "
             f"serving {meta['model']}, each timed by the engine's own per-step log "
-            "(--enable-logging-iteration-details) and its work reconstructed from the log's "
+            "(--enable-logging-iteration-details) plus what that timer misses of a step (the "
+            "engine core's scheduling and output handling, the API server's share: "
+            f"{gap.base_s * 1000:.2f} ms + {gap.per_request_s * 1000:.3f} ms per request in the "
+            f"step, fitted to the periods between the log's time stamps of {gaps} steps of a "
+            "busy engine, [fit.gap]), and its work reconstructed from the log's "
             f"counts; non-negative least squares on relative errors over the {len(groups)} "
             "shapes' median times, robustly reweighted. The grid, every step's work and time, "
             f"the residuals and the command are in [fit]. Machine: {meta['machine']}."),
         "step_s = " + toml_value(
             "fitted intercept: a step's cost whatever its work (the tiny model's lm_head over "
-            "its whole vocabulary, sampling, preparing the batch, the executor's round trip)"),
+            "its whole vocabulary, sampling, preparing the batch, the executor's round trip, "
+            "scheduling and handing out the outputs)"),
         "prefill_token_s = " + toml_value("fitted: per prompt token computed"),
         "attention_pair_s = " + toml_value(
             "fitted: per (new token, context token) pair of a prefill chunk"),
         "decode_seq_s = " + toml_value("fitted: per sequence decoded in the step"),
         "decode_kv_token_s = " + toml_value(
             "fitted: per KV token a decoding sequence reads"),
+        "prefill_step_s = " + toml_value(
+            "fitted: once per step that computes prompt tokens, whatever their number (the "
+            "prefill attention path, new requests' set-up): on this engine a 32-token prefill "
+            "takes a few ms more than a one-token decode"),
+        "request_s = " + toml_value(
+            f"measured, no part of a step: the median over {len(overheads)} requests sent "
+            "alone to the idle engine (a prefill, one token out) of the time their client "
+            "waited for the token beyond their steps (each timed as above): the API server's "
+            "work on a request before the scheduler sees it and on its answer after "
+            f"(quartiles {quantile(overheads, 0.25) * 1000:.1f} / "
+            f"{quantile(overheads, 0.75) * 1000:.1f} ms; [fit.request])"),
         "uncertainty = " + toml_value(
             f"Relative error of the profile against the median step of each shape: median "
             f"{medians['median_abs_relative']:.0%}, p90 {medians['p90_abs_relative']:.0%} "
@@ -437,20 +585,18 @@ def write_profile(path: Path, profile: StepProfile, experiments: list[Experiment
             f"outliers); against single steps: median {every['median_abs_relative']:.0%}, p90 "
             f"{every['p90_abs_relative']:.0%}. Decode-only shapes: median error "
             f"{median(decodes or [0.0]):+.0%}; prefills of at most 256 new tokens: median "
-            f"{median(small or [0.0]):+.0%}" + (
-                ": a prefill step costs a few ms more than a decode step of the same size "
-                "whatever its length here (new requests' set-up, the prefill attention path), a "
-                "cost the five coefficients have no term for, so small prefills come out short"
-                if median(small or [0.0]) < -0.15 else "") + ". The machine is shared (2 cores "
-            "under other "
-            "developers' load): single steps scatter by tens of percent, and repeated runs of "
+            f"{median(small or [0.0]):+.0%}. The machine is shared (2 cores under other "
+            "developers' load): single steps scatter by tens of percent, and the engine's speed "
+            "as a whole drifts by 20-30 % from one run to the next (its one-decode step logged "
+            "4.7 to 6.2 ms, median, in runs ten minutes apart on 2026-12-06); repeated runs of "
             "this script give coefficients that differ by 20 % (step_s, prefill_token_s) to a "
-            "factor of 2 or 3 (decode_kv_token_s, a small term here). The steps were timed "
-            "under --distributed-executor-backend mp, the suite runs uni (under uni vLLM's "
-            "timer misses the forward pass)" + (
+            "factor of 2 or 3 (decode_seq_s, decode_kv_token_s: small terms here, which trade "
+            "off against each other). The steps were timed under "
+            "--distributed-executor-backend mp, as the "
+            "suite's servers run (vLLM's CPU platform turns their uni into mp)" + (
                 f"; one stream's inter-token latency was {executor['mp_stream_itl_ms']} ms "
-                f"under mp and {executor['uni_stream_itl_ms']} ms under uni ([fit.executor])."
-                if executor else ".")),
+                f"asking for mp and {executor['uni_stream_itl_ms']} ms asking for uni "
+                "([fit.executor])." if executor else ".")),
     ]
     for entry in check_entries(groups):
         work: StepWork = entry["work"]
@@ -486,12 +632,25 @@ def write_profile(path: Path, profile: StepProfile, experiments: list[Experiment
     for kind, values in by_kind.items():
         lines += ["", f"[fit.residuals.{kind}]", f"# single steps of the {kind} experiments",
                   *(f"{key} = {toml_value(value)}" for key, value in values.items())]
+    lines += ["", "[fit.gap]",
+              "# what vLLM's iteration timer misses of a step: the period between the time",
+              "# stamps of two consecutive steps of a busy engine less the second's logged time",
+              f"base_ms = {gap.base_s * 1000:.4g}",
+              f"per_request_ms = {gap.per_request_s * 1000:.4g}",
+              "# requests in the step (prefill chunks and decodes): median gap ms, steps",
+              "medians = [" + ", ".join(f"[{n}, {value * 1000:.3f}, {count}]"
+                                        for n, (value, count) in gap.medians.items()) + "]"]
+    lines += ["", "[fit.request]",
+              "# requests alone on the idle engine: seconds their client waited beyond their",
+              "# steps, sorted",
+              f"overheads_ms = {toml_value([round(o * 1000, 2) for o in sorted(overheads)])}"]
     if executor:
         lines += ["", "[fit.executor]",
                   *(f"{key} = {toml_value(value)}" for key, value in executor.items())]
     lines += ["", "[fit.data]",
               "# per shape: prefill tokens, attention pairs, decodes, decode context (the",
-              "# members' means), steps, median measured ms, fitted ms, final weight",
+              "# members' means), steps, median measured ms (logged + [fit.gap]), fitted ms,",
+              "# final weight",
               "shapes = ["]
     for g, weight in sorted(zip(groups, weights, strict=True), key=lambda gw: gw[0].features):
         f = g.features
@@ -499,7 +658,7 @@ def write_profile(path: Path, profile: StepProfile, experiments: list[Experiment
                      f"{g.seconds * 1000:.3f}, {profile.seconds(g.work) * 1000:.3f}, "
                      f"{weight:.2f}],")
     lines += ["]", "# per step, in the order run: prefill tokens, attention pairs, decodes,",
-              "# decode context, measured ms, fitted ms", "steps = ["]
+              "# decode context, measured ms (logged + [fit.gap]), fitted ms", "steps = ["]
     for work, seconds in steps:
         f = features(work)
         lines.append(f"  [{f[1]:.0f}, {f[2]:.0f}, {f[3]:.0f}, {f[4]:.0f}, "
@@ -573,7 +732,9 @@ def main() -> int:
     logs = ROOT / "build" / "fit_step_profile"
     extra = ("--enable-logging-iteration-details", "--max-num-batched-tokens", str(BUDGET),
              "--distributed-executor-backend", "mp")
-    options = VllmOptions(env.model(args.model), args.model.split("-")[0], extra_args=extra)
+    stamped = (("VLLM_LOGGING_CONFIG_PATH", str(log_config(logs))),)
+    options = VllmOptions(env.model(args.model), args.model.split("-")[0], extra_args=extra,
+                          env=stamped)
     server = VllmServer("fit", options, env, logs)
     experiments = grid(args.quick, args.passes, random.Random(args.seed))
     executor: dict[str, object] = {}
@@ -601,10 +762,14 @@ def main() -> int:
         finally:
             uni.stop()
         executor["note"] = ("client-side inter-token latency of one stream (32-token prompt, 64 "
-                            "tokens; first to last token over the gaps) under each executor: "
-                            "what timing the steps under mp changes against the suite's uni")
-    steps = [s for kind in KINDS for e in experiments for s in e.data(kind)]
+                            "tokens; first to last token over the gaps) asking for each executor; "
+                            "vLLM's CPU platform runs both as mp, so they differ by the "
+                            "machine's noise only")
+    gap = fit_gap([g for e in experiments if e.kind != "warmup" for g in e.gaps])
+    steps = timed([s for kind in KINDS for e in experiments for s in e.data(kind)], gap)
     profile, groups, weights = fit(steps)
+    overheads = request_overheads(experiments, gap)
+    profile = replace(profile, request_s=max(median(overheads), 0.0) if overheads else 0.0)
     meta = {
         "description": f"vLLM {vllm[1] if vllm else '?'} CPU build serving the tiny "
                        f"{args.model} model (2 layers, hidden 128; .engines/models) with the "
@@ -616,8 +781,9 @@ def main() -> int:
                    + shlex.join(sys.argv[1:]),
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%MZ"),
         "server_args": server_args(server), "executor": executor, "passes": args.passes}
-    write_profile(args.out, profile, experiments, steps, groups, weights, meta)
-    print(f"{len(steps)} steps in {time.monotonic() - started:.0f} s")
+    write_profile(args.out, profile, experiments, steps, groups, weights, gap, overheads, meta)
+    print(f"{len(steps)} steps in {time.monotonic() - started:.0f} s; what the timer misses: "
+          f"{gap.base_s * 1000:.2f} ms + {gap.per_request_s * 1000:.3f} ms per request")
     for name in COEFFICIENTS:
         print(f"  {name} = {getattr(profile, name):.6g}")
     shapes = residuals(profile, [(g.work, g.seconds) for g in groups])

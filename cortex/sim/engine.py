@@ -23,8 +23,9 @@ Two timing models (``engine_model``), one ``generation`` contract:
 ``"batching"`` (a continuous-batching model per rank, ``cortex.sim.batching``, run by the rank's
 ``cortex.sim.stepper.RankStepper`` on trio's clock; settings ``BatchingSettings``):
 
-1. the request is added to its rank's model (400 when it could never fit the KV pool) and
-   waits until a step schedules it, which gives ``cached_tokens``;
+1. after the step profile's ``request_s`` (the real engine's API server works on a request
+   before its scheduler sees it), the request is added to its rank's model (400 when it could
+   never fit the KV pool) and waits until a step schedules it, which gives ``cached_tokens``;
 2. each token is ready at the end of the step that produced it (steps are shared by every
    running request: a long prefill delays the others' tokens, a full pool preempts), and each
    step's KV events go out at its end;
@@ -293,6 +294,9 @@ class SimEngine:
         request = SimRequest(next(self._ids), tuple(token_ids), output_tokens,
                              lora_name=lora_name, cache_salt=cache_salt, read_limit=read_limit,
                              hold_kv=hold_kv, kv_received=kv_received)
+        front_s = self.batching.step_profile.request_s  # the API server's own time per request
+        if front_s > 0:
+            await trio.sleep(front_s / self.batching.speedup)
         if kv_received:
             await self._receive_kv(rank, request)
         try:

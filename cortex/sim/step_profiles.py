@@ -1,18 +1,20 @@
 """Step-time profiles as data files: ``cortex/sim/profiles/<name>.toml``, loaded and validated.
 
-A profile file holds the five coefficients of ``cortex.sim.step_time.StepProfile`` with the
-provenance of each, and optionally the published figures it must reproduce and the data of the
+A profile file holds the seven coefficients of ``cortex.sim.step_time.StepProfile`` (six
+price a step, ``request_s`` a request's time outside the steps) with the provenance of each, and optionally the published figures it must reproduce and the data of the
 fit that produced it::
 
     name = "llama-3.1-8b-h100-vllm"
     description = "Llama-3.1-8B, bf16, one H100 SXM, vLLM"   # optional
 
-    [coefficients]                 # seconds; each finite and >= 0; all five required
+    [coefficients]                 # seconds; each finite and >= 0; all seven required
     step_s = 6.3e-3
     prefill_token_s = 1.8e-5
     attention_pair_s = 1.0e-9
     decode_seq_s = 6.8e-6
     decode_kv_token_s = 5.1e-8
+    prefill_step_s = 0.0           # 0 where nothing was measured: say so in its source
+    request_s = 0.0
 
     [source]                       # where every coefficient comes from: all required
     summary = "..."
@@ -51,8 +53,9 @@ from cortex.errors import ConfigError
 from cortex.sim.step_time import Chunk, StepProfile, StepWork
 
 PROFILE_DIR = Path(__file__).with_name("profiles")  # package data (pyproject, cortex.spec)
-COEFFICIENTS = ("step_s", "prefill_token_s", "attention_pair_s", "decode_seq_s",
-                "decode_kv_token_s")
+STEP_COEFFICIENTS = ("step_s", "prefill_token_s", "attention_pair_s", "decode_seq_s",
+                     "decode_kv_token_s", "prefill_step_s")  # what a step costs
+COEFFICIENTS = (*STEP_COEFFICIENTS, "request_s")
 TOP_KEYS = frozenset({"name", "description", "coefficients", "source", "checks", "fit"})
 SOURCE_KEYS = frozenset({"summary", "uncertainty", *COEFFICIENTS})
 CHECK_KEYS = frozenset({"what", "chunks", "decodes", "decode_context", "seconds", "tolerance",

@@ -6,14 +6,22 @@ their attention reads) and the sequences it decodes (one token each, and the KV 
 read) — and a ``StepProfile`` turns that into seconds:
 
     seconds = step_s
+            + prefill_step_s    x  (1 if the step computes any prefill chunk, else 0)
             + prefill_token_s   x  sum of chunk tokens
             + attention_pair_s  x  sum of chunk.tokens x (chunk.context + chunk.tokens / 2)
             + decode_seq_s      x  decodes
             + decode_kv_token_s x  decode_context
 
 (a chunk's attention is causal: its i-th new token reads the context and the i new tokens
-before it, hence the half). The coefficients of a profile come from measurements, each cited
-in the profile's ``source`` (profile files: ``cortex/sim/profiles/``).
+before it, hence the half). ``prefill_step_s`` is what a step with prompt tokens costs beyond
+its tokens (the prefill attention path, new requests' set-up): on the vLLM CPU engine a 32-token
+prefill takes a few ms more than a one-token decode.
+
+One more figure is no part of any step: ``request_s``, the latency a request spends outside
+the engine's steps (the API server's work on it before the scheduler sees it and on its answer
+after; the simulated engine delays each request's arrival at its scheduler by it). The
+coefficients of a profile come from measurements, each cited in the profile's ``source``
+(profile files: ``cortex/sim/profiles/``).
 """
 
 from __future__ import annotations
@@ -44,6 +52,11 @@ class StepWork:
         return sum(chunk.tokens for chunk in self.chunks)
 
     @property
+    def prefills(self) -> bool:
+        """Whether the step computes prompt tokens (any chunk)."""
+        return bool(self.chunks)
+
+    @property
     def empty(self) -> bool:
         return not self.chunks and not self.decodes
 
@@ -58,12 +71,15 @@ class StepProfile:
     attention_pair_s: float  # per (new token, context token) pair a prefill chunk attends
     decode_seq_s: float  # per sequence decoded in the step
     decode_kv_token_s: float  # per KV token a decoding sequence reads
+    prefill_step_s: float = 0.0  # once per step that computes any prefill chunk
+    request_s: float = 0.0  # per request, outside the steps (API server): not in ``seconds``
     source: str = ""  # where every coefficient comes from
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be >= 0" for name in (
             "step_s", "prefill_token_s", "attention_pair_s", "decode_seq_s",
-            "decode_kv_token_s") if not getattr(self, name) >= 0]
+            "decode_kv_token_s", "prefill_step_s", "request_s")
+            if not getattr(self, name) >= 0]
         if problems:
             raise ConfigError(problems)
 
@@ -76,7 +92,8 @@ class StepProfile:
         for chunk in work.chunks:
             tokens += chunk.tokens
             pairs += chunk.tokens * (chunk.context + chunk.tokens / 2)
-        return (self.step_s + self.prefill_token_s * tokens + self.attention_pair_s * pairs
+        return (self.step_s + (self.prefill_step_s if work.chunks else 0.0)
+                + self.prefill_token_s * tokens + self.attention_pair_s * pairs
                 + self.decode_seq_s * work.decodes
                 + self.decode_kv_token_s * work.decode_context)
 

@@ -5,13 +5,23 @@ A thin I/O shell: the model (``cortex.sim.batching``, a ``BatchingEngine`` held 
 ``SimKVEngine``) decides everything; this task only sleeps and delivers. ``RankStepper.run``:
 
 1. While the model has work: ``step()``; the requests it scheduled for the first time learn
-   their ``cached_tokens`` at once (the engine matches the prefix when it schedules); sleep the
-   step's ``seconds / speedup`` on trio's clock (so ``trio.testing.MockClock`` drives tests);
-   then, at the step's end, publish its KV events as one batch
-   (``SimKVEngine.publish_events``) and deliver its outputs: one more ready token for each
-   request that produced one, the end for those that finished.
+   their ``cached_tokens`` at once (the engine matches the prefix when it schedules); sleep
+   until the step's end on trio's clock (so ``trio.testing.MockClock`` drives tests); then, at
+   the step's end, publish its KV events as one batch (``SimKVEngine.publish_events``) and
+   deliver its outputs: one more ready token for each request that produced one, the end for
+   those that finished.
 2. When ``step()`` answers None (nothing can run): publish the model's ``idle_events()`` once,
    then wait for new work (``add`` or ``abort`` sets an Event; nothing polls).
+
+The steps keep to the engine's own timeline: a step that follows another starts when that one
+ended on it (its end plus ``seconds / speedup``), not when the shell got round to it. A sleep
+wakes late (epoll counts whole milliseconds) and the shell's own work between steps (the
+model's scheduling, delivering, the HTTP side streaming the tokens) takes real time too; timed
+from "now", every step of a busy engine would add both to its duration (about 1 ms on a 6 ms
+step here: the simulated vLLM CPU engine ran 15% slow against the real one,
+``perf/validate_sim_vllm.py``). A shell more than ``MAX_LAG_S`` behind its timeline drops the
+rest of the lag instead of running steps back to back to catch up. After an idle spell the next
+step starts when its work arrived.
 
 Requests: ``add`` queues a ``SimRequest`` in the model and returns its ``RequestProgress``, which
 its reader awaits (``wait_scheduled``, ``wait_token``); ``abort`` (the client went away) takes
@@ -35,7 +45,9 @@ from cortex.sim.http_faults import EngineCrashed
 from cortex.sim.kv_engine import SimKVEngine
 from cortex.sim.rank_counters import RankCounters
 
-__all__ = ["RankStepper", "RequestProgress"]
+__all__ = ["MAX_LAG_S", "RankStepper", "RequestProgress"]
+
+MAX_LAG_S = 0.05  # the most the shell may run behind the engine's timeline (then it drops it)
 
 
 class RequestProgress:
@@ -133,6 +145,7 @@ class RankStepper:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+        ended: float | None = None  # the last step's end on the engine's timeline; None: idle
         while True:
             model = self.model
             outcome = model.step()
@@ -140,15 +153,21 @@ class RankStepper:
                 self.kv.publish_events(self.rank, model.idle_events())
                 self._set_idle(True)
                 self._work = trio.Event()  # no checkpoint since step(): no wake-up is lost
+                ended = None
                 await self._work.wait()
                 continue
             self._set_idle(False)
             self.steps += 1
+            now = trio.current_time()
+            start = now if ended is None or ended < now - MAX_LAG_S else ended
+            ended = start + outcome.seconds / self.speedup
             with trio.CancelScope() as self._step_scope:
                 self._deliver_scheduled(outcome)
-                await trio.sleep(outcome.seconds / self.speedup)
+                await trio.sleep_until(ended)
                 self.kv.publish_events(self.rank, outcome.events, outcome.hash_digests)
                 self._deliver_outputs(outcome)
+            if self._step_scope.cancelled_caught:
+                ended = None  # the process restarted: its timeline went with it
             self._step_scope = None
 
     def _deliver_scheduled(self, outcome: StepOutcome) -> None:

@@ -8,6 +8,7 @@ busy machine makes things later, never earlier).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -126,6 +127,48 @@ async def test_two_long_prompts_share_steps_under_the_token_budget(autojump_cloc
     ttfts = sorted((t - start) * speedup for t in firsts.values())
     assert ttfts == pytest.approx([1.034 + 1.034, 1.034 + 1.034 + 0.962])
     assert (alone["c"] - lone_start) * speedup == pytest.approx(1.034 + 0.486)
+
+
+@pytest.mark.parametrize("speedup", [1.0, 4.0])
+async def test_a_request_reaches_the_scheduler_after_the_profiles_request_s(autojump_clock,
+                                                                            speedup):
+    """``request_s`` (the real engine's API server time) delays a request's arrival at the
+    scheduler: two 64-token prompts sent at once reach it together 0.05 s later and share one
+    step (0.01 s + 2 x 0.064 s), so both first tokens come at 0.188 s."""
+    profile = dataclasses.replace(PREFILL_MS, request_s=0.05)
+    async with running(BatchingSettings(profile=profile, speedup=speedup)) as engine:
+        assert engine.url is not None
+        start = trio.current_time()
+        firsts: dict[str, float] = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first_token_at, engine.url, list(range(1000, 1064)), firsts, "a")
+            nursery.start_soon(first_token_at, engine.url, list(range(2000, 2064)), firsts, "b")
+    assert [(t - start) * speedup for t in firsts.values()] == \
+        pytest.approx([0.05 + 0.01 + 0.128] * 2)
+
+
+async def test_the_shells_own_time_does_not_stretch_a_busy_engines_steps(autojump_clock):
+    """Each ``step()`` costs the shell 3 ms of the clock (its own work; on the real clock also
+    a sleep's late wake-up): a 64-token prompt and 20 tokens out take a prefill step (0.074 s)
+    and 19 decode steps (0.010 s each) on the engine's timeline, plus the shell's first 3 ms
+    (the first step starts after its own work) and its last (the step() that finds nothing
+    left runs before the answer's end goes out); timed from each step's start, 20 x 3 ms more."""
+    async with running(BatchingSettings(profile=PREFILL_MS)) as engine:
+        assert engine.url is not None
+        model = engine.steppers[0].model
+        step = model.step
+
+        def slow_step():  # the shell's work between two steps, as the clock sees it
+            autojump_clock.jump(0.003)
+            return step()
+
+        model.step = slow_step
+        start = trio.current_time()
+        status, _ = await call(engine.url, "POST", "/v1/completions",
+                               {"prompt": list(range(1000, 1064)), "max_tokens": 20})
+        elapsed = trio.current_time() - start
+    assert status == 200
+    assert elapsed == pytest.approx(0.074 + 19 * 0.010 + 2 * 0.003, abs=1e-6)
 
 
 async def test_kv_events_go_out_at_the_end_of_the_step_that_computed_the_blocks():

@@ -26,12 +26,14 @@ class ServerSet:
     count: int = 2
     num_blocks: int | None = None  # a cache small enough to evict
     prefix_caching: bool = True
+    extra_args: tuple[str, ...] = ()  # more server arguments (scheduler caps, say)
 
     @property
     def label(self) -> str:
         size = "" if self.num_blocks is None else f"-{self.num_blocks}b"
         caching = "" if self.prefix_caching else "-nocache"
-        return f"{self.family}{size}{caching}"
+        extra = "-x" if self.extra_args else ""
+        return f"{self.family}{size}{caching}{extra}"
 
 
 class VllmFarm:
@@ -46,7 +48,7 @@ class VllmFarm:
             options = VllmOptions(self.env.model(wanted.family), wanted.family,
                                   num_blocks=wanted.num_blocks,
                                   prefix_caching=wanted.prefix_caching,
-                                  extra_args=SERVE_ARGS[wanted.family])
+                                  extra_args=SERVE_ARGS[wanted.family] + wanted.extra_args)
             servers = [VllmServer(f"{wanted.label}-{i}", options, self.env, self.logs)
                        for i in range(wanted.count)]
         self._make_room(len(servers))

@@ -80,6 +80,7 @@ class VllmOptions:
     prefix_caching: bool = True
     max_model_len: int = 2048
     extra_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # more environment (e.g. VLLM_LOGGING_CONFIG_PATH)
 
 
 @dataclass
@@ -142,7 +143,8 @@ class VllmServer:
                "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
                "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-               "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+               "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+               **dict(self.options.env)}
         self.process = subprocess.Popen(
             self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env=env, start_new_session=True, cwd=self.log_dir)

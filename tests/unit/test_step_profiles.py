@@ -33,6 +33,8 @@ prefill_token_s = 1e-6
 attention_pair_s = 0
 decode_seq_s = 1e-5
 decode_kv_token_s = 1e-8
+prefill_step_s = 0.002
+request_s = 0.003
 [source]
 summary = "made up for a test"
 step_s = "a"
@@ -40,6 +42,8 @@ prefill_token_s = "b"
 attention_pair_s = "c"
 decode_seq_s = "d"
 decode_kv_token_s = "e"
+prefill_step_s = "f"
+request_s = "g"
 [[checks]]
 what = "one decode"
 decodes = 1
@@ -70,11 +74,24 @@ def test_a_valid_file_loads_by_path_as_str_or_path(tmp_path):
         loaded = read_step_profile(spec)
         assert loaded.profile.name == "test"
         assert loaded.profile.step_s == 0.001 and loaded.profile.attention_pair_s == 0.0
+        assert loaded.profile.prefill_step_s == 0.002
+        assert loaded.profile.request_s == 0.003  # no part of a step: not in seconds()
         assert loaded.origin == str(path)
         assert loaded.profile.source.startswith("made up for a test\nstep_s: a")
         (check,) = loaded.checks
         assert check.work == StepWork((), 1, 100)
         assert check.error(loaded.profile) == pytest.approx(0.001011 / 0.00101 - 1)
+
+
+def test_a_step_with_prompt_tokens_pays_prefill_step_s_once_whatever_its_chunks(tmp_path):
+    profile = read_step_profile(write(tmp_path, VALID)).profile
+    decode = StepWork((), 2, 200)
+    assert profile.seconds(decode) == pytest.approx(0.001 + 2e-5 + 2e-6)
+    one = StepWork((Chunk(10, 0),))
+    two = StepWork((Chunk(10, 0), Chunk(10, 0)), 2, 200)
+    assert profile.seconds(one) == pytest.approx(0.001 + 0.002 + 1e-5)
+    assert profile.seconds(two) == pytest.approx(0.001 + 0.002 + 2e-5 + 2e-5 + 2e-6)
+    assert profile.seconds(StepWork()) == 0.0
 
 
 def test_builtin_names_resolve_to_the_packaged_files():
@@ -131,6 +148,7 @@ source = "x"
         "coefficients: unknown key 'speed'", "coefficients.step_s: a finite number >= 0",
         "coefficients.prefill_token_s: a finite number", "coefficients.attention_pair_s: a "
         "finite number", "coefficients.decode_kv_token_s: missing",
+        "coefficients.prefill_step_s: missing", "coefficients.request_s: missing",
         "source: unknown key 'who'", "source.summary: the provenance is required",
         *(f"source.{key}: the provenance is required" for key in COEFFICIENTS[1:]),
         "checks[0]: unknown key 'extra'", "checks[0]: what:", "checks[0]: source:",
