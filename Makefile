@@ -9,7 +9,8 @@ STAMP  := $(VENV)/.installed
 # Independent steps (Cortex's venv and Cython build, the engines' venv and models, the binary)
 # run side by side; each step's output is kept together. Lines marked `+` are not held back:
 # GNU make never synchronizes a line it takes for a recursive one, so the test run and the demo
-# print as they go, and each long step says at once that it started (`+@echo`).
+# print as they go, and each long step says at once that it started (`+@echo`). (A `+` line also
+# runs under `make -n`: `make -n test` runs the suite.)
 MAKEFLAGS += --jobs=2 --output-sync=target
 SAY := +@echo "==>"
 
