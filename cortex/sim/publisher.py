@@ -204,20 +204,29 @@ class EventPublisher:
 def find_free_port_range(count: int, host: str = "127.0.0.1", *, attempts: int = 50) -> int:
     """A port P such that P .. P+count-1 were all free on ``host`` just now (bind-probe).
 
-    Someone may take them before they are bound again; ``bind_rank_sockets`` retries then.
+    Candidates lie below the kernel's ephemeral range (``ip_local_port_range``), where no
+    outgoing connection ever takes a port: inside it a busy host (a test suite's thousands of
+    client connections) holds so many odd ports that six in a row are rarely all free. Then,
+    as a fallback, ports the kernel hands out for bind(0). Someone may take them before they
+    are bound again; ``bind_rank_sockets`` retries then.
     """
     if count < 1:
         raise ValueError("count must be at least 1")
-    for _ in range(attempts):
+    low, _ = ephemeral_port_range()
+    rng = random.Random()
+    for attempt in range(2 * attempts):
         probes: list[socket.socket] = []
         try:
-            first = _probe_socket()
-            probes.append(first)
-            first.bind((host, 0))
-            base = first.getsockname()[1]
+            if attempt < attempts and low - count > _QUIET_PORTS_FROM:
+                base = rng.randrange(_QUIET_PORTS_FROM, low - count)
+            else:
+                first = _probe_socket()
+                probes.append(first)
+                first.bind((host, 0))
+                base = first.getsockname()[1]
             if base + count - 1 > 65535:
                 continue
-            for port in range(base + 1, base + count):
+            for port in range(base + len(probes), base + count):
                 probe = _probe_socket()
                 probes.append(probe)
                 probe.bind((host, port))
@@ -229,6 +238,19 @@ def find_free_port_range(count: int, host: str = "127.0.0.1", *, attempts: int =
             for probe in probes:
                 probe.close()
     raise OSError(errno.EADDRINUSE, f"no {count} contiguous free ports on {host}")
+
+
+_QUIET_PORTS_FROM = 20_000  # registered services rarely sit between this and the ephemeral range
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' ports (Linux's default where unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(part) for part in f.read().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
 
 
 def _probe_socket() -> socket.socket:
