@@ -353,7 +353,7 @@ def test_binding_retries_when_a_probed_range_is_taken(monkeypatch: pytest.Monkey
         squatter.close()
 
 
-def test_free_port_ranges_come_from_below_theephemeral_port_range() -> None:
+def test_free_port_ranges_come_from_below_the_ephemeral_range() -> None:
     """Outgoing connections take their ports from the kernel's ephemeral range: a busy host
     holds many odd ports there, so a run of six free ones is sought below it (the DP test
     failed with 'no 6 contiguous free ports' under a loaded CI run before)."""
