@@ -31,7 +31,7 @@ the bound, agentic traffic (long contexts whose recompute is seconds, and a syst
 session of an agent shares) queued each agent's sessions on the worker holding its prompt: four
 agents' sessions on four of eight workers, TTFT mean 627 ms and p99 5.6 s where the bound gives
 387 ms and 3.1 s; on the conversation trace the bound costs ~0.4 point of hit rate (17.5–17.6%
-vs 17.9%) with TTFT unchanged (``perf/RESULTS.md``, "Agentic sessions").
+vs 17.9%) with TTFT unchanged (``perf/HISTORY.md``, "Agentic sessions").
 
 Both read ``queued_prefill_tokens`` and ``in_flight``, which Cortex updates at decision time,
 so a burst of requests sees its own earlier picks (the herding guard).
