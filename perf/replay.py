@@ -43,7 +43,8 @@ prefill, so its own report counts. Load spread and utilization are per pool.
 closed loop, each turn sent a think time after the previous turn's answer has ended; give
 ``--max-blocks`` above its longest context (~120 blocks).
 
-Usage: ``python perf/replay.py [--quick] [--trace conversation|synthetic|gsp|agentic|PATH] ...``
+Usage: ``python perf/replay.py [--quick] [--trace conversation|synthetic|gsp|herd|agentic|PATH]
+...``
 (JSON on stdout or ``--out``; a table on stderr). ``--capacity-search`` runs each router at
 several time scales and reports the highest whose TTFT p99 stays under ``--p99-bound-ms``.
 ``--utilization U`` sets the load: the time scale (or, with ``--prefill-tokens-per-s 0`` and a

@@ -2,7 +2,7 @@
 
 * ``Params``: every knob of ``perf/replay.py`` (its command line is generated from them);
 * ``workload(p)``: the records to send — a Mooncake trace slice, SGLang's generated shared
-  prefix (``gsp``) or agentic sessions (``agentic``, ``perf/agentic_trace.py``: closed-loop
+  prefix (``gsp``), herds of one new prefix arriving at once (``herd``) or agentic sessions (``agentic``, ``perf/agentic_trace.py``: closed-loop
   turns, ``follows_for(p)`` says which answer each turn waits for). Records longer than
   ``max_blocks`` keep their first blocks (the agentic workload's contexts grow to ~120 blocks:
   give ``--max-blocks`` accordingly);
@@ -50,6 +50,8 @@ class Params:
     max_blocks: int = 64  # longer records keep their first 64 blocks (tokenization cost)
     gsp: str = "32,8,2048,128"  # groups, prompts per group, system tokens, question tokens
     gsp_rate: float = 4.0
+    herd: str = "24,12,4096,128"  # herds, requests per herd, shared new prefix, question tokens
+    herd_rate: float = 0.5  # herds per second (Poisson starts; a herd arrives within 5 ms)
     # --trace agentic (perf/agentic_trace.py): closed-loop sessions; --start/--requests unused
     agent_kinds: int = 4
     agent_sessions: int = 48
@@ -127,6 +129,10 @@ def workload(p: Params) -> list[tt.TraceRecord]:
         groups, per_group, system, question = (int(v) for v in p.gsp.split(","))
         records = list(tt.shared_prefix_records(groups, per_group, system, question, 256,
                                                 p.gsp_rate, p.seed))[p.start:p.start + p.requests]
+    elif p.trace == "herd":
+        herds, per_herd, prefix, question = (int(v) for v in p.herd.split(","))
+        records = list(tt.herd_records(herds, per_herd, prefix, question, 256, p.herd_rate,
+                                       p.seed))[p.start:p.start + p.requests]
     else:
         records = tt.read_trace(trace_path(p), p.start, p.requests)
     out = []
@@ -190,7 +196,7 @@ def capacity_per_engine(p: Params, unique_blocks: int) -> int:
 def basis_unique_blocks(p: Params, facts: dict[str, float]) -> int:
     """The unique blocks ``--capacity`` is a share of: the whole trace file's (the issue's
     regimes are stated for the trace) or the replayed slice's."""
-    if p.capacity_basis == "slice" or p.trace in ("gsp", "agentic"):
+    if p.capacity_basis == "slice" or p.trace in ("gsp", "herd", "agentic"):
         return int(facts["unique_blocks"])
     unique: set[int] = set()
     for record in tt.read_trace(trace_path(p)):

@@ -147,3 +147,32 @@ def shared_prefix_records(groups: int, prompts_per_group: int, system_tokens: in
         length = system_blocks * TRACE_BLOCK + question_tokens
         yield TraceRecord(int(t * 1000), length, output_tokens, system + question)
         t += rng.expovariate(rate_per_s)
+
+
+def herd_records(herds: int, per_herd: int, prefix_tokens: int, question_tokens: int,
+                 output_tokens: int, herd_rate_per_s: float, seed: int = 0,
+                 spread_ms: int = 5) -> Iterator[TraceRecord]:
+    """A thundering herd, again and again: each herd is ``per_herd`` requests for one prompt
+    prefix nobody has seen (``ceil(prefix_tokens / 512)`` new blocks) then a unique question
+    block each, all arriving within ``spread_ms`` of the herd's start; herds start at Poisson
+    times, ``herd_rate_per_s``. What a fan-out agent step, a batch job or a new system prompt
+    deployed to every client does: the first of a herd finds nothing cached anywhere, and
+    every router decides the rest before any engine has stored a block of it."""
+    rng = random.Random(seed)
+    prefix_blocks = max(1, -(-prefix_tokens // TRACE_BLOCK))
+    question_blocks = max(1, -(-question_tokens // TRACE_BLOCK))
+    next_id = 0
+    start = 0.0
+    records = []
+    for _ in range(herds):
+        prefix = tuple(range(next_id, next_id + prefix_blocks))
+        next_id += prefix_blocks
+        for _ in range(per_herd):
+            question = tuple(range(next_id, next_id + question_blocks))
+            next_id += question_blocks
+            at_ms = int(start * 1000) + rng.randrange(spread_ms + 1)
+            records.append(TraceRecord(at_ms, prefix_blocks * TRACE_BLOCK + question_tokens,
+                                       output_tokens, prefix + question))
+        start += rng.expovariate(herd_rate_per_s)
+    records.sort(key=lambda r: r.timestamp_ms)
+    yield from records
