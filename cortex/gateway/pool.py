@@ -340,6 +340,8 @@ class ModelPool:
             token_count = len(token_ids)
             if self.reads_ledger:
                 target_blocks = self._match(keys, block_size)
+                if self.fixed is None and len(self.pending.prefixes):
+                    self._credit_inflight(keys, target_blocks)
                 if self._untrusted_any:  # some worker's other DP ranks are trusted: drop these
                     untrusted = self._untrusted_any
                     target_blocks = {t: b for t, b in target_blocks.items()
@@ -352,7 +354,20 @@ class ModelPool:
                                          role)
         else:  # a named comparison policy: no ledger
             decision = self.fixed.decide(request, views, {}, role)
-        return self._route(decision, target_blocks, token_ids, token_count, timings)
+        return self._route(decision, target_blocks, token_ids, token_count, timings,
+                           keys if self.fixed is None else None)
+
+    def _credit_inflight(self, keys: Any, target_blocks: dict[int, int]) -> None:
+        """Raise each target's match to the prompt blocks requests in flight there carry
+        (``scheduling.inflight_prefixes``): what the engine will hold by the time it schedules
+        this request, before its events have told the ledger. Cortex's own chain only: the
+        compared policies get the ledger's matches, as their peers' indexers would.
+
+        Where this is wrong: SGLang shares nothing between requests of one prefill batch, so a
+        request joining the batch that computes its prefix's last chunk gets less than
+        predicted (a herd's members behind a prefix longer than the chunk budget do hit the
+        chunks before it); a preempted holder's blocks may be gone."""
+        self.pending.prefixes.extend(keys, target_blocks)
 
     def holders(self, token_ids: Any, prompt: RequestPrompt) -> dict[str, int]:
         """Worker -> leading blocks of this prompt (those an engine could serve cached) the
@@ -387,6 +402,7 @@ class ModelPool:
         token_ids: Any | None,
         token_count: int,
         timings: dict[str, float],
+        keys: Any = None,
     ) -> Route:
         spec = self.workers[decision.worker]
         rank = None
@@ -395,7 +411,15 @@ class ModelPool:
             best = max(range(len(targets)), key=lambda r: (target_blocks.get(targets[r], 0), -r))
             if target_blocks.get(targets[best], 0):
                 rank = best
+        prefix = None
+        if target_blocks is not None and keys is not None and len(keys) and targets:
+            # the blocks this request will leave on its target, for the next ones (a worker of
+            # several DP ranks whose rank the engine picks: no target to credit)
+            target = targets[rank] if rank is not None else (
+                targets[0] if len(targets) == 1 else None)
+            if target is not None:
+                prefix = (target, keys, target_blocks.get(target, 0))
         uncached = max(token_count - decision.predicted_cached_tokens, 0)
-        hold = self.pending.hold(spec.name, uncached)
+        hold = self.pending.hold(spec.name, uncached, prefix)
         return Route(decision, spec, rank, hold,
                      None if token_ids is None else token_count, timings)

@@ -7,6 +7,10 @@ Rules:
   the block ends (return, exception, cancellation — trio's ``Cancelled`` is a
   ``BaseException`` and is never caught, only passed through). A hold that was never entered
   adds nothing, so nothing can leak.
+* A hold may carry its request's prompt blocks (``prefix=(target, keys, start)``: ``start``
+  of them the ledger already credits): entering records them in ``prefixes``
+  (``inflight_prefixes.InflightPrefixes``), leaving forgets them — the blocks a later request
+  can count on while this one is in flight on that target.
 * ``Hold.prefill_done()`` drops the request's queued prefill tokens once its first byte came
   back (prefill is over), keeping it in flight; calling it twice, or after exit, does nothing.
 * Counts never go below zero; a worker whose counts return to zero is forgotten.
@@ -30,12 +34,13 @@ Single owner (the trio thread), no locks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Self
 
 import msgspec
 
+from cortex.scheduling.inflight_prefixes import InflightPrefixes
 from cortex.scheduling.view import Role, WorkerView
 
 
@@ -50,6 +55,7 @@ class PendingWork:
         self.healthy_roles: frozenset[Role] = frozenset()
         self.prefill_and_decode = False
         self._release_listeners: list[Callable[[str], None]] = []
+        self.prefixes = InflightPrefixes()
 
     def on_release(self, callback: Callable[[str], None]) -> None:
         self._release_listeners.append(callback)
@@ -106,10 +112,11 @@ class PendingWork:
     def total_in_flight(self) -> int:
         return sum(self._in_flight.values())
 
-    def hold(self, worker: str, prefill_tokens: int) -> Hold:
+    def hold(self, worker: str, prefill_tokens: int,
+             prefix: tuple[int, Sequence[int], int] | None = None) -> Hold:
         if prefill_tokens < 0:
             raise ValueError("prefill_tokens must be >= 0")
-        return Hold(self, worker, prefill_tokens)
+        return Hold(self, worker, prefill_tokens, prefix)
 
     def view(self, base: WorkerView) -> WorkerView:
         return msgspec.structs.replace(
@@ -142,12 +149,15 @@ class PendingWork:
 class Hold:
     """One request's share of a worker's pending work (see ``PendingWork.hold``)."""
 
-    __slots__ = ("_entered", "_pending", "_requests", "_tokens", "worker")
+    __slots__ = ("_entered", "_pending", "_prefix", "_requests", "_ticket", "_tokens", "worker")
 
-    def __init__(self, pending: PendingWork, worker: str, prefill_tokens: int) -> None:
+    def __init__(self, pending: PendingWork, worker: str, prefill_tokens: int,
+                 prefix: tuple[int, Sequence[int], int] | None = None) -> None:
         self._pending = pending
         self.worker = worker
         self._tokens = prefill_tokens
+        self._prefix = prefix if prefix is not None and len(prefix[1]) > prefix[2] else None
+        self._ticket = 0  # its prompt blocks' entry in ``pending.prefixes`` (0: none)
         self._requests = 0  # what this hold has added and not yet removed
         self._entered = False
 
@@ -157,6 +167,8 @@ class Hold:
         self._entered = True
         self._pending._add(self.worker, 1, self._tokens)
         self._requests = 1
+        if self._prefix is not None:
+            self._ticket = self._pending.prefixes.add(*self._prefix)
         return self
 
     def prefill_done(self) -> None:
@@ -170,6 +182,9 @@ class Hold:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        if self._ticket:
+            self._pending.prefixes.remove(self._ticket)
+            self._ticket = 0
         if self._requests:
             self._pending._remove(self.worker, self._requests, self._tokens)
             self._requests = 0

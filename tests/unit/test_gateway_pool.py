@@ -231,3 +231,34 @@ def test_one_untrusted_dp_rank_leaves_the_others_routed_exactly():
         book.set_state(target, TargetState.READY)
     pool.refresh("b")
     assert pool.decide(TOKENS, PROMPT).decision.predicted_cached_tokens == 3 * BLOCK
+
+
+def test_a_prefix_in_flight_is_credited_until_its_request_ends():
+    """The second request of a burst, decided before any event of the first: it goes where the
+    first is computing its prefix and is predicted that prefix; once the first has ended the
+    credit is gone (the ledger's events would hold the blocks by then)."""
+    book = LedgerBook()
+    pool = pool_with(book)
+    add(pool, book, "a", port=1)
+    add(pool, book, "b", port=2)
+    first = pool.decide(TOKENS, PROMPT)
+    assert first.decision.predicted_cached_tokens == 0
+    with first.hold:
+        second = pool.decide(TOKENS[: 3 * BLOCK + 5], PROMPT)
+        assert second.worker.name == first.worker.name
+        assert second.decision.predicted_cached_tokens == 3 * BLOCK
+        assert second.decision.mode is Mode.EXACT_KV_EVENTS
+    assert pool.decide(TOKENS, PROMPT).decision.predicted_cached_tokens == 0
+
+
+def test_compared_policies_get_no_in_flight_credit():
+    book = LedgerBook()
+    pool = pool_with(book)
+    add(pool, book, "a", port=1)
+    add(pool, book, "b", port=2)
+    first = pool.decide(TOKENS, PROMPT)
+    pool.use_policy("round_robin")
+    with first.hold:
+        assert len(pool.pending.prefixes) == 1
+        second = pool.decide(TOKENS, PROMPT)
+        assert second.decision.predicted_cached_tokens == 0
