@@ -22,6 +22,8 @@ class DecisionTable:
         limits: tuple[float, float, float, float],  # in-flight, queued, engine queue, kv usage
         factor: float | None,
         slack: float,
+        step_s: float = 0.0,  # with step_budget > 0: cost.CostConfig's step form
+        step_budget: int = 0,
     ) -> None: ...
     def pick(
         self,

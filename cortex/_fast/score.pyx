@@ -64,13 +64,15 @@ cdef class DecisionTable:
     cdef object last
     cdef object ready_state
     cdef object both, prefill, decode
-    cdef double default_rate, decode_s, engine_queue_s
+    cdef double default_rate, decode_s, engine_queue_s, step_s, step_budget
+    cdef bint steps
     cdef double max_in_flight, max_queued, max_engine_queue, max_kv
     cdef double factor, slack
     cdef bint capped
 
     def __cinit__(self, *, ready_state, roles, double default_rate, double decode_s,
-                  double engine_queue_s, limits, factor, double slack):
+                  double engine_queue_s, limits, factor, double slack, double step_s=0.0,
+                  long step_budget=0):
         self.slots = NULL
         self.n = 0
         self.capacity = 0
@@ -83,6 +85,9 @@ cdef class DecisionTable:
         self.default_rate = default_rate
         self.decode_s = decode_s
         self.engine_queue_s = engine_queue_s
+        self.steps = step_budget > 0  # cost.CostConfig.steps
+        self.step_s = step_s
+        self.step_budget = step_budget
         self.max_in_flight, self.max_queued, self.max_engine_queue, self.max_kv = limits
         self.capped = factor is not None
         self.factor = factor if factor is not None else 0.0
@@ -109,10 +114,19 @@ cdef class DecisionTable:
         s.queued = view.queued_prefill_tokens
         s.engine_queue = UNKNOWN if engine_queue is None else <long>engine_queue
         s.kv_usage = -1.0 if kv_usage is None else <double>kv_usage
+        cdef double step, room
         s.rate = <double>rate if rate else self.default_rate
-        s.s_per_token = 1.0 / s.rate
-        # Same operations, same order as cost.LoadSeconds.prepare.
-        s.load_s = s.queued * s.s_per_token + self.decode_s * s.in_flight
+        # Same operations, same order as cost.LoadSeconds.prepare (and cost.step_terms).
+        if self.steps:
+            step = self.step_s + self.decode_s * s.in_flight
+            room = self.step_budget - s.in_flight
+            if room < self.step_budget * 0.25:
+                room = self.step_budget * 0.25
+            s.s_per_token = 1.0 / s.rate + step / room
+            s.load_s = s.queued * s.s_per_token + step
+        else:
+            s.s_per_token = 1.0 / s.rate
+            s.load_s = s.queued * s.s_per_token + self.decode_s * s.in_flight
         if s.engine_queue != UNKNOWN:
             s.load_s += self.engine_queue_s * s.engine_queue
         s.role = self._role_code(view.role)
@@ -246,6 +260,8 @@ cdef class DecisionTable:
                 if uncached < 0:
                     uncached = 0
                 if any_hit:  # ExactKv.decide's value
+                    value = s.load_s + uncached * s.s_per_token
+                elif self.steps:  # cost.cost's step form: load_s, then the own prompt
                     value = s.load_s + uncached * s.s_per_token
                 else:  # cost.cost, as LoadAware's cheapest computes it
                     value = (s.queued + uncached) / s.rate + self.decode_s * s.in_flight

@@ -105,6 +105,15 @@ DOCS: dict[str, str] = {
     "scheduler.cost.recompute_charge_max_s": "most seconds of TTFT that charge may add (a "
                                              "request waits at most this long behind a busy "
                                              "holder of its prefix)",
+    "scheduler.cost.step_token_budget": "continuous-batching engines: tokens one engine "
+                                        "step carries (vLLM max_num_batched_tokens, SGLang "
+                                        "chunked_prefill_size); > 0: the cost counts the "
+                                        "engine's steps, the prefill rate is the marginal "
+                                        "rate within a step and decode_s_per_in_flight one "
+                                        "decoding request's share of a step (0: not "
+                                        "modelled)",
+    "scheduler.cost.step_s": "fixed seconds of one engine step (a step-time profile's "
+                             "step_s + prefill_step_s); read only with step_token_budget",
     "scheduler.cost.alpha_per_cached_block": "linear form: weight per cached block",
     "scheduler.cost.beta_per_in_flight": "linear form: weight per request in flight",
     "scheduler.cost.gamma_per_queued_token": "linear form: weight per queued prefill token",

@@ -8,6 +8,23 @@ Two forms of one idea, chosen by ``CostConfig.form``:
   The first term is the prefill work ahead of the request plus its own; the second stands for
   the decode batch the prefill shares the GPU with; the third is counted only when the engine
   reports its queue (Cortex's own queue is already in the first term).
+  With the engines' step budget given (``step_token_budget`` > 0: the **step form**, for
+  continuous-batching engines; ``step_s`` is read only then), the same quantities are read as a
+  continuous-batching engine spends them. Each step (one forward pass) carries one token of
+  every decoding request and prompt tokens up to the budget, and lasts
+  ``step_s + decode_s_per_in_flight × in_flight + prompt tokens / prefill_tokens_per_s``
+  (``prefill_tokens_per_s`` is then the marginal rate of prompt tokens within a step, not an
+  end-to-end figure). The queued work and the request's own prompt go through in chunks of
+  the room left by the decodes, ``room = max(budget − in_flight, budget / 4)``, so each token
+  costs ``1 / prefill_tokens_per_s + (step_s + decode_s_per_in_flight × in_flight) / room`` —
+  the decode batch slows every chunk of a long prompt, not only its first — and the request
+  first waits out the step in progress, ``step_s + decode_s_per_in_flight × in_flight``.
+  Read from an engine's step-time profile (``cortex/sim/profiles/``): ``step_s`` = its
+  ``step_s + prefill_step_s``, ``decode_s_per_in_flight`` = ``decode_seq_s +
+  decode_kv_token_s × a typical context``, ``prefill_tokens_per_s`` = ``1 / (prefill_token_s
+  + attention_pair_s × half a typical prompt)``, ``step_token_budget`` = vLLM's
+  ``max_num_batched_tokens`` / SGLang's ``chunked_prefill_size``. Without them (the default)
+  the form above: safe, and what a fixed-speed engine spends.
 * ``"linear"`` — the seed's score ``α·matched_blocks − β·in_flight − γ·queued_prefill_tokens``,
   negated so lower is better.
 
@@ -67,6 +84,8 @@ class CostConfig:
     affinity_tolerance_s: float = 0.25  # exact_kv: extra TTFT a longer hit may cost and still win
     recompute_weight: float = 10.0  # exact_kv: extra charge on recomputing another's cached blocks
     recompute_charge_max_s: float = 1.0  # exact_kv: the most TTFT that charge may add
+    step_token_budget: int = 0  # tokens one engine step carries; > 0: the step form
+    step_s: float = 0.0  # the engines' fixed time per step (step form only)
     alpha_per_cached_block: float = 1.0
     beta_per_in_flight: float = 1.0
     gamma_per_queued_token: float = 0.01
@@ -79,11 +98,30 @@ class CostConfig:
             problems.append("default_prefill_tokens_per_s must be > 0")
         for name in ("decode_s_per_in_flight", "engine_queue_s_per_request", "affinity_tolerance_s",
                      "recompute_weight", "recompute_charge_max_s", "alpha_per_cached_block",
-                     "beta_per_in_flight", "gamma_per_queued_token"):
+                     "beta_per_in_flight", "gamma_per_queued_token", "step_s",
+                     "step_token_budget"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if problems:
             raise ConfigError(problems)
+
+
+    @property
+    def steps(self) -> bool:
+        """Whether the step form is on (the engines' step budget given)."""
+        return self.step_token_budget > 0
+
+
+def step_terms(config: CostConfig, rate: float, in_flight: int) -> tuple[float, float]:
+    """The step form's ``(seconds per prompt token, the step in progress)`` on a worker with
+    ``in_flight`` requests; the compiled path (``_fast/score.pyx``) does the same operations
+    in the same order."""
+    step = config.step_s + config.decode_s_per_in_flight * in_flight
+    budget = config.step_token_budget
+    room = budget - in_flight
+    if room < budget * 0.25:
+        room = budget * 0.25
+    return 1.0 / rate + step / room, step
 
 
 def cost(config: CostConfig, view: WorkerView, uncached_tokens: int, cached_blocks: int) -> float:
@@ -93,6 +131,12 @@ def cost(config: CostConfig, view: WorkerView, uncached_tokens: int, cached_bloc
                  - config.beta_per_in_flight * view.in_flight
                  - config.gamma_per_queued_token * view.queued_prefill_tokens)
     rate = view.prefill_tokens_per_s or config.default_prefill_tokens_per_s
+    if config.steps:
+        s_per_token, step = step_terms(config, rate, view.in_flight)
+        seconds = view.queued_prefill_tokens * s_per_token + step
+        if view.engine_queue is not None:
+            seconds += config.engine_queue_s_per_request * view.engine_queue
+        return seconds + uncached_tokens * s_per_token
     seconds = ((view.queued_prefill_tokens + uncached_tokens) / rate
                + config.decode_s_per_in_flight * view.in_flight)
     if view.engine_queue is not None:
@@ -198,9 +242,14 @@ class LoadSeconds:
 
     def prepare(self, view: WorkerView) -> tuple[WorkerView, float, float]:
         config = self.config
-        s_per_token = 1.0 / (view.prefill_tokens_per_s or config.default_prefill_tokens_per_s)
-        load_s = (view.queued_prefill_tokens * s_per_token
-                  + config.decode_s_per_in_flight * view.in_flight)
+        rate = view.prefill_tokens_per_s or config.default_prefill_tokens_per_s
+        if config.steps:
+            s_per_token, step = step_terms(config, rate, view.in_flight)
+            load_s = view.queued_prefill_tokens * s_per_token + step
+        else:
+            s_per_token = 1.0 / rate
+            load_s = (view.queued_prefill_tokens * s_per_token
+                      + config.decode_s_per_in_flight * view.in_flight)
         if view.engine_queue is not None:
             load_s += config.engine_queue_s_per_request * view.engine_queue
         if len(self.memo) >= self.limit:

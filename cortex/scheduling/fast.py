@@ -53,6 +53,8 @@ class FastScheduler:
             limits=self.reference._limits,
             factor=bounds.factor,
             slack=bounds.slack,
+            step_s=self.cost.step_s,
+            step_budget=self.cost.step_token_budget,
         )
 
     def decide(

@@ -120,3 +120,14 @@ class StepProfile:
         """What one more decoding sequence with ``context`` KV tokens adds to a step."""
         return self.decode_seq_s + self.decode_kv_token_s * context
 
+    def router_cost_terms(self, budget: int, mean_prompt: int, decode_context: int) -> dict:
+        """The few coefficients Cortex's cost needs in its step form (``scheduler.cost``;
+        ``cortex/scheduling/cost.py``): the step's fixed seconds, the marginal prompt tokens
+        per second within a step (attention over half a mean prompt of context), one decoding
+        request's share of a step (``decode_context`` KV tokens read) and the budget."""
+        per_token = self.prefill_token_s + self.attention_pair_s * mean_prompt / 2
+        return {"step_s": self.step_s + self.prefill_step_s,
+                "prefill_tokens_per_s": 1.0 / per_token if per_token > 0 else 1e12,
+                "decode_s_per_in_flight": self.decode_seq_cost_s(decode_context),
+                "step_token_budget": budget}
+

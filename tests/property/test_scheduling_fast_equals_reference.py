@@ -88,7 +88,11 @@ def outcome(decide):
        cost=st.sampled_from([CostConfig(), CostConfig(affinity_tolerance_s=0.0),
                              CostConfig(affinity_tolerance_s=10.0),
                              CostConfig(recompute_weight=0.0), CostConfig(recompute_weight=3.0),
-                             CostConfig(form="linear")]),
+                             CostConfig(form="linear"),
+                             CostConfig(step_s=0.006, step_token_budget=512,
+                                        decode_s_per_in_flight=1e-4),
+                             CostConfig(step_s=0.1, step_token_budget=16,
+                                        engine_queue_s_per_request=0.02)]),
        bounds=st.sampled_from([BoundedLoad(), BoundedLoad(None), BoundedLoad(1.0, 0),
                                BoundedLoad(2.0, 1)]))
 def test_fast_path_decides_as_the_reference_chain(scenario, seed, cost, bounds):

@@ -189,6 +189,26 @@ def test_ttft_cost_counts_queued_and_own_tokens_over_the_rate_and_decode_load():
     assert cost(config, slow, 0, 0) == pytest.approx(1.0)  # default rate 10k tokens/s
 
 
+def test_step_form_counts_the_engines_steps():
+    """A batching engine with a 1,000-token step budget, 10 ms per step, 1 ms per decoding
+    request per step, 100k prompt tokens/s within a step: 4 requests decoding leave 996 tokens
+    of room, so 3,000 queued + 1,000 own tokens take 4,000 / 996 steps of 14 ms plus 40 ms of
+    token compute, after the 14 ms step in progress."""
+    config = CostConfig(step_token_budget=1000, step_s=0.01, decode_s_per_in_flight=0.001,
+                        default_prefill_tokens_per_s=100_000.0)
+    view = worker("w0", queued_prefill_tokens=3000, in_flight=4)
+    assert cost(config, view, 1000, 0) == pytest.approx(0.014 + 4000 * (1e-5 + 0.014 / 996))
+    # the decode batch slows every chunk of a long prompt, not only its first
+    idle, busy = worker("w0"), worker("w0", in_flight=200)
+    short = cost(config, busy, 100, 0) - cost(config, idle, 100, 0)
+    long = cost(config, busy, 20_000, 0) - cost(config, idle, 20_000, 0)
+    assert long > 10 * short
+    # decodes never leave less than a quarter of the budget to prompts
+    crowded = worker("w0", in_flight=5000)
+    assert cost(config, crowded, 1000, 0) == pytest.approx(
+        5.01 + 1000 * (1e-5 + 5.01 / 250))
+
+
 def test_linear_cost_is_the_seeds_score_negated():
     config = CostConfig(form="linear", alpha_per_cached_block=2, beta_per_in_flight=3,
                         gamma_per_queued_token=0.5)
