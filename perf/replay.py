@@ -50,7 +50,9 @@ several time scales and reports the highest whose TTFT p99 stays under ``--p99-b
 ``--utilization U`` sets the load: the time scale (or, with ``--prefill-tokens-per-s 0`` and a
 given ``--time-scale``, the engines' prefill speed) at which round robin would keep the engines
 U busy, from an offline estimate of its cache hits; the measured figure is in the result.
-Cortex's gateway is told the engines' prefill speed (its TTFT cost model is in seconds).
+Cortex's gateway is told the engines' speed (its TTFT cost model is in seconds): on batching
+engines the step form's coefficients from the engines' own profile (``--cost-form steps``,
+``gateway_cost``), or the flat form (``--cost-form flat``).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ from replay_workload import (
     workload,
 )
 
+from cortex.sim.step_profiles import load_step_profile
 from cortex.upstream.limits import PoolLimits
 from cortex.upstream.pool import UpstreamPool
 from tests import deepseek_profile as ds
@@ -223,8 +226,33 @@ async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
 
 # -- one router, all routers --------------------------------------------------------------------
 
+def gateway_cost(p: Params, records: list[tt.TraceRecord], text: tt.TraceText) -> dict:
+    """``scheduler.cost`` for the replay's gateway: the operator states the engines' speed
+    (the cost model's TTFT is in seconds). On batching engines with ``--cost-form steps``, the
+    step form's coefficients read from the same scaled profile the engines run on
+    (``StepProfile.router_cost_terms``); ``flat``: the prefill rate under load and one
+    decode's share of a step, in the flat form."""
+    cost: dict = {"default_prefill_tokens_per_s": p.prefill_tokens_per_s}
+    if p.engine_model == "batching":
+        cost["decode_s_per_in_flight"] = p.decode_ms_per_token / 1000
+        if p.cost_form == "steps":
+            mean_prompt = round(sum(text.prompt_tokens(r) for r in records)
+                                / max(len(records), 1))
+            terms = load_step_profile(p.step_profile).scaled(p.tokens_per_token()) \
+                .router_cost_terms(p.step_budget(), mean_prompt, mean_prompt)
+            cost.update(step_s=terms["step_s"], step_token_budget=terms["step_token_budget"],
+                        default_prefill_tokens_per_s=terms["prefill_tokens_per_s"],
+                        decode_s_per_in_flight=terms["decode_s_per_in_flight"])
+    if p.affinity_tolerance_s >= 0:
+        cost["affinity_tolerance_s"] = p.affinity_tolerance_s
+    if p.recompute_weight >= 0:
+        cost["recompute_weight"] = p.recompute_weight
+    return cost
+
+
 def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: list[bytes],
-               capacity: int, time_scale: float, keep_results: bool = False) -> dict:
+               capacity: int, time_scale: float, cost: dict,
+               keep_results: bool = False) -> dict:
     procs = rc.Procs()
     try:
         settings = rc.EngineSettings(MODEL, p.engine_block, capacity, p.prefill_tokens_per_s,
@@ -236,11 +264,7 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
         engines = rc.start_engines(procs, settings, flavors,
                                    per_engine=p.engine_procs == "engine", roles=roles)
         policy = router if router in GATEWAY_POLICIES else PD_ROUTERS.get(router, "cortex")
-        gateway = rc.start_gateway(procs, engines, policy, MODEL, p.engine_block,
-                                   p.prefill_tokens_per_s, p.affinity_tolerance_s,
-                                   p.recompute_weight,
-                                   p.decode_ms_per_token / 1000
-                                   if p.engine_model == "batching" else -1.0)
+        gateway = rc.start_gateway(procs, engines, policy, MODEL, p.engine_block, cost)
         url = rc.start_sglang_router(procs, engines, MODEL) if router == "sglang-router" \
             else gateway.url
         started = time.monotonic()
@@ -273,13 +297,15 @@ def compare(p: Params, routers: list[str], keep_results: bool = False,
     facts = slice_facts(records)
     facts["single_cache_token_hit"] = token_bound(records, text, p.engine_block)
     basis = basis_unique_blocks(p, facts)
-    capacity = capacity_per_engine(p, basis)
+    capacity = capacity_per_engine(p, basis, max(text.prompt_tokens(r) for r in records))
     if p.engine_model == "batching":
         p = batching_speeds(p, records, text)
     scale, prefill = load_for(p, records, text, capacity)
     p = Params(**{**asdict(p), "prefill_tokens_per_s": prefill})
     payloads = bodies(records, text, p)
-    out: dict = {"machine": machine_info(), "params": asdict(p), "slice": facts,
+    cost = gateway_cost(p, records, text)
+    out: dict = {"machine": machine_info(), "params": asdict(p), "gateway_cost": cost,
+                 "slice": facts,
                  "capacity_blocks_per_engine": capacity, "capacity_basis_blocks": basis,
                  "cluster_share_of_slice": round(
                      capacity * p.engines * p.engine_block / p.block_tokens
@@ -294,7 +320,7 @@ def compare(p: Params, routers: list[str], keep_results: bool = False,
             continue
         log(f"replay: {router} ({len(records)} requests, time scale {scale}) ...")
         out["routers"][router] = run_router(router, p, records, payloads, capacity, scale,
-                                            keep_results)
+                                            cost, keep_results)
     return out
 
 

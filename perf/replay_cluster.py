@@ -197,14 +197,9 @@ class Gateway:
 
 
 def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
-                  block_size: int, prefill_tokens_per_s: float,
-                  affinity_tolerance_s: float = -1.0,
-                  recompute_weight: float = -1.0,
-                  decode_s_per_in_flight: float = -1.0) -> Gateway:
-    spec = {"model": model, "prefill_tokens_per_s": prefill_tokens_per_s,
-            "decode_s_per_in_flight": decode_s_per_in_flight,
-            "affinity_tolerance_s": affinity_tolerance_s,
-            "recompute_weight": recompute_weight, "tokenizer": ds.TOKENIZER_JSON, "block_size": block_size,
+                  block_size: int, cost: dict) -> Gateway:
+    """``cost``: ``scheduler.cost`` settings (``CostConfig`` fields) the gateway is given."""
+    spec = {"model": model, "cost": cost, "tokenizer": ds.TOKENIZER_JSON, "block_size": block_size,
             "template": procs.template(), "bos": ds.BOS, "eos": ds.EOS, "policy": policy,
             "workers": [{"name": e.name, "url": e.url, "engine": e.flavor, "events": e.events,
                          "replay": e.replay, "role": e.role,

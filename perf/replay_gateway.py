@@ -72,13 +72,7 @@ def config_from(spec: dict) -> CortexConfig:
                                role=Role(w.get("role", "both")),
                                bootstrap_port=w.get("bootstrap_port"))
                     for w in spec["workers"])
-    cost = {"default_prefill_tokens_per_s": spec["prefill_tokens_per_s"]}
-    if spec.get("decode_s_per_in_flight", -1.0) >= 0:  # the engines' per-decode step cost
-        cost["decode_s_per_in_flight"] = spec["decode_s_per_in_flight"]
-    if spec.get("affinity_tolerance_s", -1.0) >= 0:
-        cost["affinity_tolerance_s"] = spec["affinity_tolerance_s"]
-    if spec.get("recompute_weight", -1.0) >= 0:
-        cost["recompute_weight"] = spec["recompute_weight"]
+    cost = spec.get("cost") or {"default_prefill_tokens_per_s": spec["prefill_tokens_per_s"]}
     return CortexConfig(
         server=ServerConfig(host="127.0.0.1", port=0),
         control=ControlConfig(host="127.0.0.1", port=0),

@@ -41,6 +41,7 @@ class Params:
     capacity: float = 0.5  # share of the unique blocks (see capacity_basis) the cluster holds
     capacity_basis: str = "trace"  # trace: the whole trace file's unique blocks | slice
     capacity_blocks: int = 0  # per engine; overrides --capacity when > 0
+    min_capacity_prompts: int = 4  # per engine at least this many of the longest prompt
     prefill_tokens_per_s: float = 2000.0  # 0: solved from --time-scale and --utilization
     decode_ms_per_token: float = 5.0
     max_running: int = 1
@@ -73,6 +74,7 @@ class Params:
     token_scale: float = 0.0  # real tokens per replayed token; 0: the trace's, 512/block_tokens
     max_num_batched_tokens: int = 8192  # a step's budget in real tokens (vLLM's H100 default)
     max_num_seqs: int = 256
+    cost_form: str = "steps"  # Cortex's cost on batching engines: steps | flat (replay.py)
 
     def tokens_per_token(self) -> float:
         return self.token_scale or tt.TRACE_BLOCK / self.block_tokens
@@ -185,12 +187,15 @@ def token_bound(records: list[tt.TraceRecord], text: tt.TraceText, engine_block:
     return round(cached / prompt, 4) if prompt else 0.0
 
 
-def capacity_per_engine(p: Params, unique_blocks: int) -> int:
-    """Engine blocks per engine: ``p.capacity`` of ``unique_blocks`` trace blocks, split."""
+def capacity_per_engine(p: Params, unique_blocks: int, longest_prompt_tokens: int = 0) -> int:
+    """Engine blocks per engine: ``p.capacity`` of ``unique_blocks`` trace blocks, split, and
+    at least ``p.min_capacity_prompts`` of the longest prompt (a KV pool that cannot hold a
+    few requests at once is no deployment: it would only preempt)."""
     if p.capacity_blocks > 0:
         return p.capacity_blocks
     per_trace_block = p.block_tokens / p.engine_block
-    return max(8, math.ceil(p.capacity * unique_blocks * per_trace_block / p.engines))
+    floor = math.ceil(p.min_capacity_prompts * longest_prompt_tokens / p.engine_block)
+    return max(8, floor, math.ceil(p.capacity * unique_blocks * per_trace_block / p.engines))
 
 
 def basis_unique_blocks(p: Params, facts: dict[str, float]) -> int:
