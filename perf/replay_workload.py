@@ -41,7 +41,7 @@ class Params:
     capacity: float = 0.5  # share of the unique blocks (see capacity_basis) the cluster holds
     capacity_basis: str = "trace"  # trace: the whole trace file's unique blocks | slice
     capacity_blocks: int = 0  # per engine; overrides --capacity when > 0
-    min_capacity_prompts: int = 4  # per engine at least this many of the longest prompt
+    min_capacity_prompts: int = 1  # per engine at least this many of the longest prompt
     prefill_tokens_per_s: float = 2000.0  # 0: solved from --time-scale and --utilization
     decode_ms_per_token: float = 5.0
     max_running: int = 1
@@ -189,8 +189,8 @@ def token_bound(records: list[tt.TraceRecord], text: tt.TraceText, engine_block:
 
 def capacity_per_engine(p: Params, unique_blocks: int, longest_prompt_tokens: int = 0) -> int:
     """Engine blocks per engine: ``p.capacity`` of ``unique_blocks`` trace blocks, split, and
-    at least ``p.min_capacity_prompts`` of the longest prompt (a KV pool that cannot hold a
-    few requests at once is no deployment: it would only preempt)."""
+    at least ``p.min_capacity_prompts`` of the longest prompt (vLLM refuses to start with a KV
+    pool that cannot hold one request of its longest length)."""
     if p.capacity_blocks > 0:
         return p.capacity_blocks
     per_trace_block = p.block_tokens / p.engine_block
