@@ -45,6 +45,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import msgspec
+
 from cortex.events.model import EngineFamily
 from cortex.gateway.worker_report import WorkerReport
 from cortex.ledger.book import LedgerBook
@@ -67,6 +69,7 @@ from cortex.scheduling import (
 )
 from cortex.scheduling.chain import no_events_chain
 from cortex.scheduling.inflight import Hold
+from cortex.scheduling.inflight_prefixes import chunks_before_last
 from cortex.scheduling.p2c import PowerOfTwo
 from cortex.scheduling.policy import Policy
 from cortex.scheduling.round_robin import RoundRobin
@@ -330,6 +333,7 @@ class ModelPool:
             decision = self.fixed.decide(RequestFacts(_NO_KEYS, 0, 1), views, {}, role)
             return self._route(decision, None, None, 0, timings)
         target_blocks: dict[int, int] = {}
+        ledger_blocks: dict[int, int] | None = None  # before the in-flight credit, if any
         token_count = 0
         block_size = self.profile.block_size if self.profile is not None else 1
         keys: Any = _NO_KEYS
@@ -341,6 +345,7 @@ class ModelPool:
             if self.reads_ledger:
                 target_blocks = self._match(keys, block_size)
                 if self.fixed is None and len(self.pending.prefixes):
+                    ledger_blocks = dict(target_blocks)
                     self._credit_inflight(keys, target_blocks)
                 if self._untrusted_any:  # some worker's other DP ranks are trusted: drop these
                     untrusted = self._untrusted_any
@@ -355,7 +360,7 @@ class ModelPool:
         else:  # a named comparison policy: no ledger
             decision = self.fixed.decide(request, views, {}, role)
         return self._route(decision, target_blocks, token_ids, token_count, timings,
-                           keys if self.fixed is None else None)
+                           keys if self.fixed is None else None, ledger_blocks)
 
     def _credit_inflight(self, keys: Any, target_blocks: dict[int, int]) -> None:
         """Raise each target's match to the prompt blocks requests in flight there carry
@@ -363,11 +368,24 @@ class ModelPool:
         this request, before its events have told the ledger. Cortex's own chain only: the
         compared policies get the ledger's matches, as their peers' indexers would.
 
-        Where this is wrong: SGLang shares nothing between requests of one prefill batch, so a
-        request joining the batch that computes its prefix's last chunk gets less than
-        predicted (a herd's members behind a prefix longer than the chunk budget do hit the
-        chunks before it); a preempted holder's blocks may be gone."""
+        Routing counts all of it; the prediction only what is certain (``_certain_prediction``):
+        SGLang shares nothing between requests of one prefill batch, so until an SGLang
+        request's first token only the chunks before its last are certain. Still wrong when a
+        holder is preempted (its blocks may be gone) or two requests decided microseconds
+        apart reach the engine in the other order."""
         self.pending.prefixes.extend(keys, target_blocks)
+
+    def _certain_prediction(self, decision: Decision, target: int, ledger: int,
+                            keys: Any) -> Decision:
+        """The decision with its prediction capped at what the ledger and the certain part of
+        the in-flight credit give ``target`` (``PendingWork.certain``); routing used all of it."""
+        certain = {target: ledger}
+        self.pending.certain.extend(keys, certain)
+        predicted = min(decision.predicted_cached_tokens,
+                        certain[target] * self.profile.block_size)
+        if predicted == decision.predicted_cached_tokens:
+            return decision
+        return msgspec.structs.replace(decision, predicted_cached_tokens=predicted)
 
     def holders(self, token_ids: Any, prompt: RequestPrompt) -> dict[str, int]:
         """Worker -> leading blocks of this prompt (those an engine could serve cached) the
@@ -403,6 +421,7 @@ class ModelPool:
         token_count: int,
         timings: dict[str, float],
         keys: Any = None,
+        ledger_blocks: dict[int, int] | None = None,
     ) -> Route:
         spec = self.workers[decision.worker]
         rank = None
@@ -419,7 +438,18 @@ class ModelPool:
                 targets[0] if len(targets) == 1 else None)
             if target is not None:
                 prefix = (target, keys, target_blocks.get(target, 0))
+                if ledger_blocks is not None:
+                    decision = self._certain_prediction(decision, target,
+                                                        ledger_blocks.get(target, 0), keys)
         uncached = max(token_count - decision.predicted_cached_tokens, 0)
-        hold = self.pending.hold(spec.name, uncached, prefix)
+        early = None
+        if prefix is not None and spec.engine != "vllm":
+            # SGLang: a request shares nothing with the others of its prefill batch, so until its
+            # first token only the chunks before its last one are certain for later requests
+            block_size = self.profile.block_size
+            early = min(chunks_before_last(decision.predicted_cached_tokens, token_count,
+                                          self.scheduler.cost.step_token_budget) // block_size,
+                        len(keys))
+        hold = self.pending.hold(spec.name, uncached, prefix, early)
         return Route(decision, spec, rank, hold,
                      None if token_ids is None else token_count, timings)

@@ -10,7 +10,10 @@ Rules:
 * A hold may carry its request's prompt blocks (``prefix=(target, keys, start)``: ``start``
   of them the ledger already credits): entering records them in ``prefixes``
   (``inflight_prefixes.InflightPrefixes``), leaving forgets them — the blocks a later request
-  can count on while this one is in flight on that target.
+  can count on while this one is in flight on that target (routing). ``certain`` holds the
+  blocks a later request's *prediction* may count on: the same, except that a hold given
+  ``early`` (blocks, for an engine whose requests in one prefill batch share nothing: SGLang)
+  records only ``keys[start:early]`` there until ``prefill_done()``, then the rest.
 * ``Hold.prefill_done()`` drops the request's queued prefill tokens once its first byte came
   back (prefill is over), keeping it in flight; calling it twice, or after exit, does nothing.
 * Counts never go below zero; a worker whose counts return to zero is forgotten.
@@ -56,6 +59,7 @@ class PendingWork:
         self.prefill_and_decode = False
         self._release_listeners: list[Callable[[str], None]] = []
         self.prefixes = InflightPrefixes()
+        self.certain = InflightPrefixes()
 
     def on_release(self, callback: Callable[[str], None]) -> None:
         self._release_listeners.append(callback)
@@ -113,10 +117,11 @@ class PendingWork:
         return sum(self._in_flight.values())
 
     def hold(self, worker: str, prefill_tokens: int,
-             prefix: tuple[int, Sequence[int], int] | None = None) -> Hold:
+             prefix: tuple[int, Sequence[int], int] | None = None,
+             early: int | None = None) -> Hold:
         if prefill_tokens < 0:
             raise ValueError("prefill_tokens must be >= 0")
-        return Hold(self, worker, prefill_tokens, prefix)
+        return Hold(self, worker, prefill_tokens, prefix, early)
 
     def view(self, base: WorkerView) -> WorkerView:
         return msgspec.structs.replace(
@@ -149,15 +154,19 @@ class PendingWork:
 class Hold:
     """One request's share of a worker's pending work (see ``PendingWork.hold``)."""
 
-    __slots__ = ("_entered", "_pending", "_prefix", "_requests", "_ticket", "_tokens", "worker")
+    __slots__ = ("_certain", "_early", "_entered", "_pending", "_prefix", "_requests",
+                 "_ticket", "_tokens", "worker")
 
     def __init__(self, pending: PendingWork, worker: str, prefill_tokens: int,
-                 prefix: tuple[int, Sequence[int], int] | None = None) -> None:
+                 prefix: tuple[int, Sequence[int], int] | None = None,
+                 early: int | None = None) -> None:
         self._pending = pending
         self.worker = worker
         self._tokens = prefill_tokens
         self._prefix = prefix if prefix is not None and len(prefix[1]) > prefix[2] else None
+        self._early = early  # None: every block certain at once
         self._ticket = 0  # its prompt blocks' entry in ``pending.prefixes`` (0: none)
+        self._certain: list[int] = []  # its entries in ``pending.certain``
         self._requests = 0  # what this hold has added and not yet removed
         self._entered = False
 
@@ -167,11 +176,25 @@ class Hold:
         self._entered = True
         self._pending._add(self.worker, 1, self._tokens)
         self._requests = 1
-        if self._prefix is not None:
-            self._ticket = self._pending.prefixes.add(*self._prefix)
+        prefix = self._prefix
+        if prefix is not None:
+            pending = self._pending
+            self._ticket = pending.prefixes.add(*prefix)
+            target, keys, start = prefix
+            if self._early is None:
+                self._certain.append(pending.certain.add(target, keys, start))
+            elif self._early > start:
+                self._certain.append(pending.certain.add(target, keys[:self._early], start))
         return self
 
     def prefill_done(self) -> None:
+        prefix = self._prefix
+        if self._requests and prefix is not None and self._early is not None:
+            target, keys, start = prefix
+            rest = max(start, self._early)
+            if rest < len(keys):
+                self._certain.append(self._pending.certain.add(target, keys, rest))
+            self._early = None
         if self._requests and self._tokens:
             self._pending._remove(self.worker, 0, self._tokens)
             self._tokens = 0
@@ -185,6 +208,8 @@ class Hold:
         if self._ticket:
             self._pending.prefixes.remove(self._ticket)
             self._ticket = 0
+        while self._certain:
+            self._pending.certain.remove(self._certain.pop())
         if self._requests:
             self._pending._remove(self.worker, self._requests, self._tokens)
             self._requests = 0

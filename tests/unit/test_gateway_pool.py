@@ -262,3 +262,27 @@ def test_compared_policies_get_no_in_flight_credit():
         assert len(pool.pending.prefixes) == 1
         second = pool.decide(TOKENS, PROMPT)
         assert second.decision.predicted_cached_tokens == 0
+
+
+def test_an_sglang_prefix_in_flight_is_predicted_only_once_certain():
+    """SGLang shares nothing within a prefill batch: a second request decided while the first
+    has not produced its first token is routed to it but predicted only the ledger's blocks
+    (the budget is unknown: no chunk is certain); after the first's first token, all of it."""
+    book = LedgerBook()
+    pool = pool_with(book)
+    for name, port in (("a", 1), ("b", 2)):
+        spec = WorkerSpec(name, f"http://127.0.0.1:{port}", engine="sglang", model=MODEL,
+                          events=f"tcp://127.0.0.1:{5000 + port}")
+        target = book.register(name, 0, EngineFamily.SGLANG, MODEL)
+        book.set_state(target, TargetState.READY)
+        pool.set_worker(spec, (target,))
+        pool.set_figures(name, WorkerFigures(healthy=True))
+    first = pool.decide(TOKENS, PROMPT)
+    with first.hold:
+        second = pool.decide(TOKENS, PROMPT)
+        assert second.worker.name == first.worker.name
+        assert second.decision.predicted_cached_tokens == 0
+        first.hold.prefill_done()
+        third = pool.decide(TOKENS, PROMPT)
+        assert third.worker.name == first.worker.name
+        assert third.decision.predicted_cached_tokens == 3 * BLOCK
