@@ -247,6 +247,8 @@ def gateway_cost(p: Params, records: list[tt.TraceRecord], text: tt.TraceText) -
         cost["affinity_tolerance_s"] = p.affinity_tolerance_s
     if p.recompute_weight >= 0:
         cost["recompute_weight"] = p.recompute_weight
+    if p.recompute_charge_max_s >= 0:
+        cost["recompute_charge_max_s"] = p.recompute_charge_max_s
     return cost
 
 

@@ -36,19 +36,21 @@ recompute blocks another worker already holds, so ``exact_kv`` adds
 ``recompute_weight × recomputed_tokens / rate`` (the cheaper worker's rate) to its side of the
 comparison. That recomputation is GPU time the cluster spends twice — every request queued
 behind it on that worker waits for it too — and a duplicate that crowds other prefixes out of
-the cache: costs the request's own TTFT does not show. The default 10 is measured, not derived
-(``perf/RESULTS.md``, issue 5, session 4): on the conversation-trace replay at ~70%
-utilization, weights 2 / 4 / 6 / 10 kept 82 / 83 / 92 / 93 of 101 continuations on their
-history's worker and raised the hit rate from 17.4% to 17.9% (99% of the slice's bound) while
-TTFT mean and p99 stayed within run-to-run noise, and the highest arrival rate under a 4 s
-p99 did not drop; the synthetic and shared-prefix workloads were unaffected. 0 compares the
-request's own TTFT alone. ``recompute_charge_max_s`` (default 1 s) bounds that charge: a
-request waits at most that much (plus the tolerance) behind a busy holder of its prefix. Without
-the bound, agentic traffic (long contexts whose recompute is seconds, and a system prompt every
-session of an agent shares) queued each agent's sessions on the worker holding its prompt: four
-agents' sessions on four of eight workers, TTFT mean 627 ms and p99 5.6 s where the bound gives
-387 ms and 3.1 s; on the conversation trace the bound costs ~0.4 point of hit rate (17.5–17.6%
-vs 17.9%) with TTFT unchanged (``perf/HISTORY.md``, "Agentic sessions").
+the cache: costs the request's own TTFT does not show. The default is 0 (the request's own
+TTFT alone), measured on the continuous-batching engines (``perf/RESULTS.md``, issue 34): at 0
+against 10, conversation trace with every engine able to hold the whole slice at ~50% load TTFT
+mean / p99 390 / 1,373 ms against 428 / 1,753 (hit 17.1% against 17.5%); agentic sessions with
+a 15% cache at ~85% load 297 / 1,844 against 490 / 2,811 (hit 71% against 67%); the
+conversation trace with a 15% cache at ~85% load within noise. On a batching engine the wait
+behind a busy holder is what the charge buys, and it is the TTFT tail: with 10, the slowest
+1% were cache hits queued up to ~1.2 s behind their holder; with 0, only long uncached prompts.
+Only a cache so small that each engine holds about one prompt (the shared-prefix workload at
+15%: 29 blocks for prompts of 20) did better with 10 (883 / 2,056 against 1,054 / 2,496 ms).
+On the fixed-speed engines it was tuned on first, 10 kept more continuations home at equal TTFT
+(``perf/HISTORY.md``, issue 5, session 4). ``recompute_charge_max_s`` (default 1 s) bounds the
+charge when it is set: a request waits at most that much (plus the tolerance) behind a busy
+holder of its prefix (without the bound, on the fixed-speed engines, agent sessions queued on
+the four workers holding their agents' prompts: ``perf/HISTORY.md``, "Agentic sessions").
 
 Both read ``queued_prefill_tokens`` and ``in_flight``, which Cortex updates at decision time,
 so a burst of requests sees its own earlier picks (the herding guard).
@@ -82,7 +84,7 @@ class CostConfig:
     decode_s_per_in_flight: float = 0.002
     engine_queue_s_per_request: float = 0.05
     affinity_tolerance_s: float = 0.25  # exact_kv: extra TTFT a longer hit may cost and still win
-    recompute_weight: float = 10.0  # exact_kv: extra charge on recomputing another's cached blocks
+    recompute_weight: float = 0.0  # exact_kv: extra charge on recomputing another's cached blocks
     recompute_charge_max_s: float = 1.0  # exact_kv: the most TTFT that charge may add
     step_token_budget: int = 0  # tokens one engine step carries; > 0: the step form
     step_s: float = 0.0  # the engines' fixed time per step (step form only)

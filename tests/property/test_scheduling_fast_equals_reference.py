@@ -124,14 +124,16 @@ def test_unchanged_views_are_not_reread_but_a_new_view_is():
 
 def test_the_recompute_charge_uses_the_cheaper_workers_own_rate():
     """w1 is cheaper but slow (500 tokens/s): recomputing the 8 blocks w0 holds would cost it
-    0.256 s, which keeps the request on w0 although w0 costs 0.4 s more (0.656 s of queue
-    against w1's 0.256 s; tolerance 0.25 s; at the default rate the charge would be 0.013 s)."""
+    0.256 s, which at weight 10 keeps the request on w0 although w0 costs 0.4 s more (0.656 s
+    of queue against w1's 0.256 s; tolerance 0.25 s; at the default rate the charge would be
+    0.013 s)."""
+    cost = CostConfig(recompute_weight=10.0)
     views = (WorkerView("w0", (0,), ledger_state=TargetState.READY,
                         queued_prefill_tokens=3280, prefill_tokens_per_s=5000.0),
              WorkerView("w1", (1,), ledger_state=TargetState.READY, prefill_tokens_per_s=500.0))
     request = RequestFacts(array("Q", range(12)), 12 * BLOCK, BLOCK)
-    reference = Scheduler(events_chain(random.Random(0)), MARKS)
+    reference = Scheduler(events_chain(random.Random(0), cost), MARKS)
     expected = reference.decide(request, views, worker_matches({0: 12, 1: 4}, views))
     assert expected.worker == "w0"
-    assert FastScheduler(random.Random(0), watermarks=MARKS).decide(
+    assert FastScheduler(random.Random(0), cost, watermarks=MARKS).decide(
         request, views, {0: 12, 1: 4}) == expected

@@ -271,10 +271,10 @@ def test_moving_away_from_the_longest_hit_is_charged_the_recompute_again():
             request(8), [worker("w0", queued_prefill_tokens=queued), worker("w1")],
             {"w0": 8, "w1": 4})
 
-    # the default weight, 10: the longest hit may cost 0.1 + 0.064 s more
-    assert pick_default(1700).worker == "w0"  # extra 0.1636 s <= 0.164
-    d = pick_default(1800)  # extra 0.1736 s > 0.164
-    assert d.worker == "w1" and "(allowed 0.164 s)" in d.reason
+    # the default weight, 0: the tolerance alone
+    assert pick_default(1000).worker == "w0"  # extra 0.0936 s <= 0.1
+    d = pick_default(1100)  # extra 0.1036 s > 0.1
+    assert d.worker == "w1" and "(allowed 0.100 s)" in d.reason
 
 
 def test_holders_all_above_the_load_cap_send_the_request_elsewhere():
@@ -416,7 +416,8 @@ def test_the_recompute_charge_holds_a_request_back_at_most_its_bound():
     bounded by ``recompute_charge_max_s``, so the holder may cost at most 0.1 + 1.0 s more."""
     def pick(queued: int, bound: float) -> Decision:
         config = CostConfig(decode_s_per_in_flight=0, affinity_tolerance_s=0.1,
-                            default_prefill_tokens_per_s=100, recompute_charge_max_s=bound)
+                            default_prefill_tokens_per_s=100, recompute_charge_max_s=bound,
+                            recompute_weight=10)
         workers = [worker("w0", queued_prefill_tokens=queued), worker("w1")]
         return ExactKv(config).decide(request(8), workers, {"w0": 8})
 
