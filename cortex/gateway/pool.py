@@ -370,7 +370,8 @@ class ModelPool:
 
         Routing counts all of it; the prediction only what is certain (``_certain_prediction``):
         SGLang shares nothing between requests of one prefill batch, so until an SGLang
-        request's first token only the chunks before its last are certain. Still wrong when a
+        request's first token only the chunks before its last are certain — unless a whole
+        step budget of prompts is queued ahead, so the new request is in a later batch. Still wrong when a
         holder is preempted (its blocks may be gone) or two requests decided microseconds
         apart reach the engine in the other order."""
         self.pending.prefixes.extend(keys, target_blocks)
@@ -438,7 +439,11 @@ class ModelPool:
                 targets[0] if len(targets) == 1 else None)
             if target is not None:
                 prefix = (target, keys, target_blocks.get(target, 0))
-                if ledger_blocks is not None:
+                budget = self.scheduler.cost.step_token_budget
+                if ledger_blocks is not None and not (
+                        budget and self.pending.queued_prefill_tokens(spec.name) >= budget):
+                    # (a full step budget of prompts queued ahead: this one cannot share a
+                    # prefill batch with the holders, whatever its engine)
                     decision = self._certain_prediction(decision, target,
                                                         ledger_blocks.get(target, 0), keys)
         uncached = max(token_count - decision.predicted_cached_tokens, 0)

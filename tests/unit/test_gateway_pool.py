@@ -15,6 +15,7 @@ from cortex.ledger.state import TargetState
 from cortex.profile.profile_set import ProfileSet
 from cortex.profile.request_text import RequestPrompt
 from cortex.scheduling import Decision, Mode
+from cortex.scheduling.cost import CostConfig
 from cortex.workers.spec import WorkerSpec
 from tests.gateway_cluster import BLOCK, MODEL, model_profile
 
@@ -264,12 +265,9 @@ def test_compared_policies_get_no_in_flight_credit():
         assert second.decision.predicted_cached_tokens == 0
 
 
-def test_an_sglang_prefix_in_flight_is_predicted_only_once_certain():
-    """SGLang shares nothing within a prefill batch: a second request decided while the first
-    has not produced its first token is routed to it but predicted only the ledger's blocks
-    (the budget is unknown: no chunk is certain); after the first's first token, all of it."""
-    book = LedgerBook()
-    pool = pool_with(book)
+def sglang_pool(book: LedgerBook, cost: CostConfig | None = None) -> ModelPool:
+    pool = ModelPool(MODEL, book, profiles=ProfileSet({MODEL: model_profile()}, {}),
+                     rng=random.Random(1), cost=cost)
     for name, port in (("a", 1), ("b", 2)):
         spec = WorkerSpec(name, f"http://127.0.0.1:{port}", engine="sglang", model=MODEL,
                           events=f"tcp://127.0.0.1:{5000 + port}")
@@ -277,6 +275,14 @@ def test_an_sglang_prefix_in_flight_is_predicted_only_once_certain():
         book.set_state(target, TargetState.READY)
         pool.set_worker(spec, (target,))
         pool.set_figures(name, WorkerFigures(healthy=True))
+    return pool
+
+
+def test_an_sglang_prefix_in_flight_is_predicted_only_once_certain():
+    """SGLang shares nothing within a prefill batch: a second request decided while the first
+    has not produced its first token is routed to it but predicted only the ledger's blocks
+    (the budget is unknown: no chunk is certain); after the first's first token, all of it."""
+    pool = sglang_pool(LedgerBook())
     first = pool.decide(TOKENS, PROMPT)
     with first.hold:
         second = pool.decide(TOKENS, PROMPT)
@@ -286,3 +292,17 @@ def test_an_sglang_prefix_in_flight_is_predicted_only_once_certain():
         third = pool.decide(TOKENS, PROMPT)
         assert third.worker.name == first.worker.name
         assert third.decision.predicted_cached_tokens == 3 * BLOCK
+
+
+def test_an_sglang_request_behind_a_full_budget_is_predicted_the_whole_credit():
+    """With a step budget of 2 blocks, the first request's 4 blocks of prompt fill a batch
+    and more: the second cannot share its batch, so the whole in-flight prefix is certain;
+    with a budget larger than the queue, only the chunks before the first's last."""
+    pool = sglang_pool(LedgerBook(), CostConfig(step_token_budget=2 * BLOCK, step_s=0.01))
+    first = pool.decide(TOKENS, PROMPT)
+    with first.hold:
+        assert pool.decide(TOKENS, PROMPT).decision.predicted_cached_tokens == 3 * BLOCK
+    pool = sglang_pool(LedgerBook(), CostConfig(step_token_budget=64 * BLOCK, step_s=0.01))
+    first = pool.decide(TOKENS, PROMPT)
+    with first.hold:
+        assert pool.decide(TOKENS, PROMPT).decision.predicted_cached_tokens == 0
