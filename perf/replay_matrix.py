@@ -87,7 +87,7 @@ def summary(cells: list[dict]) -> str:
     for cell in cells:
         routers = cell["routers"]
         mine = routers.get("cortex")
-        others = {name: r for name, r in routers.items() if name != "cortex" and not r["failed"]}
+        others = {name: r for name, r in routers.items() if name != "cortex"}
         if mine is None or not others:
             continue
         best_mean = min(others, key=lambda n: others[n]["ttft_ms"]["mean"])

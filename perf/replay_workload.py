@@ -190,12 +190,13 @@ def token_bound(records: list[tt.TraceRecord], text: tt.TraceText, engine_block:
 
 def capacity_per_engine(p: Params, unique_blocks: int, longest_prompt_tokens: int = 0) -> int:
     """Engine blocks per engine: ``p.capacity`` of ``unique_blocks`` trace blocks, split, and
-    at least ``p.min_capacity_prompts`` of the longest prompt (vLLM refuses to start with a KV
-    pool that cannot hold one request of its longest length)."""
+    at least ``p.min_capacity_prompts`` of the longest prompt with its answer (vLLM refuses to
+    start with a KV pool that cannot hold one request of its longest length)."""
     if p.capacity_blocks > 0:
         return p.capacity_blocks
     per_trace_block = p.block_tokens / p.engine_block
-    floor = math.ceil(p.min_capacity_prompts * longest_prompt_tokens / p.engine_block)
+    floor = math.ceil(p.min_capacity_prompts * (longest_prompt_tokens + p.max_output)
+                      / p.engine_block)
     return max(8, floor, math.ceil(p.capacity * unique_blocks * per_trace_block / p.engines))
 
 
