@@ -27,8 +27,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import replay  # noqa: E402
-from replay_workload import Params  # noqa: E402
+import replay
+from replay_workload import Params
 
 WORKLOADS = {"conversation": {}, "synthetic": {}, "gsp": {}, "herd": {},
              "agentic": {"max_blocks": 128}}

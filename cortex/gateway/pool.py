@@ -371,9 +371,9 @@ class ModelPool:
         Routing counts all of it; the prediction only what is certain (``_certain_prediction``):
         SGLang shares nothing between requests of one prefill batch, so until an SGLang
         request's first token only the chunks before its last are certain — unless a whole
-        step budget of prompts is queued ahead, so the new request is in a later batch. Still wrong when a
-        holder is preempted (its blocks may be gone) or two requests decided microseconds
-        apart reach the engine in the other order."""
+        step budget of prompts is queued ahead, so the new request is in a later batch. Still
+        wrong when a holder is preempted (its blocks may be gone) or two requests decided
+        microseconds apart reach the engine in the other order."""
         self.pending.prefixes.extend(keys, target_blocks)
 
     def _certain_prediction(self, decision: Decision, target: int, ledger: int,
