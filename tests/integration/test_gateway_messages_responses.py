@@ -98,9 +98,11 @@ async def test_a_continuation_goes_to_the_worker_that_stored_the_response():
         stored = {}  # response id -> the worker that answered it
 
         async def first(i: int) -> None:  # side by side: in-flight load spreads them
+            # (each its own instructions: a prefix the six shared would pull them, in flight,
+            # to the worker computing it)
             answer = await cluster.request("/v1/responses", {
-                **RESPONSES, "input": f"Question {i}?", "max_output_tokens": 40,
-                "stream": i % 2 == 1})
+                **RESPONSES, "instructions": f"{i} {SYSTEM_TEXT}", "input": f"Question {i}?",
+                "max_output_tokens": 40, "stream": i % 2 == 1})
             assert answer.status == 200, answer.body
             text = answer.body.decode()
             stored[text[text.index('"id":"') + 6:].split('"', 1)[0]] = answer.header(
