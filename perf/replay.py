@@ -83,6 +83,7 @@ from replay_workload import (
     capacity_per_engine,
     follows_for,
     load_for,
+    mean_prompt_tokens,
     slice_facts,
     token_bound,
     workload,
@@ -236,8 +237,7 @@ def gateway_cost(p: Params, records: list[tt.TraceRecord], text: tt.TraceText) -
     if p.engine_model == "batching":
         cost["decode_s_per_in_flight"] = p.decode_ms_per_token / 1000
         if p.cost_form == "steps":
-            mean_prompt = round(sum(text.prompt_tokens(r) for r in records)
-                                / max(len(records), 1))
+            mean_prompt = round(mean_prompt_tokens(records, text))
             terms = load_step_profile(p.step_profile).scaled(p.tokens_per_token()) \
                 .router_cost_terms(p.step_budget(), mean_prompt, mean_prompt)
             cost.update(step_s=terms["step_s"], step_token_budget=terms["step_token_budget"],

@@ -228,6 +228,10 @@ def round_robin_uncached(records: list[tt.TraceRecord], text: tt.TraceText, engi
     return out
 
 
+def mean_prompt_tokens(records: list[tt.TraceRecord], text: tt.TraceText) -> float:
+    return sum(text.prompt_tokens(r) for r in records) / max(len(records), 1)
+
+
 def batching_speeds(p: Params, records: list[tt.TraceRecord], text: tt.TraceText) -> Params:
     """``p`` with the batching engines' speeds in the fixed model's terms, from the scaled step
     profile: ``prefill_tokens_per_s`` = prompt tokens per second of back-to-back full-budget
@@ -235,7 +239,7 @@ def batching_speeds(p: Params, records: list[tt.TraceRecord], text: tt.TraceText
     divide queued prefill work by), ``decode_ms_per_token`` = what one decoding request with a
     mean context adds to a step (Cortex's ``decode_s_per_in_flight``)."""
     profile = load_step_profile(p.step_profile).scaled(p.tokens_per_token())
-    mean_prompt = sum(text.prompt_tokens(r) for r in records) / max(len(records), 1)
+    mean_prompt = mean_prompt_tokens(records, text)
     rate = profile.prefill_tokens_per_s(p.step_budget(), round(mean_prompt / 2))
     decode_s = profile.decode_seq_cost_s(round(mean_prompt))
     return replace(p, prefill_tokens_per_s=round(rate, 1),

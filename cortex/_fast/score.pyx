@@ -259,9 +259,7 @@ cdef class DecisionTable:
                 uncached = token_count - blocks * block_size
                 if uncached < 0:
                     uncached = 0
-                if any_hit:  # ExactKv.decide's value
-                    value = s.load_s + uncached * s.s_per_token
-                elif self.steps:  # cost.cost's step form: load_s, then the own prompt
+                if any_hit or self.steps:  # ExactKv.decide's value; cost.cost's step form
                     value = s.load_s + uncached * s.s_per_token
                 else:  # cost.cost, as LoadAware's cheapest computes it
                     value = (s.queued + uncached) / s.rate + self.decode_s * s.in_flight

@@ -439,22 +439,20 @@ class ModelPool:
                 targets[0] if len(targets) == 1 else None)
             if target is not None:
                 prefix = (target, keys, target_blocks.get(target, 0))
-                budget = self.scheduler.cost.step_token_budget
-                if ledger_blocks is not None and not (
-                        budget and self.pending.queued_prefill_tokens(spec.name) >= budget):
-                    # (a full step budget of prompts queued ahead: this one cannot share a
-                    # prefill batch with the holders, whatever its engine)
-                    decision = self._certain_prediction(decision, target,
-                                                        ledger_blocks.get(target, 0), keys)
+        # SGLang shares nothing within a prefill batch (vLLM: everything in flight is certain)
+        batch_private = prefix is not None and spec.engine != "vllm"
+        budget = self.scheduler.cost.step_token_budget
+        if batch_private and ledger_blocks is not None and not (
+                budget and self.pending.queued_prefill_tokens(spec.name) >= budget):
+            # (a full step budget of prompts queued ahead: this one is in a later batch)
+            decision = self._certain_prediction(decision, prefix[0],
+                                                ledger_blocks.get(prefix[0], 0), keys)
         uncached = max(token_count - decision.predicted_cached_tokens, 0)
         early = None
-        if prefix is not None and spec.engine != "vllm":
-            # SGLang: a request shares nothing with the others of its prefill batch, so until its
-            # first token only the chunks before its last one are certain for later requests
-            block_size = self.profile.block_size
+        if batch_private:
+            # until its first token only the chunks before its last are certain for others
             early = min(chunks_before_last(decision.predicted_cached_tokens, token_count,
-                                          self.scheduler.cost.step_token_budget) // block_size,
-                        len(keys))
+                                          budget) // self.profile.block_size, len(keys))
         hold = self.pending.hold(spec.name, uncached, prefix, early)
         return Route(decision, spec, rank, hold,
                      None if token_ids is None else token_count, timings)

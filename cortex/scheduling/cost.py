@@ -107,7 +107,6 @@ class CostConfig:
         if problems:
             raise ConfigError(problems)
 
-
     @property
     def steps(self) -> bool:
         """Whether the step form is on (the engines' step budget given)."""
@@ -126,6 +125,23 @@ def step_terms(config: CostConfig, rate: float, in_flight: int) -> tuple[float, 
     return 1.0 / rate + step / room, step
 
 
+def load_terms(config: CostConfig, view: WorkerView) -> tuple[float, float]:
+    """``(load_s, s_per_token)``: the ``"ttft"`` cost's request-independent part of a worker
+    and its seconds per prompt token (``cost == load_s + uncached × s_per_token``, exactly in
+    the step form; ``_fast/score.pyx`` does the same operations in the same order)."""
+    rate = view.prefill_tokens_per_s or config.default_prefill_tokens_per_s
+    if config.steps:
+        s_per_token, step = step_terms(config, rate, view.in_flight)
+        load_s = view.queued_prefill_tokens * s_per_token + step
+    else:
+        s_per_token = 1.0 / rate
+        load_s = (view.queued_prefill_tokens * s_per_token
+                  + config.decode_s_per_in_flight * view.in_flight)
+    if view.engine_queue is not None:
+        load_s += config.engine_queue_s_per_request * view.engine_queue
+    return load_s, s_per_token
+
+
 def cost(config: CostConfig, view: WorkerView, uncached_tokens: int, cached_blocks: int) -> float:
     """Cost of one worker for a request with ``uncached_tokens`` left to prefill there."""
     if config.form == "linear":
@@ -134,11 +150,8 @@ def cost(config: CostConfig, view: WorkerView, uncached_tokens: int, cached_bloc
                  - config.gamma_per_queued_token * view.queued_prefill_tokens)
     rate = view.prefill_tokens_per_s or config.default_prefill_tokens_per_s
     if config.steps:
-        s_per_token, step = step_terms(config, rate, view.in_flight)
-        seconds = view.queued_prefill_tokens * s_per_token + step
-        if view.engine_queue is not None:
-            seconds += config.engine_queue_s_per_request * view.engine_queue
-        return seconds + uncached_tokens * s_per_token
+        load_s, s_per_token = load_terms(config, view)
+        return load_s + uncached_tokens * s_per_token
     seconds = ((view.queued_prefill_tokens + uncached_tokens) / rate
                + config.decode_s_per_in_flight * view.in_flight)
     if view.engine_queue is not None:
@@ -243,17 +256,7 @@ class LoadSeconds:
         self.memo: dict[int, tuple[WorkerView, float, float]] = {}
 
     def prepare(self, view: WorkerView) -> tuple[WorkerView, float, float]:
-        config = self.config
-        rate = view.prefill_tokens_per_s or config.default_prefill_tokens_per_s
-        if config.steps:
-            s_per_token, step = step_terms(config, rate, view.in_flight)
-            load_s = view.queued_prefill_tokens * s_per_token + step
-        else:
-            s_per_token = 1.0 / rate
-            load_s = (view.queued_prefill_tokens * s_per_token
-                      + config.decode_s_per_in_flight * view.in_flight)
-        if view.engine_queue is not None:
-            load_s += config.engine_queue_s_per_request * view.engine_queue
+        load_s, s_per_token = load_terms(self.config, view)
         if len(self.memo) >= self.limit:
             self.memo.clear()
         entry = self.memo[id(view)] = (view, load_s, s_per_token)

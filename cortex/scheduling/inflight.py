@@ -10,10 +10,11 @@ Rules:
 * A hold may carry its request's prompt blocks (``prefix=(target, keys, start)``: ``start``
   of them the ledger already credits): entering records them in ``prefixes``
   (``inflight_prefixes.InflightPrefixes``), leaving forgets them — the blocks a later request
-  can count on while this one is in flight on that target (routing). ``certain`` holds the
-  blocks a later request's *prediction* may count on: the same, except that a hold given
-  ``early`` (blocks, for an engine whose requests in one prefill batch share nothing: SGLang)
-  records only ``keys[start:early]`` there until ``prefill_done()``, then the rest.
+  can count on while this one is in flight on that target (routing). A hold given ``early``
+  (blocks, for an engine whose requests in one prefill batch share nothing: SGLang) also
+  records in ``certain`` what a later request's *prediction* may count on: ``keys[start:early]``
+  until ``prefill_done()``, then the rest. Holds without it record nothing there (for their
+  engines, everything in flight is certain).
 * ``Hold.prefill_done()`` drops the request's queued prefill tokens once its first byte came
   back (prefill is over), keeping it in flight; calling it twice, or after exit, does nothing.
 * Counts never go below zero; a worker whose counts return to zero is forgotten.
@@ -164,7 +165,7 @@ class Hold:
         self.worker = worker
         self._tokens = prefill_tokens
         self._prefix = prefix if prefix is not None and len(prefix[1]) > prefix[2] else None
-        self._early = early  # None: every block certain at once
+        self._early = early  # None: nothing recorded in ``pending.certain``
         self._ticket = 0  # its prompt blocks' entry in ``pending.prefixes`` (0: none)
         self._certain: list[int] = []  # its entries in ``pending.certain``
         self._requests = 0  # what this hold has added and not yet removed
@@ -181,9 +182,7 @@ class Hold:
             pending = self._pending
             self._ticket = pending.prefixes.add(*prefix)
             target, keys, start = prefix
-            if self._early is None:
-                self._certain.append(pending.certain.add(target, keys, start))
-            elif self._early > start:
+            if self._early is not None and self._early > start:
                 self._certain.append(pending.certain.add(target, keys[:self._early], start))
         return self
 

@@ -130,4 +130,3 @@ class StepProfile:
                 "prefill_tokens_per_s": 1.0 / per_token if per_token > 0 else 1e12,
                 "decode_s_per_in_flight": self.decode_seq_cost_s(decode_context),
                 "step_token_budget": budget}
-
