@@ -82,7 +82,7 @@ def _label(cell: dict) -> str:
 def summary(cells: list[dict]) -> str:
     """Per cell: Cortex's figures against the best other router on TTFT mean and on p99."""
     lines = ["| workload / cache / load | Cortex hit | Cortex TTFT mean / p99 ms | best other "
-             "mean | best other p99 | Cortex ITL p99 / best other | exact | verdict |",
+             "mean | best other p99 | Cortex ITL p99 / best other | exact / false hits | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for cell in cells:
         routers = cell["routers"]
@@ -99,7 +99,6 @@ def summary(cells: list[dict]) -> str:
             if ours > theirs:
                 lost.append(f"{figure} to {best} (+{ours / theirs - 1:.0%})")
         itl_ok = mine["itl_ms"]["p99"] <= others[best_itl]["itl_ms"]["p99"]
-        exact = mine["ledger"]["exact_share"]
         verdict = "lowest mean and p99" if not lost else "loses " + ", ".join(lost)
         if mine["failed"]:
             verdict += f", {mine['failed']} failed"
@@ -108,23 +107,30 @@ def summary(cells: list[dict]) -> str:
             f"{mine['ttft_ms']['p99']:,.0f} | {best_mean} {others[best_mean]['ttft_ms']['mean']:,.0f}"
             f" | {best_p99} {others[best_p99]['ttft_ms']['p99']:,.0f} | "
             f"{mine['itl_ms']['p99']:,.0f} / {others[best_itl]['itl_ms']['p99']:,.0f}"
-            f"{'' if itl_ok else ' (worse)'} | {'-' if exact is None else f'{exact:.1%}'} | "
+            f"{'' if itl_ok else ' (worse)'} | {_prediction(mine)} | "
             f"{verdict} |")
     return "\n".join(lines)
 
 
+def _prediction(router: dict) -> str:
+    """Exact predictions / false hits (predicted more than the engine reported) of a router."""
+    exact, over = router["ledger"]["exact_share"], router["ledger"].get("over_share")
+    if exact is None:
+        return "-"
+    return f"{exact:.1%}" + ("" if over is None else f" / {over:.1%}")
+
+
 def full_table(cells: list[dict]) -> str:
     lines = ["| workload / cache / load | router | hit | TTFT mean / p50 / p99 ms | ITL p50 / p99 "
-             "ms | out tok/s | spread | exact | failed |", "|---|---|---|---|---|---|---|---|---|"]
+             "ms | out tok/s | spread | exact / false hits | failed |", "|---|---|---|---|---|---|---|---|---|"]
     for cell in cells:
         for name, r in cell["routers"].items():
             t, i = r["ttft_ms"], r["itl_ms"]
-            exact = r["ledger"]["exact_share"]
             lines.append(
                 f"| {_label(cell)} | {name} | {r['hit_rate']:.1%} | {t['mean']:,.0f} / "
                 f"{t['p50']:,.0f} / {t['p99']:,.0f} | {i['p50']:,.1f} / {i['p99']:,.0f} | "
                 f"{r['output_tokens_per_s']:,.0f} | {r['load_spread']:.2f} | "
-                f"{'-' if exact is None else f'{exact:.1%}'} | {r['failed']} |")
+                f"{_prediction(r)} | {r['failed']} |")
     return "\n".join(lines)
 
 

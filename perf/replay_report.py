@@ -140,6 +140,9 @@ def summarize(results: list[Any], p: Any, engines: int, ledger: dict | None,
         "client_late_ms_p99": round(_pct([r.late_s * 1000 for r in results], 0.99), 1),
         "ledger": {"predicted": len(predicted),
                    "exact_share": round(exact / len(predicted), 4) if predicted else None,
+                   # false hits: predicted more cached tokens than the engine reported
+                   "over_share": round(sum(r.predicted > r.cached_tokens for r in predicted)
+                                       / len(predicted), 4) if predicted else None,
                    "abs_error_tokens": sum(abs(r.predicted - r.cached_tokens)
                                            for r in predicted)},
     }
@@ -174,7 +177,7 @@ def pd_notes(result: dict) -> str:
 
 def table(result: dict) -> str:
     cols = ("hit", "ttft mean", "p50", "p99", "itl p99", "prefill tok", "dup blocks", "req/s",
-            "spread", "work spread", "util", "ledger exact")
+            "spread", "work spread", "util", "ledger exact", "false hits")
     lines = [f"{'router':<16}" + "".join(f"{c:>13}" for c in cols)]
     for name, r in result["routers"].items():
         exact = r["ledger"]["exact_share"]
@@ -183,7 +186,9 @@ def table(result: dict) -> str:
                  f"{r.get('itl_ms', {}).get('p99', 0.0):.0f} ms", f"{r['prefill_tokens']:,}", f"{r['duplicated_blocks']:,}",
                  f"{r['req_per_s']:.1f}", f"{r['load_spread']:.2f}",
                  f"{r.get('work_spread', 0.0):.2f}", f"{r['utilization']:.0%}",
-                 "-" if exact is None else f"{exact:.1%}")
+                 "-" if exact is None else f"{exact:.1%}",
+                 "-" if r["ledger"].get("over_share") is None
+                 else f"{r['ledger']['over_share']:.1%}")
         lines.append(f"{name:<16}" + "".join(f"{c:>13}" for c in cells))
     notes = pd_notes(result)
     return "\n".join(lines) + ("\n" + notes if notes else "")

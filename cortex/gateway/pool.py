@@ -69,7 +69,6 @@ from cortex.scheduling import (
 )
 from cortex.scheduling.chain import no_events_chain
 from cortex.scheduling.inflight import Hold
-from cortex.scheduling.inflight_prefixes import chunks_before_last
 from cortex.scheduling.p2c import PowerOfTwo
 from cortex.scheduling.policy import Policy
 from cortex.scheduling.round_robin import RoundRobin
@@ -369,11 +368,10 @@ class ModelPool:
         compared policies get the ledger's matches, as their peers' indexers would.
 
         Routing counts all of it; the prediction only what is certain (``_certain_prediction``):
-        SGLang shares nothing between requests of one prefill batch, so until an SGLang
-        request's first token only the chunks before its last are certain — unless a whole
-        step budget of prompts is queued ahead, so the new request is in a later batch. Still
-        wrong when a holder is preempted (its blocks may be gone) or two requests decided
-        microseconds apart reach the engine in the other order."""
+        the blocks of requests past their first token there. Before it a request may not have
+        reached the engine (two decided microseconds apart can arrive in the other order),
+        its attempt may fail, and SGLang shares nothing within a prefill batch. Still wrong
+        when a holder is preempted (its blocks may be gone)."""
         self.pending.prefixes.extend(keys, target_blocks)
 
     def _certain_prediction(self, decision: Decision, target: int, ledger: int,
@@ -432,6 +430,7 @@ class ModelPool:
             if target_blocks.get(targets[best], 0):
                 rank = best
         prefix = None
+        uncached = max(token_count - decision.predicted_cached_tokens, 0)  # routing's estimate
         if target_blocks is not None and keys is not None and len(keys) and targets:
             # the blocks this request will leave on its target, for the next ones (a worker of
             # several DP ranks whose rank the engine picks: no target to credit)
@@ -439,20 +438,11 @@ class ModelPool:
                 targets[0] if len(targets) == 1 else None)
             if target is not None:
                 prefix = (target, keys, target_blocks.get(target, 0))
-        # SGLang shares nothing within a prefill batch (vLLM: everything in flight is certain)
-        batch_private = prefix is not None and spec.engine != "vllm"
-        budget = self.scheduler.cost.step_token_budget
-        if batch_private and ledger_blocks is not None and not (
-                budget and self.pending.queued_prefill_tokens(spec.name) >= budget):
-            # (a full step budget of prompts queued ahead: this one is in a later batch)
+        if prefix is not None and ledger_blocks is not None and (
+                target_blocks.get(prefix[0], 0) > ledger_blocks.get(prefix[0], 0)):
+            # routed on blocks still in flight there: predicted only what is certain of them
             decision = self._certain_prediction(decision, prefix[0],
                                                 ledger_blocks.get(prefix[0], 0), keys)
-        uncached = max(token_count - decision.predicted_cached_tokens, 0)
-        early = None
-        if batch_private:
-            # until its first token only the chunks before its last are certain for others
-            early = min(chunks_before_last(decision.predicted_cached_tokens, token_count,
-                                          budget) // self.profile.block_size, len(keys))
-        hold = self.pending.hold(spec.name, uncached, prefix, early)
+        hold = self.pending.hold(spec.name, uncached, prefix)
         return Route(decision, spec, rank, hold,
                      None if token_ids is None else token_count, timings)

@@ -10,11 +10,11 @@ Rules:
 * A hold may carry its request's prompt blocks (``prefix=(target, keys, start)``: ``start``
   of them the ledger already credits): entering records them in ``prefixes``
   (``inflight_prefixes.InflightPrefixes``), leaving forgets them — the blocks a later request
-  can count on while this one is in flight on that target (routing). A hold given ``early``
-  (blocks, for an engine whose requests in one prefill batch share nothing: SGLang) also
-  records in ``certain`` what a later request's *prediction* may count on: ``keys[start:early]``
-  until ``prefill_done()``, then the rest. Holds without it record nothing there (for their
-  engines, everything in flight is certain).
+  can count on while this one is in flight on that target (routing). ``prefill_done()`` also
+  records them in ``certain``: what a later request's *prediction* may count on. Before its
+  first token a request's blocks are likely, not certain: it may not have reached the engine
+  yet (two requests decided microseconds apart can arrive in the other order over their own
+  connections), its attempt may fail, and SGLang shares nothing within a prefill batch.
 * ``Hold.prefill_done()`` drops the request's queued prefill tokens once its first byte came
   back (prefill is over), keeping it in flight; calling it twice, or after exit, does nothing.
 * Counts never go below zero; a worker whose counts return to zero is forgotten.
@@ -118,11 +118,10 @@ class PendingWork:
         return sum(self._in_flight.values())
 
     def hold(self, worker: str, prefill_tokens: int,
-             prefix: tuple[int, Sequence[int], int] | None = None,
-             early: int | None = None) -> Hold:
+             prefix: tuple[int, Sequence[int], int] | None = None) -> Hold:
         if prefill_tokens < 0:
             raise ValueError("prefill_tokens must be >= 0")
-        return Hold(self, worker, prefill_tokens, prefix, early)
+        return Hold(self, worker, prefill_tokens, prefix)
 
     def view(self, base: WorkerView) -> WorkerView:
         return msgspec.structs.replace(
@@ -155,19 +154,17 @@ class PendingWork:
 class Hold:
     """One request's share of a worker's pending work (see ``PendingWork.hold``)."""
 
-    __slots__ = ("_certain", "_early", "_entered", "_pending", "_prefix", "_requests",
-                 "_ticket", "_tokens", "worker")
+    __slots__ = ("_certain", "_entered", "_pending", "_prefix", "_requests", "_ticket",
+                 "_tokens", "worker")
 
     def __init__(self, pending: PendingWork, worker: str, prefill_tokens: int,
-                 prefix: tuple[int, Sequence[int], int] | None = None,
-                 early: int | None = None) -> None:
+                 prefix: tuple[int, Sequence[int], int] | None = None) -> None:
         self._pending = pending
         self.worker = worker
         self._tokens = prefill_tokens
         self._prefix = prefix if prefix is not None and len(prefix[1]) > prefix[2] else None
-        self._early = early  # None: nothing recorded in ``pending.certain``
         self._ticket = 0  # its prompt blocks' entry in ``pending.prefixes`` (0: none)
-        self._certain: list[int] = []  # its entries in ``pending.certain``
+        self._certain = 0  # their entry in ``pending.certain`` (0: none)
         self._requests = 0  # what this hold has added and not yet removed
         self._entered = False
 
@@ -177,23 +174,13 @@ class Hold:
         self._entered = True
         self._pending._add(self.worker, 1, self._tokens)
         self._requests = 1
-        prefix = self._prefix
-        if prefix is not None:
-            pending = self._pending
-            self._ticket = pending.prefixes.add(*prefix)
-            target, keys, start = prefix
-            if self._early is not None and self._early > start:
-                self._certain.append(pending.certain.add(target, keys[:self._early], start))
+        if self._prefix is not None:
+            self._ticket = self._pending.prefixes.add(*self._prefix)
         return self
 
     def prefill_done(self) -> None:
-        prefix = self._prefix
-        if self._requests and prefix is not None and self._early is not None:
-            target, keys, start = prefix
-            rest = max(start, self._early)
-            if rest < len(keys):
-                self._certain.append(self._pending.certain.add(target, keys, rest))
-            self._early = None
+        if self._requests and self._prefix is not None and not self._certain:
+            self._certain = self._pending.certain.add(*self._prefix)
         if self._requests and self._tokens:
             self._pending._remove(self.worker, 0, self._tokens)
             self._tokens = 0
@@ -207,8 +194,9 @@ class Hold:
         if self._ticket:
             self._pending.prefixes.remove(self._ticket)
             self._ticket = 0
-        while self._certain:
-            self._pending.certain.remove(self._certain.pop())
+        if self._certain:
+            self._pending.certain.remove(self._certain)
+            self._certain = 0
         if self._requests:
             self._pending._remove(self.worker, self._requests, self._tokens)
             self._requests = 0

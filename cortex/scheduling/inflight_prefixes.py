@@ -99,13 +99,3 @@ class InflightPrefixes:
             if depth > start:
                 matched[target] = depth
 
-
-def chunks_before_last(cached_tokens: int, tokens: int, budget: int) -> int:
-    """Tokens of a prompt computed before the prefill batch that computes its last chunk, on
-    an engine that cuts a prompt into chunks of ``budget`` tokens from its cached prefix on
-    (SGLang's chunked prefill, the request first in its batches): what a request joining that
-    batch can find cached. ``budget`` 0 (unknown): only the cached prefix."""
-    left = tokens - cached_tokens
-    if budget <= 0 or left <= 0:
-        return cached_tokens
-    return cached_tokens + budget * ((left - 1) // budget)

@@ -44,27 +44,32 @@ def chat(topic: int, n: int) -> bytes:
         {"role": "user", "content": f"Question {n} about topic {topic}?"}]}).encode()
 
 
-async def ask(port: int, body: bytes) -> tuple[int, int | None, int | None]:
-    """(status, predicted, reported) of one chat through Cortex."""
+async def ask(port: int, body: bytes) -> tuple[int, int | None, int | None, str]:
+    """(status, predicted, reported, where) of one chat through Cortex; ``where`` says the
+    worker, attempt and time (for a false hit's report)."""
     client = await RawClient.connect(port)
     try:
         response = await client.request(b"POST", b"/v1/chat/completions", body,
                                          [(b"content-type", b"application/json")])
     finally:
         await client.aclose()
+    where = (f"{(response.header(b'x-cortex-assigned-worker') or b'-').decode()} attempt "
+             f"{(response.header(b'x-cortex-attempts') or b'1').decode()} at {trio.current_time():.3f}")
     if response.status != 200:
-        return response.status, None, None
+        return response.status, None, None, where
     predicted = int(response.header(b"x-cortex-cache-hit-tokens") or 0)
     usage = json.loads(response.body)["usage"]
-    return 200, predicted, (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return (200, predicted, (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+            where)
 
 
 async def test_quick_restarts_never_yield_a_false_hit():
     rng = random.Random(22)
     async with chaos_cluster(("vllm-0.33", "sglang-0.5.23"), health=HEALTH) as cluster:
-        results: list[tuple[int, int | None, int | None]] = []
+        results: list[tuple[int, int | None, int | None, str]] = []
         go, stop = trio.Event(), trio.Event()
         busy = [0]
+        restarts_at: list[str] = []  # for a false hit's report
 
         async def client(index: int) -> None:
             n = 0
@@ -88,9 +93,11 @@ async def test_quick_restarts_never_yield_a_false_hit():
                 go = trio.Event()  # clients finish what they sent, then wait
                 await cluster.until(lambda: busy[0] == 0)
                 await cluster.kill(name)
+                restarts_at.append(f"{name} killed at {trio.current_time():.3f}")
                 if not instant:
                     await trio.sleep(1.2 * HEALTH.interval_s)
                 await cluster.revive(name)
+                restarts_at.append(f"{name} back at {trio.current_time():.3f}")
                 await trio.sleep(1.5 * HEALTH.interval_s)
                 go.set()
                 await trio.sleep(0.4)  # the prefixes asked again, of the new engine
@@ -105,5 +112,7 @@ async def test_quick_restarts_never_yield_a_false_hit():
     print(f"\nrestart storm: {ROUNDS} restarts, {len(results)} requests, statuses "
           f"{dict(statuses)}, {hits} with engine-reported hits, {len(false_hits)} false hits, "
           f"{restarts} restarts found by ingestion")
+    if false_hits:
+        print("false hits:", false_hits[:5], "restarts:", restarts_at)
     assert not false_hits, false_hits[:5]
     assert hits > 0 and statuses[200] == len(results)

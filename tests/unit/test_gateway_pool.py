@@ -236,8 +236,9 @@ def test_one_untrusted_dp_rank_leaves_the_others_routed_exactly():
 
 def test_a_prefix_in_flight_is_credited_until_its_request_ends():
     """The second request of a burst, decided before any event of the first: it goes where the
-    first is computing its prefix and is predicted that prefix; once the first has ended the
-    credit is gone (the ledger's events would hold the blocks by then)."""
+    first is computing its prefix; it is predicted that prefix only once the first has its
+    first token (before, the first may not even have reached the engine), and once the first
+    has ended the credit is gone (the ledger's events would hold the blocks by then)."""
     book = LedgerBook()
     pool = pool_with(book)
     add(pool, book, "a", port=1)
@@ -247,8 +248,12 @@ def test_a_prefix_in_flight_is_credited_until_its_request_ends():
     with first.hold:
         second = pool.decide(TOKENS[: 3 * BLOCK + 5], PROMPT)
         assert second.worker.name == first.worker.name
-        assert second.decision.predicted_cached_tokens == 3 * BLOCK
-        assert second.decision.mode is Mode.EXACT_KV_EVENTS
+        assert second.decision.predicted_cached_tokens == 0
+        first.hold.prefill_done()
+        third = pool.decide(TOKENS[: 3 * BLOCK + 5], PROMPT)
+        assert third.worker.name == first.worker.name
+        assert third.decision.predicted_cached_tokens == 3 * BLOCK
+        assert third.decision.mode is Mode.EXACT_KV_EVENTS
     assert pool.decide(TOKENS, PROMPT).decision.predicted_cached_tokens == 0
 
 
@@ -279,30 +284,21 @@ def sglang_pool(book: LedgerBook, cost: CostConfig | None = None) -> ModelPool:
 
 
 def test_an_sglang_prefix_in_flight_is_predicted_only_once_certain():
-    """SGLang shares nothing within a prefill batch: a second request decided while the first
-    has not produced its first token is routed to it but predicted only the ledger's blocks
-    (the budget is unknown: no chunk is certain); after the first's first token, all of it."""
-    pool = sglang_pool(LedgerBook())
-    first = pool.decide(TOKENS, PROMPT)
-    with first.hold:
-        second = pool.decide(TOKENS, PROMPT)
-        assert second.worker.name == first.worker.name
-        assert second.decision.predicted_cached_tokens == 0
-        first.hold.prefill_done()
-        third = pool.decide(TOKENS, PROMPT)
-        assert third.worker.name == first.worker.name
-        assert third.decision.predicted_cached_tokens == 3 * BLOCK
-
-
-def test_an_sglang_request_behind_a_full_budget_is_predicted_the_whole_credit():
-    """With a step budget of 2 blocks, the first request's 4 blocks of prompt fill a batch
-    and more: the second cannot share its batch, so the whole in-flight prefix is certain;
-    with a budget larger than the queue, only the chunks before the first's last."""
+    """Whatever the step budget (SGLang shares nothing within a prefill batch; a budget full of
+    prompts queued ahead would not tell which batch a request lands in if it is overtaken on
+    its way): a second request decided before the first's first token is routed to it, counts
+    as that much less prefill there, and is predicted only the ledger's blocks."""
     pool = sglang_pool(LedgerBook(), CostConfig(step_token_budget=2 * BLOCK, step_s=0.01))
     first = pool.decide(TOKENS, PROMPT)
+    name = first.worker.name
     with first.hold:
-        assert pool.decide(TOKENS, PROMPT).decision.predicted_cached_tokens == 3 * BLOCK
-    pool = sglang_pool(LedgerBook(), CostConfig(step_token_budget=64 * BLOCK, step_s=0.01))
-    first = pool.decide(TOKENS, PROMPT)
-    with first.hold:
-        assert pool.decide(TOKENS, PROMPT).decision.predicted_cached_tokens == 0
+        queued = pool.pending.queued_prefill_tokens(name)
+        second = pool.decide(TOKENS, PROMPT)
+        assert second.worker.name == name
+        assert second.decision.predicted_cached_tokens == 0
+        with second.hold:
+            assert pool.pending.queued_prefill_tokens(name) == 2 * queued - 3 * BLOCK
+        first.hold.prefill_done()
+        third = pool.decide(TOKENS, PROMPT)
+        assert third.worker.name == name
+        assert third.decision.predicted_cached_tokens == 3 * BLOCK

@@ -26,7 +26,7 @@ def _record(index: int, worker: str, sent: float, ttft: float, prompt: int, cach
 def test_figures_from_records() -> None:
     records = [_record(0, "a", 0.0, 1.0, 1000, 0, 0),
                _record(1, "b", 0.0, 0.5, 1000, 500, 500),
-               _record(2, "a", 1.0, 0.2, 1000, 900, 800),
+               _record(2, "a", 1.0, 0.2, 1000, 900, 1000),  # a false hit
                _record(3, "b", 1.0, 9.9, 1000, 0, None, status=503)]
     ledger = {"duplicated_blocks": 7, "blocks_held": 40}
     out = summarize(records, PARAMS, engines=2, ledger=ledger)
@@ -42,7 +42,7 @@ def test_figures_from_records() -> None:
     assert out["ttft_parts_ms"]["own_prefill_mean"] == round(1600 / 3, 1)
     assert out["ttft_parts_ms"]["wait_mean"] == round(100 / 3, 1)
     assert out["ledger"] == {"predicted": 3, "exact_share": round(2 / 3, 4),
-                             "abs_error_tokens": 100}
+                             "over_share": round(1 / 3, 4), "abs_error_tokens": 100}
     assert out["duplicated_blocks"] == 7
     # busy: prefill 1.6 s + 3 x 10 decode steps of 10 ms, over 2 engines x 1.3 s
     assert out["utilization"] == round((1.6 + 0.3) / (2 * 1.3), 3)
@@ -52,7 +52,8 @@ def test_tables_name_every_router() -> None:
     run = summarize([_record(0, "a", 0.0, 1.0, 100, 50, 50)], PARAMS, 1,
                     {"duplicated_blocks": 0, "blocks_held": 1})
     result = {"routers": {"cortex": run, "round_robin": {**run, "ledger": {
-        "predicted": 0, "exact_share": None, "abs_error_tokens": 0}}}}
+        "predicted": 0, "exact_share": None, "over_share": None,
+        "abs_error_tokens": 0}}}}
     assert "cortex" in table(result) and "round_robin" in table(result)
     lines = markdown(result).splitlines()
     assert len(lines) == 4 and lines[1].count("---") == lines[0].count("|") - 1

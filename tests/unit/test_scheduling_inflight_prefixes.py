@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortex.scheduling.inflight import PendingWork
-from cortex.scheduling.inflight_prefixes import InflightPrefixes, chunks_before_last
+from cortex.scheduling.inflight_prefixes import InflightPrefixes
 
 
 def chain(prefix: int, length: int) -> array:
@@ -94,27 +94,21 @@ def test_a_hold_never_entered_records_nothing():
     assert len(pending.prefixes) == 0
 
 
-def test_an_early_hold_is_certain_for_its_first_chunks_until_its_prefill_is_done():
+def test_a_hold_is_certain_once_its_prefill_is_done():
     pending = PendingWork()
     keys = chain(1, 10)
-    hold = pending.hold("w0", 160, (7, keys, 2), early=6)
+    hold = pending.hold("w0", 160, (7, keys, 2))
     with hold:
         routed: dict[int, int] = {7: 2}
         certain: dict[int, int] = {7: 2}
         pending.prefixes.extend(chain(1, 12), routed)
         pending.certain.extend(chain(1, 12), certain)
-        assert routed == {7: 10} and certain == {7: 6}
+        assert routed == {7: 10} and certain == {7: 2}
         hold.prefill_done()
-        certain = {7: 2}
+        hold.prefill_done()  # twice: recorded once
+        assert len(pending.certain) == 1
         pending.certain.extend(chain(1, 12), certain)
         assert certain == {7: 10}
     assert len(pending.prefixes) == 0 and len(pending.certain) == 0
-
-
-def test_chunks_before_last():
-    assert chunks_before_last(0, 576, 1024) == 0  # one batch: nothing before it
-    assert chunks_before_last(0, 2500, 1024) == 2048
-    assert chunks_before_last(64, 2112, 1024) == 1088
-    assert chunks_before_last(0, 2048, 1024) == 1024  # an exact multiple: its last is whole
-    assert chunks_before_last(128, 2048, 0) == 128  # budget unknown: the cached prefix only
-    assert chunks_before_last(600, 500, 1024) == 600
+    hold.prefill_done()  # after exit: nothing
+    assert len(pending.certain) == 0
