@@ -276,6 +276,7 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
         summary = summarize(results, p, len(engines), ledger,
                             roles={e.name: e.role for e in engines} if roles else None)
         summary["wall_s"] = round(wall, 1)
+        summary["preemptions"] = rc.vllm_preemptions(engines)
         summary["ledger_states"] = sorted(set(ledger["states"].values()))
         if router not in (*LEDGER_ROUTERS, *PD_ROUTERS):  # the others predict nothing
             summary["ledger"] = {"predicted": 0, "exact_share": None, "abs_error_tokens": 0}

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,22 @@ class Engine:
     replay: str | None
     role: str = "both"  # both | prefill | decode
     bootstrap_port: int | None = None  # a prefill's KV bootstrap / side-channel port
+
+
+def vllm_preemptions(engines: list[Engine]) -> int | None:
+    """Preemptions so far, summed over the vLLM-flavoured engines (``vllm:num_preemptions_total``
+    on their ``/metrics``; SGLang's retractions are not exposed); None without a vLLM engine."""
+    total, seen = 0, False
+    for engine in engines:
+        if engine.flavor != "vllm":
+            continue
+        with urllib.request.urlopen(f"{engine.url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        for line in text.splitlines():
+            if line.startswith("vllm:num_preemptions_total"):
+                total += int(float(line.rsplit(" ", 1)[1]))
+                seen = True
+    return total if seen else None
 
 
 def pd_roles(flavors: list[str]) -> list[str]:

@@ -177,7 +177,7 @@ def pd_notes(result: dict) -> str:
 
 def table(result: dict) -> str:
     cols = ("hit", "ttft mean", "p50", "p99", "itl p99", "prefill tok", "dup blocks", "req/s",
-            "spread", "work spread", "util", "ledger exact", "false hits")
+            "spread", "work spread", "util", "ledger exact", "false hits", "preempted")
     lines = [f"{'router':<16}" + "".join(f"{c:>13}" for c in cols)]
     for name, r in result["routers"].items():
         exact = r["ledger"]["exact_share"]
@@ -188,7 +188,8 @@ def table(result: dict) -> str:
                  f"{r.get('work_spread', 0.0):.2f}", f"{r['utilization']:.0%}",
                  "-" if exact is None else f"{exact:.1%}",
                  "-" if r["ledger"].get("over_share") is None
-                 else f"{r['ledger']['over_share']:.1%}")
+                 else f"{r['ledger']['over_share']:.1%}",
+                 "-" if r.get("preemptions") is None else f"{r['preemptions']:,}")
         lines.append(f"{name:<16}" + "".join(f"{c:>13}" for c in cells))
     notes = pd_notes(result)
     return "\n".join(lines) + ("\n" + notes if notes else "")
