@@ -54,6 +54,7 @@ from cortex.gateway.worker_report import (
     WorkerReport,
     sglang_server_info,
     vllm_block_size,
+    vllm_kv_tokens,
     vllm_models,
     vllm_prefix_caching,
 )
@@ -235,7 +236,7 @@ class WorkerLifecycle(AdminOps):
                 status, body = await self.fetch(spec.origin, "/metrics", timeout)
                 text = body.decode(errors="replace") if status == 200 else ""
                 report = WorkerReport(models, vllm_block_size(text), None,
-                                      vllm_prefix_caching(text))
+                                      vllm_prefix_caching(text), vllm_kv_tokens(text))
         except (OSError, CortexError, trio.TooSlowError) as error:
             log.warning("worker %s: could not read its own report: %s", spec.name, error)
             self.reported.discard(spec.name)  # asked again when it is next seen live

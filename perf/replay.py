@@ -249,6 +249,8 @@ def gateway_cost(p: Params, records: list[tt.TraceRecord], text: tt.TraceText) -
         cost["recompute_weight"] = p.recompute_weight
     if p.recompute_charge_max_s >= 0:
         cost["recompute_charge_max_s"] = p.recompute_charge_max_s
+    if p.kv_overflow_weight >= 0:
+        cost["kv_overflow_weight"] = p.kv_overflow_weight
     return cost
 
 

@@ -65,6 +65,7 @@ class Params:
     affinity_tolerance_s: float = -1.0  # Cortex's exact_kv tolerance; < 0: its default
     recompute_weight: float = -1.0  # Cortex's exact_kv recompute charge; < 0: its default
     recompute_charge_max_s: float = -1.0  # the charge's bound; < 0: Cortex's default
+    kv_overflow_weight: float = -1.0  # the KV-pressure charge; < 0: Cortex's default
     engine_procs: str = "engine"  # engine: one process per engine | flavor: one per flavor
     # The engines' timing model. batching (default): continuous batching on a step-time profile
     # (cortex/sim/profiles/), each replayed token standing for ``tokens_per_token()`` real ones;

@@ -24,6 +24,7 @@ class DecisionTable:
         slack: float,
         step_s: float = 0.0,  # with step_budget > 0: cost.CostConfig's step form
         step_budget: int = 0,
+        overflow_weight: float = 0.0,  # cost.CostConfig.kv_overflow_weight (0: no KV-pressure term)
     ) -> None: ...
     def pick(
         self,

@@ -33,6 +33,7 @@ cdef struct Slot:
     double rate  # prefill tokens/s, the configured default applied
     double s_per_token
     double load_s  # exact_kv's request-independent TTFT part (LoadSeconds)
+    double kv_room  # cost.kv_room: prompt tokens the KV pool has room for (INFINITY: unknown)
     int role  # 0 both, 1 prefill, 2 decode
     bint healthy
     bint ready
@@ -64,7 +65,7 @@ cdef class DecisionTable:
     cdef object last
     cdef object ready_state
     cdef object both, prefill, decode
-    cdef double default_rate, decode_s, engine_queue_s, step_s, step_budget
+    cdef double default_rate, decode_s, engine_queue_s, step_s, step_budget, overflow_weight
     cdef bint steps
     cdef double max_in_flight, max_queued, max_engine_queue, max_kv
     cdef double factor, slack
@@ -72,7 +73,7 @@ cdef class DecisionTable:
 
     def __cinit__(self, *, ready_state, roles, double default_rate, double decode_s,
                   double engine_queue_s, limits, factor, double slack, double step_s=0.0,
-                  long step_budget=0):
+                  long step_budget=0, double overflow_weight=0.0):
         self.slots = NULL
         self.n = 0
         self.capacity = 0
@@ -88,6 +89,7 @@ cdef class DecisionTable:
         self.steps = step_budget > 0  # cost.CostConfig.steps
         self.step_s = step_s
         self.step_budget = step_budget
+        self.overflow_weight = overflow_weight
         self.max_in_flight, self.max_queued, self.max_engine_queue, self.max_kv = limits
         self.capped = factor is not None
         self.factor = factor if factor is not None else 0.0
@@ -129,6 +131,13 @@ cdef class DecisionTable:
             s.load_s = s.queued * s.s_per_token + self.decode_s * s.in_flight
         if s.engine_queue != UNKNOWN:
             s.load_s += self.engine_queue_s * s.engine_queue
+        # cost.kv_room
+        cdef object pool = view.kv_tokens
+        if not pool or self.overflow_weight <= 0:
+            s.kv_room = INFINITY
+        else:
+            s.kv_room = (<double>pool * (1.0 - (s.kv_usage if s.kv_usage >= 0.0 else 0.0))
+                         - <double>s.queued)
         s.role = self._role_code(view.role)
         s.healthy = bool(view.healthy)
         s.ready = view.ledger_state is self.ready_state
@@ -209,7 +218,7 @@ cdef class DecisionTable:
         cdef int wanted = self._role_code(role)
         cdef Slot* s
         cdef long total_in_flight = 0, blocks, uncached
-        cdef double cap, mean, value
+        cdef double cap, mean, value, over
         cdef bint any_hit = False, all_ready = True
         cdef Py_ssize_t cheap = -1, long_ = -1
         cdef double cheap_cost = INFINITY, long_cost = INFINITY
@@ -265,6 +274,9 @@ cdef class DecisionTable:
                     value = (s.queued + uncached) / s.rate + self.decode_s * s.in_flight
                     if s.engine_queue != UNKNOWN:
                         value += self.engine_queue_s * s.engine_queue
+                over = <double>token_count - s.kv_room  # the KV-pressure charge
+                if over > 0:
+                    value += self.overflow_weight * over * s.s_per_token
                 if value < cheap_cost or (value == cheap_cost and cheap >= 0
                                           and _tie_before(s, &self.slots[cheap], seed)):
                     cheap, cheap_cost, cheap_blocks = i, value, blocks

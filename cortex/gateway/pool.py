@@ -218,6 +218,7 @@ class ModelPool:
         """What the worker said about itself; may make it pairable (capacity listeners)."""
         if name in self.workers:
             self.reports[name] = report
+            self.refresh(name)  # its KV pool size is in its view
             for listener in self._capacity_listeners:
                 listener(name)
 
@@ -260,9 +261,11 @@ class ModelPool:
         rate = figures.prefill_tokens_per_s
         if rate is None and spec.weight != 1.0:
             rate = spec.weight * self.default_prefill_tokens_per_s
+        report = self.reports.get(name)
         self.pending.track(WorkerView(
             spec.name, self.targets.get(name, ()), figures.healthy, state,
-            spec.role, 0, 0, figures.engine_queue, figures.kv_usage, rate))
+            spec.role, 0, 0, figures.engine_queue, figures.kv_usage, rate,
+            None if report is None else report.kv_tokens))
 
     def refresh_all(self) -> None:
         for name in self.workers:

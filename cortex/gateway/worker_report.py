@@ -9,6 +9,10 @@ its ``GET /metrics`` has the ``vllm:cache_config_info`` gauge whose ``block_size
 are the config's values as strings: ``"True"`` / ``"False"``). Whatever a worker does not say
 stays ``None`` — the profile check then reports a missing model or page size instead of
 assuming agreement (prefix caching not reported is not held against it).
+
+The KV pool of one engine (one DP rank), in tokens, for the cost's KV-pressure term: SGLang's
+``max_total_num_tokens``; vLLM's ``num_gpu_blocks`` label less its null block (block 0, never
+handed out: engine-scheduling.md §3), times ``block_size``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 _CACHE_CONFIG_INFO = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.MULTILINE)
 _BLOCK_SIZE_LABEL = re.compile(r'(?:^|,)\s*block_size="(\d+)"')
 _PREFIX_CACHING_LABEL = re.compile(r'(?:^|,)\s*enable_prefix_caching="(True|False)"')
+_NUM_GPU_BLOCKS_LABEL = re.compile(r'(?:^|,)\s*num_gpu_blocks="(\d+)"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +33,7 @@ class WorkerReport:
     block_size: int | None
     bootstrap_port: int | None = None  # SGLang PD prefill: disaggregation_bootstrap_port
     prefix_caching: bool | None = None  # None: not reported
+    kv_tokens: int | None = None  # one engine's (DP rank's) KV pool, in tokens
 
     def model_for(self, wanted: str) -> str | None:
         """``wanted`` if the worker serves it, else the first model it names (or ``None``)."""
@@ -48,9 +54,11 @@ def sglang_server_info(body: bytes) -> WorkerReport:
     page = info.get("page_size")
     port = info.get("disaggregation_bootstrap_port")
     radix_off = info.get("disable_radix_cache")
+    pool = info.get("max_total_num_tokens")
     return WorkerReport(tuple(models), page if type(page) is int and page > 0 else None,
                         port if type(port) is int and 0 < port < 65536 else None,
-                        None if type(radix_off) is not bool else not radix_off)
+                        None if type(radix_off) is not bool else not radix_off,
+                        pool if type(pool) is int and pool > 0 else None)
 
 
 def vllm_models(body: bytes) -> tuple[str, ...]:
@@ -77,4 +85,15 @@ def vllm_prefix_caching(metrics_text: str) -> bool | None:
         flag = _PREFIX_CACHING_LABEL.search(match.group(1))
         if flag:
             return flag.group(1) == "True"
+    return None
+
+
+def vllm_kv_tokens(metrics_text: str) -> int | None:
+    """One engine's KV pool in tokens (``num_gpu_blocks`` less the null block, times
+    ``block_size``), or None when not reported."""
+    for match in _CACHE_CONFIG_INFO.finditer(metrics_text):
+        blocks = _NUM_GPU_BLOCKS_LABEL.search(match.group(1))
+        size = _BLOCK_SIZE_LABEL.search(match.group(1))
+        if blocks and size and int(blocks.group(1)) > 1:
+            return (int(blocks.group(1)) - 1) * int(size.group(1))
     return None

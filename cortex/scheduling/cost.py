@@ -25,6 +25,18 @@ Two forms of one idea, chosen by ``CostConfig.form``:
   + attention_pair_s × half a typical prompt)``, ``step_token_budget`` = vLLM's
   ``max_num_batched_tokens`` / SGLang's ``chunked_prefill_size``. Without them (the default)
   the form above: safe, and what a fixed-speed engine spends.
+  **KV pressure** (both ``"ttft"`` forms; ``kv_overflow_weight`` > 0 and the engine reporting its
+  KV pool, ``WorkerView.kv_tokens``): an engine runs a request only with blocks for its whole
+  prompt, cached ones included, so where the pool has no room for it next to what the running
+  requests hold, the request waits for some of them to end or has the engine preempt (and
+  recompute) one, and meanwhile the blocks it would hit are the first evicted by the others'
+  allocations (they are free, least recently used) — a predicted hit that turns into a
+  recompute on a busy worker, the agentic replay's TTFT tail. The room is
+  ``kv_room = kv_tokens × (1 − kv_usage) − queued_prefill_tokens`` (the engine's reported use,
+  polled, plus the prompts Cortex sent that have not reached their first token: their blocks
+  may not be in that figure yet; ``kv_usage`` unknown counts as 0), and the request is charged
+  ``kv_overflow_weight × max(prompt_tokens − kv_room, 0)`` more prompt tokens at the worker's
+  seconds per token: what does not fit is, one way or another, computed again.
 * ``"linear"`` — the seed's score ``α·matched_blocks − β·in_flight − γ·queued_prefill_tokens``,
   negated so lower is better.
 
@@ -86,6 +98,7 @@ class CostConfig:
     affinity_tolerance_s: float = 0.25  # exact_kv: extra TTFT a longer hit may cost and still win
     recompute_weight: float = 0.0  # exact_kv: extra charge on recomputing another's cached blocks
     recompute_charge_max_s: float = 1.0  # exact_kv: the most TTFT that charge may add
+    kv_overflow_weight: float = 1.0  # "ttft": charge on prompt tokens the KV pool has no room for
     step_token_budget: int = 0  # tokens one engine step carries; > 0: the step form
     step_s: float = 0.0  # the engines' fixed time per step (step form only)
     alpha_per_cached_block: float = 1.0
@@ -101,7 +114,7 @@ class CostConfig:
         for name in ("decode_s_per_in_flight", "engine_queue_s_per_request", "affinity_tolerance_s",
                      "recompute_weight", "recompute_charge_max_s", "alpha_per_cached_block",
                      "beta_per_in_flight", "gamma_per_queued_token", "step_s",
-                     "step_token_budget"):
+                     "step_token_budget", "kv_overflow_weight"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if problems:
@@ -142,8 +155,20 @@ def load_terms(config: CostConfig, view: WorkerView) -> tuple[float, float]:
     return load_s, s_per_token
 
 
-def cost(config: CostConfig, view: WorkerView, uncached_tokens: int, cached_blocks: int) -> float:
-    """Cost of one worker for a request with ``uncached_tokens`` left to prefill there."""
+def kv_room(config: CostConfig, view: WorkerView) -> float:
+    """Prompt tokens the worker's KV pool has room for now (``inf``: unknown, or the KV-pressure
+    term off); ``_fast/score.pyx`` does the same operations in the same order."""
+    pool = view.kv_tokens
+    if not pool or config.kv_overflow_weight <= 0:
+        return math.inf
+    usage = view.kv_usage
+    return pool * (1.0 - (usage if usage is not None else 0.0)) - view.queued_prefill_tokens
+
+
+def cost(config: CostConfig, view: WorkerView, uncached_tokens: int, cached_blocks: int,
+         prompt_tokens: int = 0) -> float:
+    """Cost of one worker for a request of ``prompt_tokens`` with ``uncached_tokens`` left to
+    prefill there."""
     if config.form == "linear":
         return -(config.alpha_per_cached_block * cached_blocks
                  - config.beta_per_in_flight * view.in_flight
@@ -151,11 +176,16 @@ def cost(config: CostConfig, view: WorkerView, uncached_tokens: int, cached_bloc
     rate = view.prefill_tokens_per_s or config.default_prefill_tokens_per_s
     if config.steps:
         load_s, s_per_token = load_terms(config, view)
-        return load_s + uncached_tokens * s_per_token
-    seconds = ((view.queued_prefill_tokens + uncached_tokens) / rate
-               + config.decode_s_per_in_flight * view.in_flight)
-    if view.engine_queue is not None:
-        seconds += config.engine_queue_s_per_request * view.engine_queue
+        seconds = load_s + uncached_tokens * s_per_token
+    else:
+        s_per_token = 1.0 / rate
+        seconds = ((view.queued_prefill_tokens + uncached_tokens) / rate
+                   + config.decode_s_per_in_flight * view.in_flight)
+        if view.engine_queue is not None:
+            seconds += config.engine_queue_s_per_request * view.engine_queue
+    over = prompt_tokens - kv_room(config, view)
+    if over > 0:
+        seconds += config.kv_overflow_weight * over * s_per_token
     return seconds
 
 
@@ -234,7 +264,7 @@ def cheapest(
         uncached = token_count - blocks * block_size
         if uncached < 0:
             uncached = 0
-        value = cost(config, view, uncached, blocks)
+        value = cost(config, view, uncached, blocks, token_count)
         if value < best_cost or (value == best_cost and best is not None
                                  and tie_before(view.worker, best.worker, seed)):
             best, best_cost, best_blocks = view, value, blocks
@@ -244,8 +274,9 @@ def cheapest(
 class LoadSeconds:
     """The request-independent part of the ``"ttft"`` cost of each view, computed once per view.
 
-    ``cost == load_s + uncached_tokens × s_per_token`` where ``load_s`` is the queued prefill,
-    decode and engine-queue terms. Views are frozen and a changed worker gets a new view object,
+    ``cost == load_s + uncached_tokens × s_per_token`` (plus the KV-pressure charge on the
+    prompt tokens beyond ``kv_room``) where ``load_s`` is the queued prefill, decode and engine-queue terms;
+    an entry is ``(view, load_s, s_per_token, kv_room)``. Views are frozen and a changed worker gets a new view object,
     so entries are keyed by ``id(view)`` and checked by identity (an id reused by a new object
     misses). The memo is emptied when it exceeds ``limit`` entries.
     """
@@ -253,11 +284,11 @@ class LoadSeconds:
     def __init__(self, config: CostConfig, limit: int = 4096) -> None:
         self.config = config
         self.limit = limit
-        self.memo: dict[int, tuple[WorkerView, float, float]] = {}
+        self.memo: dict[int, tuple[WorkerView, float, float, float]] = {}
 
-    def prepare(self, view: WorkerView) -> tuple[WorkerView, float, float]:
+    def prepare(self, view: WorkerView) -> tuple[WorkerView, float, float, float]:
         load_s, s_per_token = load_terms(self.config, view)
         if len(self.memo) >= self.limit:
             self.memo.clear()
-        entry = self.memo[id(view)] = (view, load_s, s_per_token)
+        entry = self.memo[id(view)] = (view, load_s, s_per_token, kv_room(self.config, view))
         return entry

@@ -52,6 +52,7 @@ class ExactKv:
         linear = config.form == "linear"
         loads = self.loads
         memo_get = loads.memo.get
+        overflow_weight = config.kv_overflow_weight
         cheap: WorkerView | None = None
         cheap_cost, cheap_blocks, cheap_s_per_token = math.inf, 0, 0.0
         long: WorkerView | None = None
@@ -65,14 +66,19 @@ class ExactKv:
             if view.in_flight + 1 > cap:
                 continue
             if linear:
-                value, s_per_token = cost(config, view, 0, blocks), 0.0
+                value, s_per_token = cost(config, view, 0, blocks, token_count), 0.0
             else:
                 entry = memo_get(id(view))
                 if entry is None or entry[0] is not view:
                     entry = loads.prepare(view)
                 uncached = token_count - blocks * block_size
+                if uncached < 0:
+                    uncached = 0
                 s_per_token = entry[2]
-                value = entry[1] + (uncached if uncached > 0 else 0) * s_per_token
+                value = entry[1] + uncached * s_per_token
+                over = token_count - entry[3]  # the KV-pressure charge (cost.kv_room)
+                if over > 0:
+                    value += overflow_weight * over * s_per_token
             if value < cheap_cost or (value == cheap_cost and cheap is not None
                                       and tie_before(view.worker, cheap.worker, seed)):
                 cheap, cheap_cost, cheap_blocks = view, value, blocks

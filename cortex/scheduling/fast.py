@@ -55,6 +55,7 @@ class FastScheduler:
             slack=bounds.slack,
             step_s=self.cost.step_s,
             step_budget=self.cost.step_token_budget,
+            overflow_weight=self.cost.kv_overflow_weight,
         )
 
     def decide(

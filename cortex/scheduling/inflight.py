@@ -100,7 +100,7 @@ class PendingWork:
         self._current[worker] = WorkerView(
             base.worker, base.targets, base.healthy, base.ledger_state, base.role,
             self._in_flight.get(worker, 0), self._queued_tokens.get(worker, 0),
-            base.engine_queue, base.kv_usage, base.prefill_tokens_per_s)
+            base.engine_queue, base.kv_usage, base.prefill_tokens_per_s, base.kv_tokens)
         self._views = None
 
     def _counts_changed(self, worker: str) -> None:

@@ -48,6 +48,7 @@ class WorkerView(msgspec.Struct, frozen=True):
     engine_queue: int | None = None  # requests the engine reports waiting
     kv_usage: float | None = None  # fraction of the KV cache in use, 0..1
     prefill_tokens_per_s: float | None = None
+    kv_tokens: int | None = None  # one engine's (DP rank's) KV pool in tokens, as it reports
 
     @property
     def ledger_trusted(self) -> bool:

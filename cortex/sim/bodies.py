@@ -295,7 +295,7 @@ def vllm_metrics_text(engine: SimEngineView) -> str:
                "in seconds."), "# TYPE process_start_time_seconds gauge",
               f"process_start_time_seconds {engine.started_at}"]
     info = (f'block_size="{engine.block_size}",enable_prefix_caching="True",'
-            f'num_gpu_blocks="{engine.kv.capacity_blocks}",'
+            f'num_gpu_blocks="{engine.kv.capacity_blocks + 1}",'  # vLLM's null block too
             f'prefix_caching_hash_algo="{engine.kv.hashing.algo}"')
     lines += ["# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
               "# TYPE vllm:cache_config_info gauge"]

@@ -42,6 +42,8 @@ figures = st.fixed_dictionaries({
     "engine_queue": st.none() | st.integers(0, 5),
     "kv_usage": st.none() | st.floats(0, 1),
     "prefill_tokens_per_s": st.none() | st.sampled_from([500.0, 1000.0, 3333.3, 1e4]),
+    # a pool from smaller than one prompt to larger than the queued work: the KV-pressure term
+    "kv_tokens": st.none() | st.integers(0, 6000),
 })
 # Idle, trusted, open workers cost the same: ties, which the request's tie order decides.
 idle = st.fixed_dictionaries({"ledger_state": st.just(TargetState.READY)})
@@ -92,7 +94,10 @@ def outcome(decide):
                              CostConfig(step_s=0.006, step_token_budget=512,
                                         decode_s_per_in_flight=1e-4),
                              CostConfig(step_s=0.1, step_token_budget=16,
-                                        engine_queue_s_per_request=0.02)]),
+                                        engine_queue_s_per_request=0.02),
+                             CostConfig(kv_overflow_weight=0.0),
+                             CostConfig(kv_overflow_weight=3.5, step_s=0.006,
+                                        step_token_budget=512)]),
        bounds=st.sampled_from([BoundedLoad(), BoundedLoad(None), BoundedLoad(1.0, 0),
                                BoundedLoad(2.0, 1)]))
 def test_fast_path_decides_as_the_reference_chain(scenario, seed, cost, bounds):

@@ -10,6 +10,7 @@ import pytest
 from cortex.errors import NoWorkerAvailable
 from cortex.events.model import BlockStored, EngineFamily, EventBatch
 from cortex.gateway.pool import ModelPool, WorkerFigures
+from cortex.gateway.worker_report import WorkerReport
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.state import TargetState
 from cortex.profile.profile_set import ProfileSet
@@ -302,3 +303,13 @@ def test_an_sglang_prefix_in_flight_is_predicted_only_once_certain():
         third = pool.decide(TOKENS, PROMPT)
         assert third.worker.name == name
         assert third.decision.predicted_cached_tokens == 3 * BLOCK
+
+
+def test_the_kv_pool_a_worker_reports_is_in_its_view():
+    """The cost's KV-pressure term reads the pool from the worker's own report."""
+    book = LedgerBook()
+    pool = pool_with(book)
+    add(pool, book, "a", port=1)
+    assert pool.views()[0].kv_tokens is None
+    pool.set_report("a", WorkerReport((MODEL,), BLOCK, kv_tokens=5008))
+    assert pool.views()[0].kv_tokens == 5008

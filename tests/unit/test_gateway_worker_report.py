@@ -2,6 +2,7 @@ from cortex.gateway.worker_report import (
     WorkerReport,
     sglang_server_info,
     vllm_block_size,
+    vllm_kv_tokens,
     vllm_models,
     vllm_prefix_caching,
 )
@@ -40,3 +41,15 @@ def test_vllm_prefix_caching_from_cache_config_info():
     assert vllm_prefix_caching(off) is False
     assert vllm_prefix_caching(off.replace('"False"', '"True"')) is True
     assert vllm_prefix_caching("vllm:num_requests_running 0\n") is None
+
+
+def test_the_kv_pool_in_tokens():
+    """SGLang says it in tokens; vLLM in blocks, its null block (never handed out) included."""
+    assert sglang_server_info(b'{"max_total_num_tokens": 20000}').kv_tokens == 20000
+    assert sglang_server_info(b'{"max_total_num_tokens": "20000"}').kv_tokens is None
+    assert sglang_server_info(b'{"max_total_num_tokens": 0}').kv_tokens is None
+    line = ('vllm:cache_config_info{block_size="32",enable_prefix_caching="True",engine="0",'
+            'num_gpu_blocks="65"} 1.0\n')
+    assert vllm_kv_tokens(line) == 64 * 32
+    assert vllm_kv_tokens(line.replace('"65"', '"None"')) is None  # before the engine sized it
+    assert vllm_kv_tokens("vllm:num_requests_running 0\n") is None

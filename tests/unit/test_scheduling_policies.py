@@ -3,6 +3,7 @@ empty pools, with exact picks (RNG injected)."""
 
 from __future__ import annotations
 
+import math
 import random
 from array import array
 
@@ -24,7 +25,7 @@ from cortex.scheduling import (
     worker_matches,
 )
 from cortex.scheduling.consistent_hash import ConsistentHash
-from cortex.scheduling.cost import BoundedLoad, cheapest, cost, tie_before, tie_seed
+from cortex.scheduling.cost import BoundedLoad, cheapest, cost, kv_room, tie_before, tie_seed
 from cortex.scheduling.exact_kv import ExactKv
 from cortex.scheduling.load_aware import LoadAware
 from cortex.scheduling.p2c import PowerOfTwo
@@ -207,6 +208,34 @@ def test_step_form_counts_the_engines_steps():
     crowded = worker("w0", in_flight=5000)
     assert cost(config, crowded, 1000, 0) == pytest.approx(
         5.01 + 1000 * (1e-5 + 5.01 / 250))
+
+
+def test_kv_pressure_charges_the_prompt_tokens_the_pool_has_no_room_for():
+    """A 10,000-token pool 70% used, 1,000 tokens of Cortex's prompts not yet at their first
+    token: room for 2,000. A 2,500-token prompt is charged its 500 extra tokens at the
+    worker's seconds per token, cached part included (it must survive to be read)."""
+    config = CostConfig(default_prefill_tokens_per_s=1000.0)
+    view = worker("w0", kv_tokens=10_000, kv_usage=0.7, queued_prefill_tokens=1000)
+    assert kv_room(config, view) == pytest.approx(2000)
+    assert cost(config, view, 100, 150, 2500) == pytest.approx((1000 + 100 + 500) / 1000)
+    assert cost(config, view, 100, 150, 1900) == pytest.approx((1000 + 100) / 1000)
+    off = CostConfig(default_prefill_tokens_per_s=1000.0, kv_overflow_weight=0.0)
+    assert cost(off, view, 100, 150, 2500) == pytest.approx(1.1)
+    unknown = worker("w0", queued_prefill_tokens=1000)  # the engine never said its pool
+    assert kv_room(config, unknown) == math.inf
+    assert kv_room(config, worker("w0", kv_tokens=500)) == 500  # usage unknown: counted 0
+
+
+def test_a_holder_whose_pool_is_full_loses_to_one_with_room():
+    """The holder's running requests fill its pool: its cached blocks would be evicted before
+    the request runs, so the worker with room (and a shorter hit) takes it."""
+    config = CostConfig(default_prefill_tokens_per_s=10_000.0, affinity_tolerance_s=0.0)
+    full = worker("w0", kv_tokens=4 * BLOCK * 8, kv_usage=0.95)
+    roomy = worker("w1", kv_tokens=4 * BLOCK * 8, kv_usage=0.1)
+    assert ExactKv(config).decide(request(8), [full, roomy], {"w0": 8, "w1": 4}).worker == "w1"
+    assert ExactKv(CostConfig(default_prefill_tokens_per_s=10_000.0, affinity_tolerance_s=0.0,
+                              kv_overflow_weight=0.0)).decide(
+        request(8), [full, roomy], {"w0": 8, "w1": 4}).worker == "w0"
 
 
 def test_linear_cost_is_the_seeds_score_negated():
