@@ -244,6 +244,9 @@ class WorkerLifecycle(AdminOps):
         if spec.name not in pool.workers:
             return
         pool.set_report(spec.name, report)
+        if report.kv_tokens is not None:
+            log.info("worker %s: KV pool of %d tokens per engine (the cost's KV-pressure term)",
+                     spec.name, report.kv_tokens)
         if pool.profile is None:
             return
         reason = pool.note_report(spec.name, report.model_for(pool.model), report.block_size,
