@@ -8,7 +8,9 @@ engine, a vanishing client, the engines' load figures, and the self-report check
   logged, its ledger dropped, and replayed from 0 once it is back.
 * A client that disconnects mid-stream aborts the engine's request (vLLM's running count falls
   to 0 long before the answer could have been complete).
-* The engines' own gauges (running, waiting, KV-cache usage) reach Cortex's scheduler view.
+* The engines' own gauges (running, waiting, KV-cache usage) reach Cortex's scheduler view, and
+  so does its KV pool (``num_gpu_blocks`` of ``vllm:cache_config_info``, less the null block):
+  the cost's KV-pressure term reads it.
 * The self-report check refuses a wrong block size, a wrong model name and an engine with
   prefix caching off, each with its reason in ``/health/ready`` and the log.
 * ``POST /reset_prefix_cache`` empties the engine at once but publishes ``AllBlocksCleared``
@@ -21,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 
 import trio
 
@@ -178,6 +181,12 @@ async def test_engine_gauges_reach_the_scheduler(farm, engines):
 
         def view():
             return next(v for v in front.pool.views() if v.worker == engine.name)
+
+        status, metrics = engine.get("/metrics")
+        blocks = re.search(r'vllm:cache_config_info\{[^}]*num_gpu_blocks="(\d+)"', metrics.decode())
+        assert status == 200 and blocks is not None and int(blocks.group(1)) > 1
+        await front.until(lambda: view().kv_tokens is not None, 20.0)  # its report read
+        assert view().kv_tokens == (int(blocks.group(1)) - 1) * BLOCK
 
         post = functools.partial(trio.to_thread.run_sync, engine.post, "/v1/completions", long,
                                  abandon_on_cancel=True)
