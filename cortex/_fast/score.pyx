@@ -275,6 +275,8 @@ cdef class DecisionTable:
                     if s.engine_queue != UNKNOWN:
                         value += self.engine_queue_s * s.engine_queue
                 over = <double>token_count - s.kv_room  # the KV-pressure charge
+                if over > token_count - uncached:
+                    over = token_count - uncached
                 if over > 0:
                     value += self.overflow_weight * over * s.s_per_token
                 if value < cheap_cost or (value == cheap_cost and cheap >= 0

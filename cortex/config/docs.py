@@ -115,9 +115,10 @@ DOCS: dict[str, str] = {
     "scheduler.cost.step_s": "fixed seconds of one engine step (a step-time profile's "
                              "step_s + prefill_step_s); read only with step_token_budget",
     "scheduler.cost.kv_overflow_weight": "charge, in units of the worker's seconds per "
-                                         "prompt token, on each prompt token its KV pool "
-                                         "(as the engine reports it) has no room for next to "
-                                         "its running requests (0: KV pressure not modelled)",
+                                         "prompt token, on each cached prompt token its KV "
+                                         "pool (as the engine reports it) has no room for "
+                                         "next to its running requests: the hit it may lose "
+                                         "(0: KV pressure not modelled)",
     "scheduler.cost.alpha_per_cached_block": "linear form: weight per cached block",
     "scheduler.cost.beta_per_in_flight": "linear form: weight per request in flight",
     "scheduler.cost.gamma_per_queued_token": "linear form: weight per queued prefill token",

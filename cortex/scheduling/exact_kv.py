@@ -77,6 +77,8 @@ class ExactKv:
                 s_per_token = entry[2]
                 value = entry[1] + uncached * s_per_token
                 over = token_count - entry[3]  # the KV-pressure charge (cost.kv_room)
+                if over > token_count - uncached:
+                    over = token_count - uncached
                 if over > 0:
                     value += overflow_weight * over * s_per_token
             if value < cheap_cost or (value == cheap_cost and cheap is not None

@@ -210,14 +210,17 @@ def test_step_form_counts_the_engines_steps():
         5.01 + 1000 * (1e-5 + 5.01 / 250))
 
 
-def test_kv_pressure_charges_the_prompt_tokens_the_pool_has_no_room_for():
+def test_kv_pressure_charges_the_cached_tokens_the_pool_has_no_room_for():
     """A 10,000-token pool 70% used, 1,000 tokens of Cortex's prompts not yet at their first
-    token: room for 2,000. A 2,500-token prompt is charged its 500 extra tokens at the
-    worker's seconds per token, cached part included (it must survive to be read)."""
+    token: room for 2,000. A 2,500-token prompt with 2,400 cached there is charged its 500
+    extra tokens at the worker's seconds per token (its hit may be evicted before it runs);
+    with only 200 cached, those 200; with nothing cached, nothing (a wait, not a recompute)."""
     config = CostConfig(default_prefill_tokens_per_s=1000.0)
     view = worker("w0", kv_tokens=10_000, kv_usage=0.7, queued_prefill_tokens=1000)
     assert kv_room(config, view) == pytest.approx(2000)
     assert cost(config, view, 100, 150, 2500) == pytest.approx((1000 + 100 + 500) / 1000)
+    assert cost(config, view, 2300, 12, 2500) == pytest.approx((1000 + 2300 + 200) / 1000)
+    assert cost(config, view, 2500, 0, 2500) == pytest.approx((1000 + 2500) / 1000)
     assert cost(config, view, 100, 150, 1900) == pytest.approx((1000 + 100) / 1000)
     off = CostConfig(default_prefill_tokens_per_s=1000.0, kv_overflow_weight=0.0)
     assert cost(off, view, 100, 150, 2500) == pytest.approx(1.1)
