@@ -51,12 +51,9 @@ from cortex.events.sync import TargetSync
 from cortex.events.warm_start import fetch_snapshot
 from cortex.gateway.pool import ModelPool, WorkerFigures
 from cortex.gateway.worker_report import (
-    WorkerReport,
     sglang_server_info,
-    vllm_block_size,
-    vllm_kv_tokens,
     vllm_models,
-    vllm_prefix_caching,
+    vllm_report,
 )
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.snapshot import (
@@ -235,8 +232,7 @@ class WorkerLifecycle(AdminOps):
                 models = vllm_models(body) if status == 200 else ()
                 status, body = await self.fetch(spec.origin, "/metrics", timeout)
                 text = body.decode(errors="replace") if status == 200 else ""
-                report = WorkerReport(models, vllm_block_size(text), None,
-                                      vllm_prefix_caching(text), vllm_kv_tokens(text))
+                report = vllm_report(models, text)
         except (OSError, CortexError, trio.TooSlowError) as error:
             log.warning("worker %s: could not read its own report: %s", spec.name, error)
             self.reported.discard(spec.name)  # asked again when it is next seen live

@@ -281,7 +281,8 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
         summary["preemptions"] = rc.vllm_preemptions(engines)
         summary["ledger_states"] = sorted(set(ledger["states"].values()))
         if router not in (*LEDGER_ROUTERS, *PD_ROUTERS):  # the others predict nothing
-            summary["ledger"] = {"predicted": 0, "exact_share": None, "abs_error_tokens": 0}
+            summary["ledger"] = {"predicted": 0, "exact_share": None, "over_share": None,
+                                 "abs_error_tokens": 0}
         if keep_results:
             summary["results"] = [asdict(r) for r in results]
         return summary

@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 import peers
 
 from tests import deepseek_profile as ds
+from tests.real_engine.vllm_server import metric_sum
 
 START_TIMEOUT_S = 120.0
 
@@ -70,17 +71,14 @@ class Engine:
 def vllm_preemptions(engines: list[Engine]) -> int | None:
     """Preemptions so far, summed over the vLLM-flavoured engines (``vllm:num_preemptions_total``
     on their ``/metrics``; SGLang's retractions are not exposed); None without a vLLM engine."""
-    total, seen = 0, False
-    for engine in engines:
-        if engine.flavor != "vllm":
-            continue
+    vllm = [engine for engine in engines if engine.flavor == "vllm"]
+    if not vllm:
+        return None
+    total = 0
+    for engine in vllm:
         with urllib.request.urlopen(f"{engine.url}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        for line in text.splitlines():
-            if line.startswith("vllm:num_preemptions_total"):
-                total += int(float(line.rsplit(" ", 1)[1]))
-                seen = True
-    return total if seen else None
+            total += int(metric_sum(response.read().decode(), "vllm:num_preemptions_total"))
+    return total
 
 
 def pd_roles(flavors: list[str]) -> list[str]:

@@ -89,7 +89,14 @@ from cortex.sim.engine_hashes import VllmChainHasher
 from cortex.sim.step_profiles import COEFFICIENTS, load_step_profile
 from cortex.upstream.limits import PoolLimits
 from cortex.upstream.pool import UpstreamPool
-from tests.real_engine.vllm_server import EngineEnv, VllmOptions, VllmServer, engine_env, start_all
+from tests.real_engine.vllm_server import (
+    EngineEnv,
+    VllmOptions,
+    VllmServer,
+    engine_env,
+    metric_sum,
+    start_all,
+)
 
 ROOT = HERE.parent
 SEED = 35
@@ -323,15 +330,6 @@ async def drive(url: str, arrivals: list[Arrival], *, paced: bool = True) -> lis
 
 # ------------------------------------------------------------------------------ the engines
 
-def metric(text: str, name: str) -> float:
-    """Sum of a Prometheus sample family in ``text``."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith((name + "{", name + " ")):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 @dataclass(slots=True)
 class EngineRun:
     outcomes: list[Outcome]
@@ -347,10 +345,10 @@ def run_on(server: VllmServer | SimProcess, arrivals: list[Arrival], warm: list[
     runs = []
     for _ in range(repeat):
         server.reset_prefix_cache()
-        before = metric(server.get("/metrics")[1].decode(), PREEMPTIONS)
+        before = metric_sum(server.get("/metrics")[1].decode(), PREEMPTIONS)
         with client_priority():
             outcomes = trio.run(drive, server.url, arrivals)
-        after = metric(server.get("/metrics")[1].decode(), PREEMPTIONS)
+        after = metric_sum(server.get("/metrics")[1].decode(), PREEMPTIONS)
         runs.append(EngineRun(outcomes, round(after - before), lone))
     return runs
 

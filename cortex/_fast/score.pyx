@@ -274,7 +274,8 @@ cdef class DecisionTable:
                     value = (s.queued + uncached) / s.rate + self.decode_s * s.in_flight
                     if s.engine_queue != UNKNOWN:
                         value += self.engine_queue_s * s.engine_queue
-                over = <double>token_count - s.kv_room  # the KV-pressure charge
+                # the KV-pressure charge (cost.kv_overflow)
+                over = <double>token_count - s.kv_room
                 if over > token_count - uncached:
                     over = token_count - uncached
                 if over > 0:

@@ -41,7 +41,7 @@ import logging
 import random
 import time
 from array import array
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -335,7 +335,7 @@ class ModelPool:
             decision = self.fixed.decide(RequestFacts(_NO_KEYS, 0, 1), views, {}, role)
             return self._route(decision, None, None, 0, timings)
         target_blocks: dict[int, int] = {}
-        ledger_blocks: dict[int, int] | None = None  # before the in-flight credit, if any
+        raised: Mapping[int, int] | None = None  # in-flight credit: target -> its ledger depth
         token_count = 0
         block_size = self.profile.block_size if self.profile is not None else 1
         keys: Any = _NO_KEYS
@@ -347,8 +347,7 @@ class ModelPool:
             if self.reads_ledger:
                 target_blocks = self._match(keys, block_size)
                 if self.fixed is None and len(self.pending.prefixes):
-                    ledger_blocks = dict(target_blocks)
-                    self._credit_inflight(keys, target_blocks)
+                    raised = self._credit_inflight(keys, target_blocks)
                 if self._untrusted_any:  # some worker's other DP ranks are trusted: drop these
                     untrusted = self._untrusted_any
                     target_blocks = {t: b for t, b in target_blocks.items()
@@ -362,9 +361,9 @@ class ModelPool:
         else:  # a named comparison policy: no ledger
             decision = self.fixed.decide(request, views, {}, role)
         return self._route(decision, target_blocks, token_ids, token_count, timings,
-                           keys if self.fixed is None else None, ledger_blocks)
+                           keys if self.fixed is None else None, raised)
 
-    def _credit_inflight(self, keys: Any, target_blocks: dict[int, int]) -> None:
+    def _credit_inflight(self, keys: Any, target_blocks: dict[int, int]) -> Mapping[int, int]:
         """Raise each target's match to the prompt blocks requests in flight there carry
         (``scheduling.inflight_prefixes``): what the engine will hold by the time it schedules
         this request, before its events have told the ledger. Cortex's own chain only: the
@@ -374,8 +373,9 @@ class ModelPool:
         the blocks of requests past their first token there. Before it a request may not have
         reached the engine (two decided microseconds apart can arrive in the other order),
         its attempt may fail, and SGLang shares nothing within a prefill batch. Still wrong
-        when a holder is preempted (its blocks may be gone)."""
-        self.pending.prefixes.extend(keys, target_blocks)
+        when a holder is preempted (its blocks may be gone). Returns the targets raised, each
+        with its ledger depth."""
+        return self.pending.prefixes.extend(keys, target_blocks)
 
     def _certain_prediction(self, decision: Decision, target: int, ledger: int,
                             keys: Any) -> Decision:
@@ -423,7 +423,7 @@ class ModelPool:
         token_count: int,
         timings: dict[str, float],
         keys: Any = None,
-        ledger_blocks: dict[int, int] | None = None,
+        raised: Mapping[int, int] | None = None,
     ) -> Route:
         spec = self.workers[decision.worker]
         rank = None
@@ -441,11 +441,9 @@ class ModelPool:
                 targets[0] if len(targets) == 1 else None)
             if target is not None:
                 prefix = (target, keys, target_blocks.get(target, 0))
-        if prefix is not None and ledger_blocks is not None and (
-                target_blocks.get(prefix[0], 0) > ledger_blocks.get(prefix[0], 0)):
+        if prefix is not None and raised and prefix[0] in raised:
             # routed on blocks still in flight there: predicted only what is certain of them
-            decision = self._certain_prediction(decision, prefix[0],
-                                                ledger_blocks.get(prefix[0], 0), keys)
+            decision = self._certain_prediction(decision, prefix[0], raised[prefix[0]], keys)
         hold = self.pending.hold(spec.name, uncached, prefix)
         return Route(decision, spec, rank, hold,
                      None if token_ids is None else token_count, timings)

@@ -72,28 +72,37 @@ def vllm_models(body: bytes) -> tuple[str, ...]:
         return ()
 
 
-def vllm_block_size(metrics_text: str) -> int | None:
+def vllm_report(models: tuple[str, ...], metrics_text: str) -> WorkerReport:
+    """A vLLM worker's report: the served ``models`` (``vllm_models``) and what its
+    ``vllm:cache_config_info`` says."""
+    return WorkerReport(models, vllm_block_size(metrics_text), None,
+                        vllm_prefix_caching(metrics_text), vllm_kv_tokens(metrics_text))
+
+
+def _cache_config_label(metrics_text: str, label: re.Pattern[str]) -> str | None:
+    """The first value of ``label`` among the ``vllm:cache_config_info`` samples."""
     for match in _CACHE_CONFIG_INFO.finditer(metrics_text):
-        size = _BLOCK_SIZE_LABEL.search(match.group(1))
-        if size:
-            return int(size.group(1))
+        found = label.search(match.group(1))
+        if found:
+            return found.group(1)
     return None
+
+
+def vllm_block_size(metrics_text: str) -> int | None:
+    size = _cache_config_label(metrics_text, _BLOCK_SIZE_LABEL)
+    return None if size is None else int(size)
 
 
 def vllm_prefix_caching(metrics_text: str) -> bool | None:
-    for match in _CACHE_CONFIG_INFO.finditer(metrics_text):
-        flag = _PREFIX_CACHING_LABEL.search(match.group(1))
-        if flag:
-            return flag.group(1) == "True"
-    return None
+    flag = _cache_config_label(metrics_text, _PREFIX_CACHING_LABEL)
+    return None if flag is None else flag == "True"
 
 
 def vllm_kv_tokens(metrics_text: str) -> int | None:
     """One engine's KV pool in tokens (``num_gpu_blocks`` less the null block, times
     ``block_size``), or None when not reported."""
-    for match in _CACHE_CONFIG_INFO.finditer(metrics_text):
-        blocks = _NUM_GPU_BLOCKS_LABEL.search(match.group(1))
-        size = _BLOCK_SIZE_LABEL.search(match.group(1))
-        if blocks and size and int(blocks.group(1)) > 1:
-            return (int(blocks.group(1)) - 1) * int(size.group(1))
-    return None
+    blocks = _cache_config_label(metrics_text, _NUM_GPU_BLOCKS_LABEL)
+    size = vllm_block_size(metrics_text)
+    if blocks is None or size is None or int(blocks) < 2:
+        return None
+    return (int(blocks) - 1) * size

@@ -167,6 +167,15 @@ def kv_room(config: CostConfig, view: WorkerView) -> float:
     return pool * (1.0 - (usage if usage is not None else 0.0)) - view.queued_prefill_tokens
 
 
+def kv_overflow(prompt_tokens: int, uncached_tokens: int, room: float) -> float:
+    """The KV-pressure term's tokens: the prompt's cached tokens beyond ``room`` (the hit it
+    may lose; 0 or less: none). The one rule for ``cost``, ``ExactKv`` and
+    ``_fast/score.pyx`` (same operations, same order)."""
+    over = prompt_tokens - room
+    cached = prompt_tokens - uncached_tokens
+    return cached if over > cached else over
+
+
 def cost(config: CostConfig, view: WorkerView, uncached_tokens: int, cached_blocks: int,
          prompt_tokens: int = 0) -> float:
     """Cost of one worker for a request of ``prompt_tokens`` with ``uncached_tokens`` left to
@@ -175,20 +184,17 @@ def cost(config: CostConfig, view: WorkerView, uncached_tokens: int, cached_bloc
         return -(config.alpha_per_cached_block * cached_blocks
                  - config.beta_per_in_flight * view.in_flight
                  - config.gamma_per_queued_token * view.queued_prefill_tokens)
-    rate = view.prefill_tokens_per_s or config.default_prefill_tokens_per_s
     if config.steps:
         load_s, s_per_token = load_terms(config, view)
         seconds = load_s + uncached_tokens * s_per_token
     else:
+        rate = view.prefill_tokens_per_s or config.default_prefill_tokens_per_s
         s_per_token = 1.0 / rate
         seconds = ((view.queued_prefill_tokens + uncached_tokens) / rate
                    + config.decode_s_per_in_flight * view.in_flight)
         if view.engine_queue is not None:
             seconds += config.engine_queue_s_per_request * view.engine_queue
-    over = prompt_tokens - kv_room(config, view)
-    cached = prompt_tokens - uncached_tokens
-    if over > cached:  # only the hit it may lose
-        over = cached
+    over = kv_overflow(prompt_tokens, uncached_tokens, kv_room(config, view))
     if over > 0:
         seconds += config.kv_overflow_weight * over * s_per_token
     return seconds
@@ -280,10 +286,11 @@ class LoadSeconds:
     """The request-independent part of the ``"ttft"`` cost of each view, computed once per view.
 
     ``cost == load_s + uncached_tokens × s_per_token`` (plus the KV-pressure charge on the
-    cached tokens beyond ``kv_room``) where ``load_s`` is the queued prefill, decode and engine-queue terms;
-    an entry is ``(view, load_s, s_per_token, kv_room)``. Views are frozen and a changed worker gets a new view object,
-    so entries are keyed by ``id(view)`` and checked by identity (an id reused by a new object
-    misses). The memo is emptied when it exceeds ``limit`` entries.
+    cached tokens beyond ``kv_room``) where ``load_s`` is the queued prefill, decode and
+    engine-queue terms; an entry is ``(view, load_s, s_per_token, kv_room)``. Views are frozen
+    and a changed worker gets a new view object, so entries are keyed by ``id(view)`` and
+    checked by identity (an id reused by a new object misses). The memo is emptied when it
+    exceeds ``limit`` entries.
     """
 
     def __init__(self, config: CostConfig, limit: int = 4096) -> None:

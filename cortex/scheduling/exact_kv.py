@@ -22,7 +22,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from cortex.scheduling.cost import BoundedLoad, CostConfig, LoadSeconds, cost, tie_before, tie_seed
+from cortex.scheduling.cost import (
+    BoundedLoad,
+    CostConfig,
+    LoadSeconds,
+    cost,
+    kv_overflow,
+    tie_before,
+    tie_seed,
+)
 from cortex.scheduling.decision import Decision, Mode
 from cortex.scheduling.view import RequestFacts, WorkerView
 
@@ -76,11 +84,10 @@ class ExactKv:
                     uncached = 0
                 s_per_token = entry[2]
                 value = entry[1] + uncached * s_per_token
-                over = token_count - entry[3]  # the KV-pressure charge (cost.kv_room)
-                if over > token_count - uncached:
-                    over = token_count - uncached
-                if over > 0:
-                    value += overflow_weight * over * s_per_token
+                if entry[3] < token_count:  # short of KV room: the KV-pressure charge
+                    over = kv_overflow(token_count, uncached, entry[3])
+                    if over > 0:
+                        value += overflow_weight * over * s_per_token
             if value < cheap_cost or (value == cheap_cost and cheap is not None
                                       and tie_before(view.worker, cheap.worker, seed)):
                 cheap, cheap_cost, cheap_blocks = view, value, blocks

@@ -22,8 +22,10 @@ Rules:
   whatever its end; by then the ledger holds what the engine kept.
 * ``extend(keys, matched)`` raises ``matched`` (target → leading blocks of ``keys``, from the
   ledger) in place: from each target's ledger depth on, the keys some request in flight there
-  carries. Keys are prefix-chained (a key names its whole prefix), so those are exactly the
-  blocks the engine will hold for this request once the requests ahead of it are scheduled.
+  carries; it returns the targets it raised with their depths before (so no copy of
+  ``matched`` is needed to tell the credit from the ledger). Keys are prefix-chained (a key
+  names its whole prefix), so those are exactly the blocks the engine will hold for this
+  request once the requests ahead of it are scheduled.
   Cost: one lookup per target with requests in flight when nothing extends, one per block
   gained otherwise.
 * Reference counts per (key, target): two requests carrying the same block on one target
@@ -34,7 +36,8 @@ Pure and single-owner (the trio thread); no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 
 class InflightPrefixes:
@@ -85,10 +88,12 @@ class InflightPrefixes:
                 if not holders:
                     del index[key]
 
-    def extend(self, keys: Sequence[int], matched: dict[int, int]) -> None:
-        """Raise ``matched[target]`` to the leading ``keys`` in flight on each target."""
+    def extend(self, keys: Sequence[int], matched: dict[int, int]) -> Mapping[int, int]:
+        """Raise ``matched[target]`` to the leading ``keys`` in flight on each target; returns
+        the targets raised, each with its depth before (an empty mapping when none was)."""
         index = self._index
         count = len(keys)
+        raised: dict[int, int] | None = None
         for target in self._targets:
             depth = start = matched.get(target, 0)
             while depth < count:
@@ -98,4 +103,11 @@ class InflightPrefixes:
                 depth += 1
             if depth > start:
                 matched[target] = depth
+                if raised is None:
+                    raised = {}
+                raised[target] = start
+        return _NONE_RAISED if raised is None else raised
+
+
+_NONE_RAISED: Mapping[int, int] = MappingProxyType({})
 

@@ -83,6 +83,15 @@ class VllmOptions:
     env: tuple[tuple[str, str], ...] = ()  # more environment (e.g. VLLM_LOGGING_CONFIG_PATH)
 
 
+def metric_sum(text: str, name: str) -> float:
+    """Sum of a Prometheus sample family (``name``, any labels) in exposition ``text``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 @dataclass
 class VllmServer:
     name: str
@@ -232,12 +241,7 @@ class VllmServer:
 
     def metric(self, name: str) -> float:
         """Sum of a ``/metrics`` sample family (e.g. ``vllm:num_requests_running``)."""
-        _, text = self.get("/metrics")
-        total = 0.0
-        for line in text.decode().splitlines():
-            if line.startswith((name + "{", name + " ")):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_sum(self.get("/metrics")[1].decode(), name)
 
     def tokenize(self, body: dict) -> list[int]:
         status, answer = self.post("/tokenize", body)

@@ -63,13 +63,16 @@ def test_extend_equals_the_brute_force_model(ops):
             keys = chain(group, length)
             matched = {t: min(d, length) for t, d in matched.items()}
             expected = brute_extend(records, keys, matched)
-            prefixes.extend(keys, matched)
+            before = dict(matched)
+            raised = prefixes.extend(keys, matched)
             assert matched == expected
+            assert dict(raised) == {t: before.get(t, 0) for t, depth in expected.items()
+                                    if depth > before.get(t, 0)}
         assert len(prefixes) == len(records)
     for ticket in tickets:
         prefixes.remove(ticket)
     extended: dict[int, int] = {}
-    prefixes.extend(chain(0, 12), extended)
+    assert not prefixes.extend(chain(0, 12), extended)
     assert extended == {} and len(prefixes) == 0
 
 
