@@ -7,9 +7,9 @@ Order of start (each step done before the next begins, via ``nursery.start``):
    answer applied; added and drained like admin changes) — each worker's KV-event ingestion
    (one subscriber per DP rank) starts when it is added and stops when it is removed;
 3. the health/load monitor (a worker is routable after its first good probe), the task
-   that gives freed memory back to the system (``cortex.memory_trim``) and, with
-   ``server.tokenize_processes``, the processes that encode long cold text
-   (``cortex.profile.tokenize_pool``; every one started and loaded before step 4);
+   that gives freed memory back to the system (``cortex.memory_trim``) and, in the background,
+   each model's move to the fastokens BPE where its start check holds
+   (``trio_tokenize.upgrade_bpes``: until then ``tokenizers`` encodes, exactly as well);
 4. the control plane (hypercorn, loopback by default) and the data plane (lean llhttp server);
    then one INFO line sums the start up: listeners, models, workers (``serve_summary``), and
    one WARNING says what is missing when no worker is configured (``nothing_to_serve``).
@@ -56,7 +56,7 @@ from cortex.logs import log_exchange
 from cortex.memory_trim import run_memory_trim
 from cortex.metrics import CortexMetrics, ledger_figures
 from cortex.profile.profile_set import ProfileSet, load_profiles
-from cortex.profile.tokenize_pool import TokenizePool
+from cortex.profile.trio_tokenize import upgrade_bpes
 from cortex.serve_summary import nothing_to_serve, serve_summary
 from cortex.systemd import Notifier, run_watchdog
 from cortex.upstream.pool import UpstreamPool
@@ -111,6 +111,7 @@ def build_pools(
             watermarks=scheduler.watermarks, bounds=scheduler.bounds,
             rng=random.Random(rng.getrandbits(64)),
             segment_cache_bytes=model.segment_cache_bytes,
+            render_cache_bytes=model.render_cache_bytes,
             route_on_partial=scheduler.route_on_partial,
             max_prompt_chars=model.max_prompt_chars)
     for worker in config.workers:
@@ -167,15 +168,11 @@ async def run_gateway(config: CortexConfig, *,
                                         owned=owned))
         await nursery.start(run_monitor, registry, fetch, settings)
         await nursery.start(run_memory_trim, config.server.memory_trim_s)
-        pooled = [model.profile_spec() for model in config.models
-                  if not model.passthrough and model.name not in profiles.load_errors()]
-        if config.server.tokenize_processes and pooled:  # before the data plane serves
-            fingerprints = {spec.model: profile.fingerprint for spec in pooled
-                            if (profile := profiles.profile(spec.model)) is not None}
-            gateway.tokenize_pool = await nursery.start(TokenizePool(
-                pooled, fingerprints, config.server.tokenize_processes).run)
-        elif config.server.tokenize_processes:
-            log.warning("server.tokenize_processes: no model is tokenized, no process started")
+        if config.server.tokenize_processes:
+            log.warning("server.tokenize_processes = %d is no longer used: long new text is "
+                        "encoded in a worker thread (fastokens releases the interpreter lock; "
+                        "README \"Every core\")", config.server.tokenize_processes)
+        nursery.start_soon(upgrade_bpes, profiles.loaded())  # fastokens, where exact
         metrics.watch_ledger(lambda: ledger_figures(book))
         metrics.watch_workers(lambda: [v for pool in pools.values() for v in pool.views()])
         metrics.watch_ingest(lambda: [(book.info(t).worker, book.info(t).rank, c)
@@ -187,8 +184,13 @@ async def run_gateway(config: CortexConfig, *,
                                              for spec in registry.specs()])
         metrics.watch_models(lambda: [(name, None if pool.passthrough else pool.exact_off)
                                       for name, pool in sorted(pools.items())])
+        metrics.watch_tokenizers(lambda: [(model, profile.bpe) for model, profile
+                                          in sorted(profiles.loaded().items())])
+        metrics.watch_chat_renders(lambda: [
+            (model, template) for model, profile in sorted(profiles.loaded().items())
+            if profile.chat_templates is not None
+            for template in profile.chat_templates.distinct()])
         metrics.watch_pd(lambda: gateway.pd.counters)
-        metrics.watch_tokenize_pool(lambda: gateway.tokenize_pool)
         metrics.watch_admission(lambda: [(model, admission.counters) for model, admission
                                          in sorted(gateway.admissions.items())])
         control = ControlApp(metrics=metrics, readiness=gateway.readiness,

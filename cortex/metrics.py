@@ -41,6 +41,7 @@ from cortex.metrics_sources import (
     WorkerSource,
     Writer,
     admission_writer,
+    chat_render_writer,
     http_writer,
     ingest_writer,
     ledger_figures,
@@ -49,7 +50,7 @@ from cortex.metrics_sources import (
     pd_writer,
     pool_writer,
     probe_writer,
-    tokenize_pool_writer,
+    tokenizer_writer,
     worker_writer,
     write_process,
 )
@@ -294,13 +295,17 @@ class CortexMetrics:
         """Export whether exact KV routing is on per model."""
         self._writers.append(model_writer(source))
 
+    def watch_tokenizers(self, source: Callable[[], Iterable[tuple[str, object]]]) -> None:
+        """Export which BPE encodes each model's new text (``(model, ExactBpe)`` pairs)."""
+        self._writers.append(tokenizer_writer(source))
+
+    def watch_chat_renders(self, source: Callable[[], Iterable[tuple[str, object]]]) -> None:
+        """Export how each model's chat templates rendered (``(model, ChatTemplate)`` pairs)."""
+        self._writers.append(chat_render_writer(source))
+
     def watch_pd(self, source: Callable[[], object]) -> None:
         """Export the PD orchestrator's outcome counters (``PdCounters``)."""
         self._writers.append(pd_writer(source))
-
-    def watch_tokenize_pool(self, source: Callable[[], object | None]) -> None:
-        """Export the tokenize pool's figures (``TokenizePool``), once it runs."""
-        self._writers.append(tokenize_pool_writer(source))
 
     def watch_admission(self, source: Callable[[], Iterable[tuple[str, object]]]) -> None:
         """Export each model's admission counters (``(model, AdmissionCounters)`` pairs)."""

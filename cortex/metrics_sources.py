@@ -36,8 +36,9 @@ from cortex.scheduling.view import WorkerView
 __all__ = ["INGEST_HELP", "HttpFigures", "HttpSource", "IngestSource", "LedgerFigures",
            "LedgerSource", "ModelSource", "PoolFigures", "PoolSource", "ProbeFigures",
            "ProbeSource", "TargetFigures", "WorkerSource", "Writer", "admission_writer",
-           "http_writer", "ingest_writer", "ledger_figures", "ledger_writer", "model_writer",
-           "pd_writer", "pool_writer", "probe_writer", "worker_writer", "write_process"]
+           "chat_render_writer", "http_writer", "ingest_writer", "ledger_figures",
+           "ledger_writer", "model_writer", "pd_writer", "pool_writer", "probe_writer",
+           "tokenizer_writer", "worker_writer", "write_process"]
 
 # IngestCounters field -> HELP text; every field is exported as cortex_events_<field>_total.
 INGEST_HELP: dict[str, str] = {
@@ -331,25 +332,6 @@ def _labelled_writer(label: str, source: Callable[[], Iterable[tuple[str, object
     return write
 
 
-_TOKENIZE_POOL_FIGURES = (
-    ("processes", "cortex_tokenize_pool_processes", "gauge",
-     "Processes that encode long new prompt text (server.tokenize_processes)"),
-    ("jobs", "cortex_tokenize_pool_jobs_total", "counter",
-     "Prompts whose new text a pool process encoded"),
-    ("fallbacks", "cortex_tokenize_pool_fallbacks_total", "counter",
-     "Prompts the pool could not encode (a process died, or has another profile)"),
-)
-
-
-def tokenize_pool_writer(source: Callable[[], object | None]) -> Writer:
-    """The tokenize pool's figures (``TokenizePool``); nothing without a pool."""
-    def write(out: TextWriter) -> None:
-        pool = source()
-        if pool is not None:
-            _per_worker([("", pool)], out, _TOKENIZE_POOL_FIGURES)
-    return write
-
-
 def pd_writer(source: Callable[[], object]) -> Writer:
     """The PD orchestrator's outcome counters (``PdCounters``)."""
     def write(out: TextWriter) -> None:
@@ -384,6 +366,47 @@ def model_writer(source: ModelSource) -> Writer:
                    "(the reason is in /health/ready and the logs)")
         for model, off_reason in source():
             out.sample(name, format_labels(("model",), (model,)), 0 if off_reason else 1)
+    return write
+
+
+def tokenizer_writer(source: Callable[[], Iterable[tuple[str, object]]]) -> Writer:
+    """Which BPE encodes each model's new text (``(model, ExactBpe)`` pairs)."""
+    def write(out: TextWriter) -> None:
+        rows = list(source())
+        name = "cortex_tokenizer_backend"
+        out.header(name, "gauge", "1 for the library that encodes the model's new text: "
+                   "fastokens once its start check gave tokenizers' ids on every text, else "
+                   "tokenizers (the reason is in the logs)")
+        for model, bpe in rows:
+            for backend in ("fastokens", "tokenizers"):
+                out.sample(name, format_labels(("model", "backend"), (model, backend)),
+                           1 if getattr(bpe, "backend", None) == backend else 0)
+        name = "cortex_tokenizer_fallbacks_total"
+        out.header(name, "counter", "Encodes fastokens failed (a PCRE2 limit on a "
+                   "pathological text) and tokenizers did instead")
+        for model, bpe in rows:
+            out.sample(name, format_labels(("model",), (model,)), getattr(bpe, "fallbacks", 0))
+    return write
+
+
+def chat_render_writer(source: Callable[[], Iterable[tuple[str, object]]]) -> Writer:
+    """How each model's chat templates rendered (``(model, ChatTemplate)`` pairs)."""
+    def write(out: TextWriter) -> None:
+        name = "cortex_chat_renders_total"
+        out.header(name, "counter", "Chat renders by kind: same (the conversation seen whole), "
+                   "window (only messages not seen before rendered), full (nothing cached to "
+                   "start from), short (cheaper whole than through the cache), fallback "
+                   "(media, or the cache off), whole (a template not "
+                   "shown to render messages locally: the reason is in the logs)")
+        totals: dict[tuple[str, str], int] = {}
+        for model, template in source():
+            cache = getattr(template, "cache", None)
+            counts = ({"whole": getattr(template, "renders", 0)} if cache is None
+                      else cache.renders)
+            for kind, count in counts.items():
+                totals[model, kind] = totals.get((model, kind), 0) + count
+        for (model, kind), count in sorted(totals.items()):
+            out.sample(name, format_labels(("model", "kind"), (model, kind)), count)
     return write
 
 

@@ -20,7 +20,7 @@ request path does; microseconds unless named ``_ms``):
 * ``cold_32k_ms``: the whole context through a fresh cache (fresh word cache too).
 * ``inline``: what the request path (``encode_now``) holds the loop for when a new message of
   each kind (``english``, ``chinese``, ``code``, ``json``) is just under the offload threshold
-  (``OFFLOAD_MIN_CHARS`` characters, each non-ASCII piece's counted ``NON_ASCII_CHAR_COST``
+  (``offload_min_chars`` characters, each non-ASCII piece's counted ``NON_ASCII_CHAR_COST``
   times): p50/p99 and how many were offloaded (should be 0).
 * ``sessions``: many concurrent agent sessions sharing long system/tool prompts (``--agents``
   distinct ones), each growing turn by turn (a user ask, an answer with code, a tool result),
@@ -52,7 +52,7 @@ from benchkit import machine_info
 
 from cortex.profile.model_profile import ModelProfile, ProfileSpec, load_profile
 from cortex.profile.request_keys import request_block_keys
-from cortex.profile.segment_cache import NON_ASCII_CHAR_COST, OFFLOAD_MIN_CHARS, Lookup
+from cortex.profile.segment_cache import NON_ASCII_CHAR_COST, Lookup
 
 BLOCK = 16
 QWEN_DIR = os.path.join(os.path.dirname(HERE), ".engines", "models", "qwen-tiny")
@@ -184,8 +184,6 @@ def cold(fam: Family, iterations: int, context_tokens: int) -> dict:
     samples, plain = [], []
     for _ in range(iterations):
         _, _, text, n = context(fam, rng, context_tokens)
-        if fam.profile.fast_pieces is not None:
-            fam.profile.fast_pieces.clear_words()
         cache = fam.profile.new_cached_tokenizer()
         samples.append(timed_keys(cache, text, fam.profile.model))
         plain.append(fam.encode_plain_s(text))
@@ -253,21 +251,22 @@ def inline(fam: Family, iterations: int, context_tokens: int) -> dict:
     """How long the request path's inline encode holds the loop for new text just under the
     offload threshold, per kind: a warm context plus one new user message whose weighted size
     (a non-ASCII message's characters counted ``NON_ASCII_CHAR_COST`` times) is 95% of
-    ``OFFLOAD_MIN_CHARS``."""
+    the tokenizer's ``offload_min_chars`` (``OFFLOAD_MIN_CHARS`` of the BPE in use)."""
     rng = random.Random(13)
     messages, tools, text, _ = context(fam, rng, context_tokens)
     cache = fam.profile.new_cached_tokenizer()
     cache.encode_array(text)
-    out: dict[str, object] = {"offload_min_chars": OFFLOAD_MIN_CHARS}
+    threshold = cache.offload_min_chars
+    out: dict[str, object] = {"offload_min_chars": threshold}
     for kind in (*at.KINDS, "json"):
         samples, chars, offloaded = [], [], 0
         for _ in range(iterations):
             new = at.message_of(kind, rng, 2000)
             weight = NON_ASCII_CHAR_COST if not new.isascii() else 1
-            new = new[:int(OFFLOAD_MIN_CHARS / weight * 0.95)]
+            new = new[:int(threshold / weight * 0.95)]
             full = fam.render([*messages, {"role": "user", "content": new}], tools)
             t0 = time.perf_counter()
-            found = cache.encode_now(full, False, OFFLOAD_MIN_CHARS)
+            found = cache.encode_now(full, False, threshold)
             samples.append(time.perf_counter() - t0)
             offloaded += isinstance(found, Lookup)
             chars.append(len(new))
@@ -280,6 +279,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small, fast smoke run")
     parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--bpe", choices=("fastokens", "tokenizers"), default="fastokens",
+                        help="what encodes new text: fastokens (after its start check, as a "
+                        "running gateway does) or tokenizers (before it, or where it fails)")
     parser.add_argument("--families", default="deepseek,qwen")
     parser.add_argument("--sections", default="warm_turn,growing,cold,inline,sessions")
     parser.add_argument("--context-tokens", type=int, default=32_000)
@@ -300,8 +302,8 @@ def main() -> None:
         result["qwen"] = {"skipped": f"no tokenizer in {QWEN_DIR}: run `make engines`"}
     for name, profile in profiles(families).items():
         fam = Family(name, profile)
-        fast = profile.fast_pieces
-        row: dict[str, object] = {"why_not_fast": None if fast is None else fast.why_not_fast}
+        why_not = None if args.bpe == "tokenizers" else profile.bpe.upgrade()
+        row: dict[str, object] = {"bpe": profile.bpe.backend, "why_not_fastokens": why_not}
         if "warm_turn" in sections:
             row["warm_turn"] = warm_turn(fam, args.iterations, args.context_tokens,
                                          args.new_tokens)

@@ -54,7 +54,7 @@ from cortex.ledger.state import TargetState
 from cortex.profile.model_profile import ProfileSpec, load_profile
 from cortex.profile.profile_set import ProfileSet
 from cortex.profile.request_keys import request_block_keys
-from cortex.profile.segment_cache import OFFLOAD_MIN_CHARS, Lookup
+from cortex.profile.segment_cache import Lookup
 from cortex.workers.spec import WorkerSpec
 from tests import deepseek_profile as ds
 
@@ -90,7 +90,8 @@ def steps(bodies: Bodies, profile, pools: dict[str, ModelPool], iterations: int,
         marks.append(clock())
         prompt = request_prompt(Endpoint.CHAT, body, profile.chat_templates)
         marks.append(clock())
-        ids = tokenizer.encode_now(prompt.text, prompt.add_special_tokens, OFFLOAD_MIN_CHARS)
+        ids = tokenizer.encode_now(prompt.text, prompt.add_special_tokens,
+                                   tokenizer.offload_min_chars)
         if isinstance(ids, Lookup):  # a long new text (warm-up): a worker thread's job in service
             ids = tokenizer.finish(ids, tokenizer.encode_pieces(ids.cold))
         marks.append(clock())
@@ -125,6 +126,7 @@ def main() -> int:
         with open(template, "w") as f:
             f.write(ds.TEMPLATE)
         profile = load_profile(ProfileSpec(MODEL, ds.TOKENIZER_JSON, BLOCK, template))
+    profile.bpe.upgrade()  # fastokens where its start check holds, as a running gateway does
     profiles = ProfileSet({MODEL: profile}, {})
     pools = {"fallback": pool_of(profiles, events=False), "ready": pool_of(profiles, events=True)}
     result = {

@@ -4,19 +4,16 @@ the segment-cached tokenizer and the block keys, with the real 128k-vocab DeepSe
 Figures (microseconds, p50 over ``--iterations``):
 
 * ``warm_new_turn``: tokenize + key the chat when every earlier turn was seen and only the last
-  user message (~60 tokens, different each iteration) is new — the multi-turn case. Its ASCII
-  pieces go through ``fast_pieces`` (as a loaded profile does); ``..._no_fast`` is the same
-  without it (``Tokenizer.encode`` only), interleaved in the same run.
+  user message (~60 tokens, different each iteration) is new — the multi-turn case. New pieces
+  go through fastokens (``exact_bpe``, as a loaded profile does after its start check);
+  ``..._tokenizers`` is the same through ``tokenizers``, interleaved in the same run.
   ``..._with_render`` adds rendering the chat template from the messages.
 * ``warm_all_seen``: the same chat sent again (every piece a hit).
-* ``cold``: a fresh cache each time (every piece encoded one by one, the default; the fast
-  path's word cache fresh too) against one plain ``Tokenizer.encode`` of the same text,
-  interleaved in the same run; ``cold_vs_plain_ratio`` = p50(cold) / p50(plain).
-  ``cold_no_fast`` without the fast path; ``cold_batched`` encodes the cold pieces through one
-  ``encode_batch`` (Rust threads) instead.
+* ``cold``: a fresh cache each time (fastokens) against one plain ``Tokenizer.encode`` of the
+  same text, interleaved in the same run; ``cold_vs_plain_ratio`` = p50(cold) / p50(plain).
+  ``cold_tokenizers``: a fresh cache encoding through ``tokenizers``.
 * ``new_message``: one new ~55-token user message (the piece a warm chat pays for), encoded by
-  ``FastPieceEncoder.encode`` (word cache warm from the chat's history, or emptied before each
-  call: ``fast_cold_words``) and by ``Tokenizer.encode``, interleaved.
+  fastokens (``ExactBpe.ids``) and by ``Tokenizer.encode``, interleaved.
 * ``block_keys_4k``: keys of the prompt's full 16-token blocks from ``array('I')`` ids.
 * ``split_16kb``: ``Segmenter.split`` of a one-message ~16 KB chat, prose and markup (``<``
   everywhere), against the same segmenter scanning with ``finditer`` only, interleaved
@@ -24,7 +21,7 @@ Figures (microseconds, p50 over ``--iterations``):
 * ``loop_stall``: under trio, how late a 0.2 ms timer fires at worst (and p99) while another
   task tokenizes cold ~4k-token prompts back to back, inline (on the trio thread) or through
   ``cortex.profile.trio_tokenize`` (cold pieces in a worker thread), with the time per prompt;
-  ``inline_fast``: inline with the fast path (a fresh word cache), as a loaded profile runs.
+  ``inline_tokenizers``: inline through ``tokenizers``.
 
 Usage: ``python perf/bench_tokenize.py`` or ``--quick`` (smoke run); prints JSON.
 """
@@ -53,7 +50,6 @@ from cortex.profile import (
     segments,
     trio_tokenize,
 )
-from cortex.profile.fast_pieces import FastPieceEncoder
 from cortex.profile.request_keys import request_block_keys
 from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter
@@ -88,22 +84,23 @@ def p50(samples: list[float]) -> float:
 
 
 def loop_stall(
-    texts: list[str], tokenizer, segmenter, offload: bool, fast: FastPieceEncoder | None = None
-) -> dict[str, float]:
+    texts: list[str], bpe, segmenter, offload: bool) -> dict[str, float]:
     """Longest event-loop stall (ms) while ``texts`` are tokenized cold, one after another."""
     gaps: list[float] = []
 
     async def ticker(done: trio.Event) -> None:
         last = time.perf_counter()
-        while not done.is_set():
+        while True:  # at least one tick: fast prompts may all be done before the first
             await trio.sleep(TICK_S)  # a mostly idle loop with a timer, as a gateway's is
             now = time.perf_counter()
             gaps.append(now - last - TICK_S)
             last = now
+            if done.is_set():
+                break
 
     async def run() -> float:
         done = trio.Event()
-        cache = SegmentCachedTokenizer(tokenizer, segmenter, fast=fast)
+        cache = SegmentCachedTokenizer(bpe, segmenter)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ticker, done)
             await trio.lowlevel.checkpoint()
@@ -161,6 +158,7 @@ def main() -> None:
 
     rng = random.Random(7)
     tokenizer = ds.tokenizer()
+    bpe = ds.fast_bpe()
     segmenter = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
     template = ds.chat_template()
 
@@ -172,39 +170,32 @@ def main() -> None:
     base_tokens = len(tokenizer.encode(base_text, add_special_tokens=False).ids)
 
     # Warm: earlier turns seen, a new final user message every iteration.
-    fast = FastPieceEncoder(tokenizer, segmenter)
-    assert fast.enabled, fast.why_not_fast
-    cached = SegmentCachedTokenizer(tokenizer, segmenter, fast=fast)
+    cached = SegmentCachedTokenizer(bpe, segmenter)
     cached.encode_array(render(history))
-    cached_no_fast = SegmentCachedTokenizer(tokenizer, segmenter)
-    cached_no_fast.encode_array(render(history))
+    cached_reference = SegmentCachedTokenizer(tokenizer, segmenter)
+    cached_reference.encode_array(render(history))
     news = [history + [{"role": "user", "content": sentence(rng, 45)}] for _ in range(iterations)]
     texts = [render(m) for m in news]
     gc.disable()
-    warm, warm_no_fast, warm_render, all_seen = [], [], [], []
+    warm, warm_reference, warm_render, all_seen = [], [], [], []
     for messages, text in zip(news, texts):
         t0 = time.perf_counter()
         request_block_keys(cached.encode_array(text), BLOCK, MODEL)
         warm.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        request_block_keys(cached_no_fast.encode_array(text), BLOCK, MODEL)
-        warm_no_fast.append(time.perf_counter() - t0)
+        request_block_keys(cached_reference.encode_array(text), BLOCK, MODEL)
+        warm_reference.append(time.perf_counter() - t0)
 
-    # One new user message alone: fast path vs Tokenizer.encode.
+    # One new user message alone: fastokens vs Tokenizer.encode.
     messages_only = [m[-1]["content"] for m in news]
     message_tokens = statistics.mean(
         len(tokenizer.encode(m, add_special_tokens=False).ids) for m in messages_only
     )
-    fast_cold_words = FastPieceEncoder(tokenizer, segmenter)
-    msg_fast, msg_fast_cold, msg_plain = [], [], []
+    msg_fast, msg_plain = [], []
     for message in messages_only:
         t0 = time.perf_counter()
-        fast.encode(message)
+        bpe.ids(message)
         msg_fast.append(time.perf_counter() - t0)
-        fast_cold_words.clear_words()
-        t0 = time.perf_counter()
-        fast_cold_words.encode(message)
-        msg_fast_cold.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         tokenizer.encode(message, add_special_tokens=False)
         msg_plain.append(time.perf_counter() - t0)
@@ -225,25 +216,20 @@ def main() -> None:
 
     # Cold vs one plain full encode of the same text, interleaved.
     cold_iters = max(5, iterations // 10)
-    cold, cold_no_fast, cold_batched, plain = [], [], [], []
+    cold, cold_reference, plain = [], [], []
     for i in range(cold_iters):
         text = texts[i]
         t0 = time.perf_counter()
         tokenizer.encode(text, add_special_tokens=False)
         plain.append(time.perf_counter() - t0)
-        fast.clear_words()
-        fresh = SegmentCachedTokenizer(tokenizer, segmenter, fast=fast)
+        fresh = SegmentCachedTokenizer(bpe, segmenter)
         t0 = time.perf_counter()
         fresh.encode_array(text)
         cold.append(time.perf_counter() - t0)
         fresh = SegmentCachedTokenizer(tokenizer, segmenter)
         t0 = time.perf_counter()
         fresh.encode_array(text)
-        cold_no_fast.append(time.perf_counter() - t0)
-        fresh = SegmentCachedTokenizer(tokenizer, segmenter, batch_cold=True)
-        t0 = time.perf_counter()
-        fresh.encode_array(text)
-        cold_batched.append(time.perf_counter() - t0)
+        cold_reference.append(time.perf_counter() - t0)
 
     ids = cached.encode_array(base_text)
     keys = []
@@ -256,10 +242,9 @@ def main() -> None:
     stall_texts = [render(chat(random.Random(100 + i), turns=4, words_per_message=420))
                    for i in range(3 if args.quick else 10)]
     stall = {
-        "inline": loop_stall(stall_texts, tokenizer, segmenter, offload=False),
-        "offloaded": loop_stall(stall_texts, tokenizer, segmenter, offload=True),
-        "inline_fast": loop_stall(stall_texts, tokenizer, segmenter, offload=False,
-                                  fast=FastPieceEncoder(tokenizer, segmenter)),
+        "inline": loop_stall(stall_texts, bpe, segmenter, offload=False),
+        "offloaded": loop_stall(stall_texts, bpe, segmenter, offload=True),
+        "inline_tokenizers": loop_stall(stall_texts, tokenizer, segmenter, offload=False),
     }
 
     result = {
@@ -270,28 +255,24 @@ def main() -> None:
         "pieces": len(segmenter.split(base_text)),
         "iterations": iterations,
         "warm_new_turn_us_p50": p50(warm),
-        "warm_new_turn_no_fast_us_p50": p50(warm_no_fast),
+        "warm_new_turn_tokenizers_us_p50": p50(warm_reference),
         "warm_new_turn_with_render_us_p50": round(p50(warm) + p50(render_only), 1),
         "render_only_us_p50": p50(render_only),
         "warm_all_seen_with_render_us_p50": p50(warm_render),
         "warm_all_seen_us_p50": p50(all_seen),
         "cold_us_p50": p50(cold),
-        "cold_no_fast_us_p50": p50(cold_no_fast),
-        "cold_batched_us_p50": p50(cold_batched),
+        "cold_tokenizers_us_p50": p50(cold_reference),
         "plain_encode_us_p50": p50(plain),
         "cold_vs_plain_ratio": round(statistics.median(cold) / statistics.median(plain), 3),
-        "cold_batched_vs_plain_ratio": round(
-            statistics.median(cold_batched) / statistics.median(plain), 3
-        ),
+
         "plain_encode_us_per_token": round(statistics.median(plain) * 1e6 / base_tokens, 3),
         "block_keys_4k_us_p50": p50(keys),
         "split_16kb": split_16kb,
         "new_message": {
             "tokens_mean": round(message_tokens, 1),
-            "fast_us_p50": p50(msg_fast),
-            "fast_cold_words_us_p50": p50(msg_fast_cold),
+            "fastokens_us_p50": p50(msg_fast),
             "encode_us_p50": p50(msg_plain),
-            "fast_vs_encode_ratio": round(
+            "fastokens_vs_encode_ratio": round(
                 statistics.median(msg_fast) / statistics.median(msg_plain), 3
             ),
         },

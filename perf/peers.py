@@ -4,7 +4,8 @@
   ``kv_events=True``: and its empty KV-event publisher's endpoints).
 * ``start_cortex(mocks, model, tokenizer, template)``: ``python -m cortex serve`` in front
   of the workers (subscribed to their KV events when they have endpoints); ready when its
-  control plane's ``GET /health/ready`` answers 200 and one chat completion goes through.
+  control plane's ``GET /health/ready`` answers 200, its ``/metrics`` say the model's text is
+  encoded by fastokens (the start check is done) and one chat completion goes through.
   ``passthrough=True`` serves the model as ``passthrough`` (no
   template, tokenizer, ledger or KV decision: Cortex's HTTP legs, the body's parse and a
   round-robin pick — the floor under the KV-aware request path).
@@ -164,6 +165,21 @@ def _get_ok(port: int, path: str) -> bool:
         return False
 
 
+def _on_fastokens(port: int, model: str) -> bool:
+    """Whether Cortex's ``/metrics`` says ``model``'s new text is encoded by fastokens (its
+    start check runs in the background after the start: until then ``tokenizers``)."""
+    try:
+        conn = http.client.HTTPConnection(HOST, port, timeout=5)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+    except OSError:
+        return False
+    return any(line.startswith("cortex_tokenizer_backend{") and f'model="{model}"' in line
+               and 'backend="fastokens"' in line and float(line.rsplit(" ", 1)[1]) == 1
+               for line in text.splitlines())
+
+
 def _wait(running: Running, ready, what: str) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     delay = 0.05
@@ -228,6 +244,8 @@ def start_cortex(workers: list[Running], model: str, tokenizer: str,
     process, log_path = _spawn(name, argv, tmpdir, env=env, cwd=repo)
     running = Running(name, port, process, tmpdir, log_path, {"control_port": control})
     _wait(running, lambda: _get_ok(control, "/health/ready"), "GET /health/ready 200")
+    if not passthrough and (repo / "cortex" / "profile" / "exact_bpe.py").exists():
+        _wait(running, lambda: _on_fastokens(control, model), "fastokens after its start check")
     _wait(running, lambda: _post_ok(port, model), "a chat completion")
     return running
 

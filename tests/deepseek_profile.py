@@ -10,6 +10,7 @@ from tokenizers import Tokenizer
 
 from cortex.profile.builtin import DEEPSEEK, DEEPSEEK_CHAT_TEMPLATE, builtin_files
 from cortex.profile.chat_template import ChatTemplate, ChatTemplates
+from cortex.profile.exact_bpe import FASTOKENS, ExactBpe
 
 # located without importing the package (its __init__ builds a tokenizer from the file: ~0.5 s)
 _FILES = builtin_files(DEEPSEEK, _problems := [])
@@ -47,3 +48,11 @@ def tokenizer() -> Tokenizer:
 def tokenizer_json_bytes() -> bytes:
     with open(TOKENIZER_JSON, "rb") as f:
         return f.read()
+
+
+@cache
+def fast_bpe() -> ExactBpe:
+    """The BPE a loaded profile moves to: fastokens, after its start check (asserted)."""
+    bpe = ExactBpe(tokenizer(), tokenizer_json_bytes().decode())
+    assert bpe.upgrade() is None and bpe.backend == FASTOKENS, bpe.why_not
+    return bpe

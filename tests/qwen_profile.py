@@ -11,6 +11,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from cortex.profile.exact_bpe import FASTOKENS, ExactBpe
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = Path(os.environ.get("CORTEX_ENGINES_DIR") or ROOT / ".engines") / "models" / "qwen-tiny"
 TOKENIZER_JSON = MODEL_DIR / "tokenizer.json"
@@ -29,3 +31,14 @@ def tokenizer_json_bytes() -> bytes | None:
 def tokenizer() -> Tokenizer | None:
     raw = tokenizer_json_bytes()
     return None if raw is None else Tokenizer.from_str(raw.decode())
+
+
+@cache
+def fast_bpe() -> ExactBpe | None:
+    """The BPE a loaded profile moves to: fastokens, after its start check (asserted)."""
+    raw, reference = tokenizer_json_bytes(), tokenizer()
+    if raw is None or reference is None:
+        return None
+    bpe = ExactBpe(reference, raw.decode())
+    assert bpe.upgrade() is None and bpe.backend == FASTOKENS, bpe.why_not
+    return bpe

@@ -1,8 +1,8 @@
 """Contract of the Cython unit ``cortex._fast.piece_cache``: the segment cache's pieces and the
 request path's tokenization in one call (``cortex.profile.segment_cache`` is its user).
 
-``PieceCache(capacity_bytes, passes, max_misses, bos_id, native, words, encode_one,
-encode_many, lookup_class, chunk_chars=0)``:
+``PieceCache(capacity_bytes, passes, max_misses, bos_id, encode_one, encode_many,
+lookup_class, chunk_chars=0)``:
 
 * an LRU of piece text -> ``array('I')`` ids bounded by ``cached_bytes`` <= ``capacity_bytes``
   (a piece costs its UTF-8 bytes + 4 per id + 96); a piece costing more than the whole budget
@@ -22,8 +22,7 @@ encode_many, lookup_class, chunk_chars=0)``:
   ``lookup_class(pieces, found, cold, bos)`` if the cold pieces hold ``offload_min_chars``
   characters or more (each character of a non-ASCII piece counted ``NON_ASCII_CHAR_COST``
   times), else their ids (``encode_many(cold)`` when given and there is more than
-  one, else per piece ``native.cached_ids(piece, words)`` for an ASCII piece when ``native`` is
-  given, falling back to ``encode_one(piece)``) and ``finish``; ``bos`` is ``bos_id`` when
+  one, else ``encode_one(piece)`` per piece) and ``finish``; ``bos`` is ``bos_id`` when
   ``add_special_tokens``, else ``None``.
 
 ``line_chunks(text, size)`` equals ``line_cuts.LineCutter(..., min_chars=size).chunks(text)``
@@ -45,7 +44,7 @@ class PieceCache:
     hit_tokens: int
     miss_tokens: int
     def __init__(self, capacity_bytes: int, passes: tuple[Any, ...], max_misses: int,
-                 bos_id: int | None, native: Any, words: Any,
+                 bos_id: int | None,
                  encode_one: Callable[[str], Sequence[int]],
                  encode_many: Callable[[list[str]], list[Sequence[int]]] | None,
                  lookup_class: Callable[..., Any],

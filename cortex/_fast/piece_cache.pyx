@@ -24,7 +24,7 @@ cdef extern from "Python.h":
 
 ENTRY_OVERHEAD_BYTES = 96  # a piece's fixed charge: dict slot, OrderedDict links, array header
 cdef Py_ssize_t _OVERHEAD = ENTRY_OVERHEAD_BYTES
-NON_ASCII_CHAR_COST = 4  # a non-ASCII character against ASCII ones, in tokenizer work
+NON_ASCII_CHAR_COST = 8  # a non-ASCII character against ASCII ones, in BPE work (~4-20x)
 cdef Py_ssize_t _NON_ASCII = NON_ASCII_CHAR_COST
 cdef array.array _IDS_TEMPLATE = py_array.array("I")
 
@@ -101,14 +101,13 @@ cdef class PieceCache:
     cdef tuple _passes
     cdef int _max_misses
     cdef object _bos_id
-    cdef object _native, _words      # the fast encoder's splitter and word table, or None
     cdef object _encode_one          # a cold piece's ids (the Python path)
     cdef object _encode_many         # the cold pieces' ids together, or None
     cdef object _lookup_class
     cdef Py_ssize_t _chunk_chars     # longer ordinary pieces are cut into chunks; 0: never
 
     def __init__(self, Py_ssize_t capacity_bytes, tuple passes, int max_misses, bos_id,
-                 native, words, encode_one, encode_many, lookup_class,
+                 encode_one, encode_many, lookup_class,
                  Py_ssize_t chunk_chars=0):
         if capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
@@ -119,8 +118,6 @@ cdef class PieceCache:
         self._passes = passes
         self._max_misses = max_misses
         self._bos_id = bos_id
-        self._native = native
-        self._words = words
         self._encode_one = encode_one
         self._encode_many = encode_many
         self._lookup_class = lookup_class
@@ -198,16 +195,8 @@ cdef class PieceCache:
     cdef list _encode_cold(self, list cold):
         if self._encode_many is not None and len(cold) > 1:
             return self._encode_many(cold)
-        cdef list out = []
-        native = self._native
-        for piece in cold:
-            ids = None
-            if native is not None and PyUnicode_IS_ASCII(piece):
-                ids = native.cached_ids(piece, self._words)  # every word seen before
-            if ids is None:
-                ids = self._encode_one(piece)
-            out.append(ids)
-        return out
+        encode_one = self._encode_one
+        return [encode_one(piece) for piece in cold]
 
     cdef int _lookup(self, list pieces, list found, list cold) except -1:
         cdef tuple one

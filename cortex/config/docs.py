@@ -51,10 +51,9 @@ DOCS: dict[str, str] = {
     "server.port": "TCP port of the data plane (0: any free port)",
     "server.memory_trim_s": "seconds between two returns of freed memory to the system "
                             "(glibc malloc_trim, after floods; 0: never)",
-    "server.tokenize_processes": "processes that encode a prompt's long new text (each loads "
-                                 "every model's tokenizer: 1-3 s and ~120 MiB); 0: a thread of "
-                                 "the gateway, which makes other requests wait a few ms "
-                                 "(README \"Every core\")",
+    "server.tokenize_processes": "no longer used: long new text is encoded in a worker thread "
+                                 "(fastokens releases the interpreter lock; README \"Every "
+                                 "core\"); accepted, with a warning at start",
     "server.limits.max_connections": "open client connections; more wait in the listen backlog",
     "server.limits.max_header_bytes": "bytes of request line + header block",
     "server.limits.max_header_count": "header lines per request",
@@ -185,6 +184,8 @@ DOCS: dict[str, str] = {
     "models.version": "free-form profile version shown in /debug and logs",
     "models.passthrough": "another component schedules this pool: Cortex only proxies",
     "models.segment_cache_bytes": "bytes of the tokenizer's segment cache",
+    "models.render_cache_bytes": "bytes of rendered conversations the chat template's render "
+                                 "cache keeps (each charged twice its text; 0: none)",
     "workers.name": "unique worker name, sent in x-cortex-assigned-worker "
                     "(default: host:port of url)",
     "workers.url": "engine HTTP base, http://host:port (required)",

@@ -50,7 +50,9 @@ class ServerConfig:
     port: int = 8080
     limits: ServerLimits = field(default_factory=ServerLimits)
     memory_trim_s: float = 30.0  # freed memory given back to the system this often (0: never)
-    tokenize_processes: int = 0  # processes encoding long cold text (0: a worker thread)
+    # no longer used (long new text is encoded in a worker thread): accepted, with a warning at
+    # start, so that configurations naming it still load
+    tokenize_processes: int = 0
 
     def __post_init__(self) -> None:
         problems = _port_problems(self.port)
@@ -148,6 +150,7 @@ class ModelConfig:
     version: str = ""
     passthrough: bool = False  # another component schedules this pool: Cortex only proxies
     segment_cache_bytes: int = 64 << 20
+    render_cache_bytes: int = 32 << 20  # rendered conversations kept (the chat render cache)
     required: bool = True  # a profile that cannot load stops the start (false: by load only)
     max_prompt_chars: int = 1 << 20  # longer prompts are routed by load, not tokenized (0: any)
 
@@ -167,6 +170,8 @@ class ModelConfig:
             problems.append(f"{label}: block_size must be in [1, {MAX_BLOCK_SIZE}]")
         if self.segment_cache_bytes < 0:
             problems.append(f"{label}: segment_cache_bytes must be >= 0")
+        if self.render_cache_bytes < 0:
+            problems.append(f"{label}: render_cache_bytes must be >= 0")
         if self.max_prompt_chars < 0:
             problems.append(f"{label}: max_prompt_chars must be >= 0")
         if problems:

@@ -125,6 +125,7 @@ class ModelPool:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.perf_counter,
         segment_cache_bytes: int = 64 << 20,
+        render_cache_bytes: int = 32 << 20,
         route_on_partial: bool = False,
         max_prompt_chars: int = 0,
     ) -> None:
@@ -140,6 +141,8 @@ class ModelPool:
                           else self.profile.new_cached_tokenizer(segment_cache_bytes))
         for note in [] if self.tokenizer is None else self.profile.tokenization_notes():
             log.info("model %s: %s (slower, still exact)", model, note)
+        if self.profile is not None and self.profile.chat_templates is not None:
+            self.profile.chat_templates.use_render_cache(render_cache_bytes, model)
         self.pending = PendingWork()
         self.workers: dict[str, WorkerSpec] = {}
         self._families: tuple[EngineFamily, ...] = ()  # of the workers (``_membership_changed``)

@@ -92,8 +92,7 @@ from cortex.logs import request_started
 from cortex.pd.orchestrate import PdOrchestrator
 from cortex.pd.plan import PdSettings
 from cortex.profile.segment_cache import Lookup
-from cortex.profile.tokenize_pool import TokenizePool
-from cortex.profile.trio_tokenize import OFFLOAD_MIN_CHARS, encode_offloaded
+from cortex.profile.trio_tokenize import encode_offloaded
 from cortex.profile.unrenderable import Unrenderable
 from cortex.scheduling import Role
 from cortex.upstream.connection import NOT_READY
@@ -128,7 +127,6 @@ class Gateway:
         self.pools = pools
         self.back_in = back_in
         self.client_dp_rank = client_dp_rank  # clients may pick the DP rank (else stripped)
-        self.tokenize_pool: TokenizePool | None = None  # cold text's processes, once started
         self.upstream = upstream
         self.retries = retries
         self.observer = observer or RouteObserver()
@@ -192,13 +190,12 @@ class Gateway:
                     token_ids = prompt.token_ids
                 else:
                     tokenize_start = perf_counter()
-                    token_ids = pool.tokenizer.encode_now(prompt.text or "",
-                                                          prompt.add_special_tokens,
-                                                          OFFLOAD_MIN_CHARS)
+                    tokenizer = pool.tokenizer
+                    token_ids = tokenizer.encode_now(prompt.text or "",
+                                                     prompt.add_special_tokens,
+                                                     tokenizer.offload_min_chars)
                     if type(token_ids) is Lookup:  # a long new text: off the trio thread
-                        token_ids = await encode_offloaded(pool.tokenizer, token_ids,
-                                                           pool=self.tokenize_pool,
-                                                           model=pool.model)
+                        token_ids = await encode_offloaded(tokenizer, token_ids)
                     tokenize_s = perf_counter() - tokenize_start
         headers = forwarded_headers(request.headers, self.client_dp_rank)
         unable = _not_serving(pool, endpoint)

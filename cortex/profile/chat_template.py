@@ -25,14 +25,26 @@ a template traceback, which nothing here reads).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 import jinja2
 import jinja2.ext
+from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from cortex.errors import BadRequest
+from cortex.profile.render_cache import (
+    Locality,
+    RenderCache,
+    TracedMessages,
+    locality,
+    traced_loop_context,
+)
+
+log = logging.getLogger("cortex.profile")
 
 
 class TemplateError(BadRequest):
@@ -54,7 +66,11 @@ def _strftime_now(format: str) -> str:
 
 
 class ChatTemplate:
-    __slots__ = ("_template", "source")
+    """``cache``: the template's ``RenderCache`` when it is shown to render messages locally
+    (``render_cache.locality``), else ``None``, ``not_local`` says why and ``renders`` counts
+    the conversations rendered whole."""
+
+    __slots__ = ("_loop_context", "_template", "cache", "not_local", "renders", "source")
 
     def __init__(self, source: str, constants: Mapping[str, str] | None = None) -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
@@ -72,6 +88,14 @@ class ChatTemplate:
         # The special tokens join them: constants of the model, under ``chat_template_kwargs``
         # (HF: ``{**special_tokens_map, **kwargs}``).
         self._template.globals = {**self._template.globals, **(constants or {})}
+        shape = locality(env.parse(source))
+        self.not_local = shape if isinstance(shape, str) else None
+        self.renders = 0  # whole renders of a template without a cache (``chat_prompt``)
+        self.cache = RenderCache(shape) if isinstance(shape, Locality) else None
+        self._loop_context = isinstance(shape, Locality) and shape.loop_context
+        if self._loop_context:  # this template's own module namespace: no other is touched
+            self._template.root_render_func.__globals__["LoopContext"] = (
+                traced_loop_context(LoopContext))
 
     def render(
         self,
@@ -82,6 +106,36 @@ class ChatTemplate:
         documents: Sequence[Mapping[str, object]] | None = None,
         extra: Mapping[str, object] | None = None,
     ) -> str:
+        parts: list[str] = []
+        self._render_into(parts, messages, add_generation_prompt, tools, documents, extra)
+        return "".join(parts)
+
+    def render_traced(self, messages: Sequence[Mapping[str, object]],
+                      **variables: Any) -> tuple[str, TracedMessages]:
+        """``render``'s text (same keywords), and the ``TracedMessages`` it rendered (where
+        each message's output starts); for a template with a ``cache`` only."""
+        traced = TracedMessages(messages, in_iter=not self._loop_context)
+        self._render_into(traced.parts, traced, **variables)
+        return traced.finish(), traced
+
+    def _render_into(self, parts: list[str], messages: Sequence[Mapping[str, object]],
+                     add_generation_prompt: bool = True,
+                     tools: Sequence[Mapping[str, object]] | None = None,
+                     documents: Sequence[Mapping[str, object]] | None = None,
+                     extra: Mapping[str, object] | None = None) -> None:
+        """Extend ``parts`` with the output (in C: a traced render counts them as it goes)."""
+        try:
+            parts.extend(self._generate(messages, add_generation_prompt, tools, documents,
+                                        extra))
+        except TemplateError:
+            raise
+        except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError) as exc:
+            raise TemplateError(f"chat template failed: {exc}") from exc
+
+    def _generate(self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool,
+                  tools: Sequence[Mapping[str, object]] | None,
+                  documents: Sequence[Mapping[str, object]] | None,
+                  extra: Mapping[str, object] | None) -> Iterator[str]:
         template = self._template
         # What ``Template.render(variables)`` does, in one frame: the context's variables are
         # the template's globals (special tokens among them), then ``chat_template_kwargs``,
@@ -93,14 +147,9 @@ class ChatTemplate:
         variables["tools"] = tools
         variables["documents"] = documents
         environment = template.environment
-        try:
-            context = environment.context_class(environment, variables, template.name,
-                                                template.blocks, globals=template.globals)
-            return "".join(template.root_render_func(context))
-        except TemplateError:
-            raise
-        except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError) as exc:
-            raise TemplateError(f"chat template failed: {exc}") from exc
+        context = environment.context_class(environment, variables, template.name,
+                                            template.blocks, globals=template.globals)
+        return template.root_render_func(context)
 
 
 class ChatTemplates:
@@ -113,6 +162,20 @@ class ChatTemplates:
     def __init__(self, default: ChatTemplate | None, tool_use: ChatTemplate | None) -> None:
         self.default = default
         self.tool_use = tool_use
+
+    def use_render_cache(self, capacity_bytes: int, model: str) -> None:
+        """Bound each template's render cache to ``capacity_bytes`` (0: keep nothing); says
+        once, per template shown not to render messages locally, why it renders whole."""
+        for template in self.distinct():
+            if template.cache is not None:
+                template.cache.capacity_bytes = capacity_bytes
+            else:
+                log.info("model %s: its chat template renders every conversation whole (%s)",
+                         model, template.not_local)
+
+    def distinct(self) -> list[ChatTemplate]:
+        """The model's templates, each once (``tool_use`` is often ``default`` itself)."""
+        return list({id(t): t for t in (self.default, self.tool_use) if t is not None}.values())
 
     def pick(self, tools: object) -> ChatTemplate | None:
         """The template for a request whose ``tools`` is ``tools`` (HF: tools not null)."""

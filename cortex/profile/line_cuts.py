@@ -38,8 +38,7 @@ Rules: ``chunks`` cuts at the first cut at least ``min_chars`` after the chunk's
 piece's chunks depend only on the text up to one line after them (a grown piece keeps its
 earlier chunks); pieces shorter than that are never looked at. The request path cuts with the
 compiled twin of ``chunks`` (``cortex._fast.piece_cache.line_chunks``, property-tested equal:
-the ``re`` version cost ~100 µs per 32k-token prompt, every piece of it seen before). ``runs`` cuts at every cut and
-joins lines into runs that are all ASCII or not (the fast encoder takes the ASCII ones).
+the ``re`` version cost ~100 µs per 32k-token prompt, every piece of it seen before).
 """
 
 from __future__ import annotations
@@ -145,28 +144,4 @@ class LineCutter:
             out.append(text[start:cut])
             start = cut
         out.append(text[start:])
-        return out
-
-    def runs(self, text: str) -> list[tuple[str, bool]]:
-        """``text`` cut at every cut, its lines joined into maximal runs that are all ASCII
-        (``True``) or not: ``(run, is_ascii)`` in order; one run when cutting is off."""
-        if self.why_not_cutting is not None:
-            return [(text, text.isascii())]
-        out: list[tuple[str, bool]] = []
-        start = 0
-        run_ascii = None
-        line_start = 0
-        for found in CUT.finditer(text):
-            cut = found.end()
-            line_ascii = text[line_start:cut].isascii()
-            if run_ascii is not None and line_ascii != run_ascii:
-                out.append((text[start:line_start], run_ascii))
-                start = line_start
-            run_ascii = line_ascii
-            line_start = cut
-        line_ascii = text[line_start:].isascii()
-        if run_ascii is not None and line_ascii != run_ascii:
-            out.append((text[start:line_start], run_ascii))
-            start = line_start
-        out.append((text[start:], line_ascii))
         return out

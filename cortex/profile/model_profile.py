@@ -33,6 +33,9 @@ Rules:
   they get, the block size and the BOS flag (length-prefixed parts), as 16 hex digits: equal
   profiles have equal fingerprints, and any change to the things that decide token ids or keys
   changes it.
+* ``bpe`` (``exact_bpe.ExactBpe``) encodes the text between added tokens: ``tokenizers`` from
+  the load on, fastokens once ``bpe.upgrade()`` has shown it gives the same ids (the gateway
+  runs it in the background after its start; the fingerprint does not change: the ids do not).
 * ``check_worker`` compares a worker's self-report (served model name, page size, prefix
   caching) with the profile; a disagreement is a reason string that turns exact routing off.
 """
@@ -51,7 +54,7 @@ from tokenizers import Tokenizer
 from cortex.errors import CortexError
 from cortex.profile.builtin import builtin_files
 from cortex.profile.chat_template import ChatTemplate, ChatTemplates
-from cortex.profile.fast_pieces import FastPieceEncoder
+from cortex.profile.exact_bpe import ExactBpe
 from cortex.profile.hf_settings import (
     HfSettings,
     named_templates,
@@ -103,10 +106,10 @@ class ModelProfile:
     bos_id: int | None
     fingerprint: str
     tokenizer: Tokenizer = field(repr=False, compare=False)
+    # what encodes ordinary text: ``tokenizer`` until ``bpe.upgrade()`` proves fastokens exact
+    bpe: ExactBpe = field(repr=False, compare=False)
     segmenter: Segmenter = field(repr=False, compare=False)
     chat_templates: ChatTemplates | None = field(repr=False, compare=False)
-    # exact fast encode of ASCII pieces; ``fast_pieces.why_not_fast`` says when it is off
-    fast_pieces: FastPieceEncoder | None = field(default=None, repr=False, compare=False)
     # exact cuts of long pieces at line starts; ``line_cuts.why_not_cutting`` says when off
     line_cuts: LineCutter | None = field(default=None, repr=False, compare=False)
     # the named special tokens every chat template gets (HF's ``special_tokens_map``)
@@ -119,25 +122,17 @@ class ModelProfile:
 
     def tokenization_notes(self) -> list[str]:
         """What an operator should know once about this profile's tokenization: each exact
-        shortcut that is off, and why (a slower path, never a wrong id)."""
-        notes = []
-        for what, reason in (
-            ("fast ASCII encoding", None if self.fast_pieces is None
-             else self.fast_pieces.why_not_fast),
-            ("line cuts of long pieces", None if self.line_cuts is None
-             else self.line_cuts.why_not_cutting),
-        ):
-            if reason is not None:
-                notes.append(f"{what} off: {reason}")
-        return notes
+        shortcut that is off, and why (a slower path, never a wrong id). (The BPE's own verdict
+        comes later, from ``bpe.upgrade``.)"""
+        reason = None if self.line_cuts is None else self.line_cuts.why_not_cutting
+        return [] if reason is None else [f"line cuts of long pieces off: {reason}"]
 
     def new_cached_tokenizer(self, capacity_bytes: int = 64 << 20) -> SegmentCachedTokenizer:
         return SegmentCachedTokenizer(
-            self.tokenizer,
+            self.bpe,
             self.segmenter,
             capacity_bytes=capacity_bytes,
             bos_id=self.bos_id if self.add_bos else None,
-            fast=self.fast_pieces,
             cutter=self.line_cuts,
         )
 
@@ -215,9 +210,9 @@ def load_profile(spec: ProfileSpec) -> ModelProfile:
             tokenizer_bytes, template_identity(sources, tokens), spec.block_size,
             bool(add_bos)),
         tokenizer=tokenizer,
+        bpe=ExactBpe(tokenizer, tokenizer_bytes.decode()),
         segmenter=segmenter,
         chat_templates=templates,
-        fast_pieces=FastPieceEncoder(tokenizer, segmenter),
         line_cuts=LineCutter(tokenizer, segmenter),
         template_tokens=tokens,
     )

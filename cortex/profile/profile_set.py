@@ -41,6 +41,10 @@ class ProfileSet:
     def profile(self, model: str) -> ModelProfile | None:
         return self._profiles.get(model)
 
+    def loaded(self) -> dict[str, ModelProfile]:
+        """Model -> its profile, for every profile that loaded."""
+        return dict(self._profiles)
+
     def load_errors(self) -> dict[str, str]:
         """Model -> why its profile could not be loaded."""
         return dict(self._load_errors)

@@ -48,6 +48,7 @@ Bad shapes raise ``BadRequest``; pure otherwise.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -93,7 +94,6 @@ def chat_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPro
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")
-    prepared, media_cut = engine_messages(messages)
     continue_final = bool(body.get("continue_final_message", False))
     add_generation_prompt = bool(body.get("add_generation_prompt", not continue_final))
     kwargs = body.get("chat_template_kwargs") or {}
@@ -108,24 +108,45 @@ def chat_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPro
     template = templates.pick(tools)
     if template is None:
         return None
-    if media_cut and not knows_developer(template.source) and any(
-            m.get("role") == "developer" for m in messages) and any(
-            m.get("role") in ("developer", "system") for m in messages[len(prepared):]):
-        # the engine merges system turns after the cut into the first message
-        raise Unrenderable("unmodelled", "system or developer turns after media")
-    prepared = developer_as_system(prepared, template.source)
-    text = template.render(
-        prepared,
-        add_generation_prompt=add_generation_prompt and not media_cut,
-        tools=tools,
-        documents=body.get("documents"),
-        extra=kwargs,
-    )
+    documents = body.get("documents")
+    done = None
+    cached = template.cache is not None and (knows_developer(template.source) or not any(
+        type(m) is dict and m.get("role") == "developer" for m in messages))
+    if cached:
+        done = template.cache.render(
+            messages, [tools, documents, kwargs, add_generation_prompt], engine_messages,
+            partial(template.render_traced, add_generation_prompt=add_generation_prompt,
+                    tools=tools, documents=documents, extra=kwargs),
+            partial(template.render, add_generation_prompt=add_generation_prompt,
+                    tools=tools, documents=documents, extra=kwargs))
+    if done is not None:  # only the messages not rendered before (``render_cache``)
+        text, last_message = done
+        media_cut = False
+    else:
+        if template.cache is None:
+            template.renders += 1
+        elif not cached:  # developer turns merged: rendered whole (the cache counts its own)
+            template.cache.renders["fallback"] += 1
+        prepared, media_cut = engine_messages(messages)
+        if media_cut and not knows_developer(template.source) and any(
+                m.get("role") == "developer" for m in messages) and any(
+                m.get("role") in ("developer", "system") for m in messages[len(prepared):]):
+            # the engine merges system turns after the cut into the first message
+            raise Unrenderable("unmodelled", "system or developer turns after media")
+        prepared = developer_as_system(prepared, template.source)
+        text = template.render(
+            prepared,
+            add_generation_prompt=add_generation_prompt and not media_cut,
+            tools=tools,
+            documents=documents,
+            extra=kwargs,
+        )
+        last_message = prepared[-1]
     if media_cut:
         cut = text.find(MEDIA_SENTINEL)
         text = text[:cut] if cut >= 0 else ""
     elif continue_final:
-        last = prepared[-1].get("content")
+        last = last_message.get("content")
         if isinstance(last, str) and last:
             end = text.rfind(last)
             if end >= 0:

@@ -5,9 +5,9 @@ tokens matched in the raw text); each ordinary piece is encoded on its own and c
 added-token piece maps straight to its id. A multi-turn chat therefore pays only for its new
 message. With a ``cutter`` (``line_cuts.LineCutter``, exact for the tokenizers it is enabled
 for), an ordinary piece longer than its ``min_chars`` is cached as chunks cut at line starts,
-so a message that grew between turns pays for its new text and one chunk, not for all of it;
-and a cold piece that is not pure ASCII is encoded as runs of lines, the ASCII runs through
-``fast`` (code with a few non-ASCII comments, English among Chinese).
+so a message that grew between turns pays for its new text and one chunk, not for all of it.
+New pieces are encoded by the profile's BPE (``exact_bpe.ExactBpe``: fastokens where proven
+exact, else ``tokenizers``), all of a call's in one call.
 
 Invariants:
 
@@ -19,11 +19,6 @@ Invariants:
   id plus a fixed per-entry overhead); a piece larger than the whole budget is encoded but not
   kept. ``hits``/``misses`` count pieces (a long piece's chunks one by one),
   ``hit_tokens``/``miss_tokens`` their tokens.
-* Cold pieces of one call are encoded one by one (default: measured faster on this 2-core
-  machine), or together through ``encode_batch_fast`` (Rust threads) with ``batch_cold``. One by
-  one, a pure-ASCII piece goes through ``fast`` (``fast_pieces.FastPieceEncoder``, exact; ~3x
-  faster than ``encode`` on short English text, ~10x with DeepSeek-V3's native splitter) when
-  one is given and it applies.
 * ``encode_array`` = ``lookup`` (split, take hits) → ``encode_pieces`` (tokenizer only, no
   cache access) → ``finish`` (remember, assemble); an I/O shell may run the middle step in a
   worker thread (``trio_tokenize``). The cache and the request path's ``encode_now`` (all three
@@ -38,19 +33,22 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+
+from tokenizers import Tokenizer
 
 from cortex._fast.piece_cache import ENTRY_OVERHEAD_BYTES, NON_ASCII_CHAR_COST, PieceCache
-from cortex.profile.fast_pieces import FastPieceEncoder
+from cortex.profile.exact_bpe import FASTOKENS, TOKENIZERS, ExactBpe
 from cortex.profile.line_cuts import LineCutter
 from cortex.profile.segments import FIND_MAX_MISSES, Piece, Segmenter
 
 __all__ = ["ENTRY_OVERHEAD_BYTES", "NON_ASCII_CHAR_COST", "OFFLOAD_MIN_CHARS", "Lookup",
            "SegmentCachedTokenizer"]
-OFFLOAD_MIN_CHARS = 2048  # new text this long (~500 tokens, ~1 ms of tokenizer work) or longer
-# goes to a worker thread (``trio_tokenize``); shorter is encoded inline (a thread hop costs
-# tens of microseconds). A non-ASCII piece's characters count NON_ASCII_CHAR_COST times each
-# (Chinese: ~1 µs per character here against ~0.3 for code; perf/RESULTS.md)
+# New text this long or longer goes to a worker thread (``trio_tokenize``); shorter is encoded
+# inline (a thread hop costs tens of microseconds). A non-ASCII piece's characters count
+# NON_ASCII_CHAR_COST times each. By the BPE in use (``SegmentCachedTokenizer.offload_min_chars``),
+# each ~0.2-0.3 ms of its work here (perf/RESULTS.md): fastokens ~2-8 ns per ASCII character,
+# 35-60 per Chinese one; tokenizers ~0.1-0.3 µs and ~1 µs.
+OFFLOAD_MIN_CHARS = {FASTOKENS: 32_768, TOKENIZERS: 2_048}
 
 
 @dataclass(slots=True)
@@ -64,58 +62,43 @@ class Lookup:
     bos_id: int | None
 
 
-class _Encoding(Protocol):
-    ids: list[int]
-
-
-class TokenizerLike(Protocol):
-    """The part of ``tokenizers.Tokenizer`` this module uses."""
-
-    def encode(self, text: str, add_special_tokens: bool = ...) -> _Encoding: ...
-    def encode_batch(self, texts: list[str], add_special_tokens: bool = ...) -> list[_Encoding]: ...
-
-
 class SegmentCachedTokenizer:
     """``encode_now`` is the compiled ``PieceCache.encode_now`` itself (an attribute, not a
     method: the request path calls it without a Python frame)."""
 
     __slots__ = (
-        "_batch_cold",
         "_bos_id",
+        "_bpe",
         "_cutter",
-        "_encode_batch",
-        "_fast",
         "_pieces",
         "_segmenter",
-        "_tokenizer",
         "encode_now",
     )
 
     def __init__(
         self,
-        tokenizer: TokenizerLike,
+        bpe: ExactBpe | Tokenizer,
         segmenter: Segmenter,
         *,
         capacity_bytes: int = 64 << 20,
         bos_id: int | None = None,
-        batch_cold: bool = False,
-        fast: FastPieceEncoder | None = None,
         cutter: LineCutter | None = None,
     ) -> None:
-        self._tokenizer = tokenizer
+        # a bare ``Tokenizer`` is its own reference BPE (tests, tools)
+        self._bpe = bpe if isinstance(bpe, ExactBpe) else ExactBpe(bpe, None)
         self._segmenter = segmenter
         self._bos_id = bos_id
-        self._batch_cold = batch_cold
-        self._fast = fast if fast is not None and fast.enabled else None
         self._cutter = cutter if cutter is not None and cutter.enabled else None
-        self._encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-        native = None if self._fast is None else self._fast.native_words
         self._pieces = PieceCache(  # (ValueError for capacity_bytes < 0)
             capacity_bytes, segmenter.passes, FIND_MAX_MISSES, bos_id,
-            None if native is None else native[0], None if native is None else native[1],
-            self._encode_one, self.encode_pieces if batch_cold else None, Lookup,
+            self._bpe.ids, self._bpe.ids_many, Lookup,
             0 if self._cutter is None else self._cutter.min_chars)  # LineCutter.chunks's cut
         self.encode_now = self._pieces.encode_now
+
+    @property
+    def offload_min_chars(self) -> int:
+        """``encode_now``'s threshold for the BPE in use now (``OFFLOAD_MIN_CHARS``)."""
+        return OFFLOAD_MIN_CHARS[self._bpe.backend]
 
     @property
     def cached_bytes(self) -> int:
@@ -162,39 +145,10 @@ class SegmentCachedTokenizer:
         found, cold = self._pieces.lookup(pieces)
         return Lookup(pieces, found, cold, self._bos_id if add_special_tokens else None)
 
-    def encode_pieces(self, pieces: list[str], batch: bool | None = None) -> list[Sequence[int]]:
-        """Token ids of each piece (no cache access: safe to run in a worker thread).
-
-        ``batch`` (default: the ``batch_cold`` setting) encodes them in one call, which releases
-        the GIL while it works; a single ``encode`` holds it (measured)."""
-        if batch is None:
-            batch = self._batch_cold and len(pieces) > 1
-        if batch:
-            return self._plain(pieces)
-        return [self._encode_one(piece) for piece in pieces]
-
-    def _plain(self, texts: list[str]) -> list[list[int]]:
-        """The tokenizer's own ids of each text: ``encode_batch_fast`` when it has it (no
-        offsets computed: 25-30% less time on Chinese, the same ids), else ``encode_batch``."""
-        encodings = self._encode_batch(texts, add_special_tokens=False)
-        return [enc.ids for enc in encodings]
-
-    def _encode_one(self, piece: str) -> Sequence[int]:
-        fast = self._fast
-        ids = None if fast is None or not piece.isascii() else fast.encode(piece)
-        if ids is not None:
-            return ids
-        if fast is None or self._cutter is None:
-            return self._plain([piece])[0]
-        # exact cuts: the runs' ids concatenate; the slow runs go to the tokenizer in one call
-        runs = self._cutter.runs(piece)
-        found = [fast.encode(run) if is_ascii else None for run, is_ascii in runs]
-        slow_runs = [run for (run, _), ids in zip(runs, found) if ids is None]
-        slow = iter(self._plain(slow_runs) if slow_runs else ())
-        out: list[int] = []
-        for ids in found:
-            out += next(slow) if ids is None else ids
-        return out
+    def encode_pieces(self, pieces: list[str]) -> list[array[int]]:
+        """Token ids of each piece, in one call that releases the GIL while it encodes (no
+        cache access: safe to run in a worker thread)."""
+        return self._bpe.ids_many(pieces)
 
     def finish(self, lookup: Lookup, cold_ids: Sequence[Sequence[int]]) -> array[int]:
         """Remember the cold pieces' ids (counted as misses) and assemble the prompt's ids."""

@@ -1,29 +1,27 @@
-"""The I/O shell of the segment-cached tokenizer: cold pieces are encoded in a worker thread.
+"""The I/O shell of the segment-cached tokenizer: long new text is encoded in a worker thread.
 
-A cold 4k-token prompt costs ~8 ms of tokenizer work; run on the trio thread it stalls every
-other request for that long. Here ``lookup`` and ``finish`` (cache access) stay on the trio
-thread and only ``encode_pieces`` runs through ``trio.to_thread.run_sync``, with
-``encode_batch``: it releases the GIL while it works (a single ``encode`` holds it for the whole
-encode, so offloading that would not help). ``perf/bench_tokenize.py`` measures the event
-loop's longest stall both ways (``loop_stall``): about half, not zero — the GIL handoff at the
-end of the batch still waits for the interpreter's switch interval (5 ms).
+The BPE (``exact_bpe``: fastokens once its start check passed, ``tokenizers`` until then or
+where it failed) releases the GIL while it encodes, and hands back one flat buffer (no Python
+int per token), so a worker thread keeps the loop free for all but the hand-back. Here
+``lookup`` and ``finish`` (cache access) stay on the trio thread and only ``encode_pieces``
+runs through ``trio.to_thread.run_sync``.
 
-Rules: text whose cold part is shorter than ``offload_min_chars`` is encoded inline (a thread
-hop costs tens of microseconds), a non-ASCII piece's characters counted ``NON_ASCII_CHAR_COST``
-(4) times each: just under the threshold the loop is held ~0.3–0.5 ms by English, code or JSON
-and ~0.85 ms by Chinese (2.2 ms when its characters counted once;
-``perf/bench_agentic_tokenize.py --sections inline``); ``limiter`` bounds the threads used
-(trio's default limiter otherwise). Cancellation while a thread encodes waits for it (trio's default), so the cache
-never sees half a result. Concurrent requests may encode the same new piece twice; the cache
-keeps one copy.
+Rules: text whose cold part is shorter than the tokenizer's ``offload_min_chars`` (by the BPE in
+use: 32,768 characters for fastokens, 2,048 for ``tokenizers``; a non-ASCII piece's
+characters counted ``NON_ASCII_CHAR_COST`` (8) times each) is encoded inline — a thread hop
+costs tens of microseconds and fastokens encodes that much in ~0.1-0.3 ms
+(``perf/bench_agentic_tokenize.py --sections inline``); ``limiter`` bounds the threads used
+(trio's default limiter otherwise). Cancellation while a thread encodes waits for it (trio's
+default), so the cache never sees half a result. Concurrent requests may encode the same new
+piece twice; the cache keeps one copy. A new worker thread's first fastokens encode costs
+~15 ms (per-thread state; ``ExactBpe.activate`` pays the loop's own at start).
 
-With a tokenize pool (``cortex.profile.tokenize_pool``, ``server.tokenize_processes`` > 0) the
-cold pieces go to one of its processes instead, and to a thread only when the pool cannot take
-them: a thread keeps the loop waiting for the GIL (above), a process does not. Through the
-gateway (``perf/bench_cold.py``) small requests' p90 rose by 1.5–6 ms while a thread tokenized
-cold 32k-token prompts, by 0.1–2.5 ms with one pool process (up to 3.8 ms with two on two
-busy cores: perf/RESULTS.md); and ``encode_batch`` skips the ASCII fast path (32k tokens of
-English: 556 ms in a thread, 39–49 ms in a pool process).
+A pool of tokenizer processes (``server.tokenize_processes``) did this before fastokens; with
+it a thread serves as well (``perf/bench_cold.py``: cold 8k-token prompts per second within
+10% of one another, small requests' added latency within the noise; perf/RESULTS.md), and the
+pool is gone: the setting is accepted and ignored, with a warning.
+
+``upgrade_bpes`` moves each model to fastokens in the background after the start.
 
 ``encode_array`` is the whole path. The request path splits it: the tokenizer's compiled
 ``encode_now`` (synchronous) returns the ids when nothing has to be offloaded — the common
@@ -33,30 +31,49 @@ case, with no coroutine, no checkpoint and no Python frame — else the ``Lookup
 
 from __future__ import annotations
 
+import logging
 from array import array
+from collections.abc import Mapping
 
 import trio
 
-from cortex.profile.segment_cache import OFFLOAD_MIN_CHARS, Lookup, SegmentCachedTokenizer
-from cortex.profile.tokenize_pool import TokenizePool
+from cortex.profile.model_profile import ModelProfile
+from cortex.profile.segment_cache import Lookup, SegmentCachedTokenizer
 
-__all__ = ["OFFLOAD_MIN_CHARS", "Lookup", "encode_array", "encode_offloaded"]
+__all__ = ["Lookup", "encode_array", "encode_offloaded", "upgrade_bpes"]
+
+log = logging.getLogger("cortex.tokenize")
+
+
+async def upgrade_bpes(profiles: Mapping[str, ModelProfile]) -> None:
+    """Move each profile to fastokens where its start check holds (``ExactBpe.upgrade``), one
+    model after another in a worker thread (~1-2 s each: the gateway serves meanwhile, through
+    ``tokenizers``); each verdict is logged once. The event loop's own first fastokens encode
+    (~15 ms: per-thread state) is paid here, once, not by a request."""
+    for model, profile in sorted(profiles.items()):
+        bpe = profile.bpe
+        # not abandoned on cancel: a thread left inside fastokens while the interpreter exits
+        # aborts the process (SIGABRT, seen); a shutdown waits for it (~1-2 s at most)
+        why_not = await trio.to_thread.run_sync(bpe.upgrade, False)
+        if why_not is None:
+            warm_s = bpe.activate()
+            log.info("model %s: new text is tokenized by fastokens %s (it gave tokenizers' ids "
+                     "on all %d texts of the start check; the event loop's first encode took "
+                     "%.1f ms)", model, bpe.version, bpe.checked_texts, warm_s * 1e3)
+        else:
+            log.warning("model %s: new text is tokenized by tokenizers (slower, still exact): "
+                        "%s", model, why_not)
 
 
 async def encode_offloaded(
     tokenizer: SegmentCachedTokenizer,
     lookup: Lookup,
     limiter: trio.CapacityLimiter | None = None,
-    pool: TokenizePool | None = None,
-    model: str = "",
 ) -> array[int]:
-    """The ids of a ``Lookup`` from ``encode_now``, its cold pieces encoded by ``pool`` (as
-    ``model``) when given and able, else in a worker thread."""
-    cold_ids = None if pool is None else await pool.encode(model, lookup.cold)
-    if cold_ids is None:
-        cold_ids = await trio.to_thread.run_sync(
-            tokenizer.encode_pieces, lookup.cold, True, limiter=limiter
-        )
+    """The ids of a ``Lookup`` from ``encode_now``, its cold pieces encoded in a worker
+    thread."""
+    cold_ids = await trio.to_thread.run_sync(tokenizer.encode_pieces, lookup.cold,
+                                             limiter=limiter)
     return tokenizer.finish(lookup, cold_ids)
 
 
@@ -65,12 +82,12 @@ async def encode_array(
     text: str,
     add_special_tokens: bool = False,
     *,
-    offload_min_chars: int = OFFLOAD_MIN_CHARS,
+    offload_min_chars: int | None = None,
     limiter: trio.CapacityLimiter | None = None,
-    pool: TokenizePool | None = None,
-    model: str = "",
 ) -> array[int]:
+    if offload_min_chars is None:
+        offload_min_chars = tokenizer.offload_min_chars
     found = tokenizer.encode_now(text, add_special_tokens, offload_min_chars)
     if isinstance(found, Lookup):
-        return await encode_offloaded(tokenizer, found, limiter, pool, model)
+        return await encode_offloaded(tokenizer, found, limiter)
     return found

@@ -211,7 +211,8 @@ async def chaos_cluster(
         config = CortexConfig(
             server=ServerConfig(host="127.0.0.1", port=0, limits=server_limits),
             control=ControlConfig(host="127.0.0.1", port=0, admin_token="test-token"),
-            models=(model_config(segment_cache_bytes=segment_cache_bytes),), workers=workers,
+            models=(model_config(segment_cache_bytes=segment_cache_bytes,
+                                 render_cache_bytes=segment_cache_bytes),), workers=workers,
             health=health, upstream=upstream)
         running = await nursery.start(run_gateway, config)
         cluster = ChaosCluster(slots, running, config, nursery, make_engine)

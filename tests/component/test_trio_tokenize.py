@@ -67,13 +67,16 @@ async def test_encode_now_hands_a_long_new_text_to_a_worker_thread_without_count
 
 
 def test_a_non_ascii_character_weighs_more_toward_the_offload_threshold():
-    """Chinese costs the tokenizer several times what ASCII does per character: 600 new
-    Chinese characters go to a worker under a 2,048-character threshold, 600 ASCII ones
-    stay inline (the loop would otherwise hold up to ~2.2 ms: perf/RESULTS.md)."""
-    chinese = "分词是请求路径中最主要的开销" * 43  # 602 characters, no line to cut at
-    english = "Tokenization costs" * 33  # 594 characters
-    assert 600 * NON_ASCII_CHAR_COST >= OFFLOAD_MIN_CHARS > 600
-    for text, offloaded in ((chinese, True), (english, False), ("中文" * 2, False)):
-        cache = SegmentCachedTokenizer(TOK, SEG)
-        found = cache.encode_now(f"{ds.BOS}{text}<｜Assistant｜>", False, OFFLOAD_MIN_CHARS)
-        assert isinstance(found, trio_tokenize.Lookup) is offloaded, text[:8]
+    """Chinese costs a BPE several times what ASCII does per character: 300 new Chinese
+    characters go to a worker under a 2,048-character threshold (tokenizers'), 300 ASCII ones
+    stay inline; under fastokens' threshold 4,100 Chinese characters do, 4,100 ASCII ones not."""
+    for bpe, chars in ((TOK, 300), (ds.fast_bpe(), 4100)):
+        chinese = ("分词是请求路径中最主要的开销" * 300)[:chars]  # no line to cut at
+        english = ("Tokenization costs" * 300)[:chars]
+        for text, offloaded in ((chinese, True), (english, False), ("中文" * 2, False)):
+            cache = SegmentCachedTokenizer(bpe, SEG)
+            threshold = cache.offload_min_chars
+            assert chars * NON_ASCII_CHAR_COST >= threshold > chars
+            found = cache.encode_now(f"{ds.BOS}{text}<｜Assistant｜>", False, threshold)
+            assert isinstance(found, trio_tokenize.Lookup) is offloaded, text[:8]
+    assert OFFLOAD_MIN_CHARS == {"fastokens": 32_768, "tokenizers": 2_048}

@@ -27,14 +27,32 @@ async def read_line(process: trio.Process, buffer: bytearray) -> str:
 async def until_serving(serve: trio.Process) -> int:
     """The data port ``cortex serve`` printed first, once its readiness probe says ready and
     not degraded (a separate process: its endpoint is polled)."""
+    return (await serving_ports(serve))[0]
+
+
+async def serving_ports(serve: trio.Process) -> tuple[int, int]:
+    """``until_serving``'s data port and the control plane's port."""
     started = await read_line(serve, bytearray())
     port = int(started.split("data plane on ")[1].split(",")[0].rsplit(":", 1)[1])
+    control = int(started.split("control plane on ")[1].strip().rsplit(":", 1)[1])
     while True:
         client = await RawClient.connect(port)
         answer = await client.request(b"GET", b"/health/ready")
         await client.aclose()
         if answer.status == 200 and not json.loads(answer.body)["degraded"]:
-            return port  # not degraded: every worker agrees with the profile
+            return port, control  # not degraded: every worker agrees with the profile
+        await trio.sleep(0.1)
+
+
+async def until_fastokens(control: int, model: str) -> str:
+    """``/metrics`` of a ``cortex serve``, once they say ``model``'s new text is encoded by
+    fastokens: its start check passed (in the background, after the start)."""
+    while True:
+        client = await RawClient.connect(control)
+        metrics = (await client.request(b"GET", b"/metrics")).body.decode()
+        await client.aclose()
+        if f'cortex_tokenizer_backend{{model="{model}",backend="fastokens"}} 1\n' in metrics:
+            return metrics
         await trio.sleep(0.1)
 
 
@@ -83,7 +101,9 @@ async def test_cortex_serve_in_front_of_cortex_sim_processes():
                  "--model", f"{MODEL},tokenizer={ds.TOKENIZER_JSON},block_size=16,"
                  f"chat_template={template_path()},bos_token={ds.BOS},eos_token={ds.EOS}",
                  *workers], stdout=subprocess.PIPE, env=env)
-            port = await until_serving(serve)
+            port, control = await serving_ports(serve)
+            metrics = await until_fastokens(control, MODEL)
+            assert f'cortex_tokenizer_fallbacks_total{{model="{MODEL}"}} 0\n' in metrics
 
             def body(question: str, **extra: object) -> dict:
                 return {"model": MODEL, "max_tokens": 3, "messages": [
@@ -101,6 +121,12 @@ async def test_cortex_serve_in_front_of_cortex_sim_processes():
             assert headers[b"x-cortex-assigned-worker"] == holder
             assert int(headers[b"x-cortex-cache-hit-tokens"]) == json.loads(raw)["usage"][
                 "prompt_tokens_details"]["cached_tokens"] > 0
+            client = await RawClient.connect(control)  # the renders were counted, by kind
+            metrics = (await client.request(b"GET", b"/metrics")).body.decode()
+            await client.aclose()
+            rendered = [line for line in metrics.splitlines()
+                        if line.startswith(f'cortex_chat_renders_total{{model="{MODEL}"')]
+            assert sum(float(line.rsplit(" ", 1)[1]) for line in rendered) >= 2, rendered
 
             # Graceful shutdown: a streamed request in flight finishes after SIGTERM.
             client = await RawClient.connect(port)

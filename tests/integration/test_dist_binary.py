@@ -1,7 +1,8 @@
 """Smoke test of the one-file executable ``dist/cortex`` (``make dist``), as an operator runs
 it: ``--version``; ``check-config`` on the example configuration; ``cortex sim`` plus
 ``cortex serve`` from the binary answering a routed chat request with its ``x-cortex-*``
-headers (a cache hit predicted exactly), then a graceful SIGTERM; and the README's "Quick start
+headers (a cache hit predicted exactly) once the bundled fastokens passed its start check, then
+a graceful SIGTERM; and the README's "Quick start
 without a GPU" exactly as written, with the binary as ``cortex`` (``tests/readme_quick_start``):
 no profile files named, so the built-in DeepSeek profile must be inside the binary.
 
@@ -25,7 +26,12 @@ import trio
 import cortex
 from tests import deepseek_profile as ds
 from tests.gateway_cluster import SYSTEM_TEXT, template_path
-from tests.integration.test_cli_serve_sim import read_line, request, until_serving
+from tests.integration.test_cli_serve_sim import (
+    read_line,
+    request,
+    serving_ports,
+    until_fastokens,
+)
 from tests.readme_quick_start import check_cache_hit_on_second_send, run_quick_start
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +109,8 @@ async def test_sim_and_serve_from_the_binary_route_a_chat_request():
                  "--model", f"{MODEL},tokenizer={ds.TOKENIZER_JSON},block_size=16,"
                  f"chat_template={template_path()},bos_token={ds.BOS},eos_token={ds.EOS}",
                  *workers], stdout=subprocess.PIPE, env=env)
-            port = await until_serving(serve)
+            port, control = await serving_ports(serve)
+            await until_fastokens(control, MODEL)  # the bundled library passed its check
 
             def body(question: str) -> dict:
                 return {"model": MODEL, "max_tokens": 3, "messages": [

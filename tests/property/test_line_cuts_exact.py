@@ -1,5 +1,5 @@
-"""Cutting an ordinary piece at line starts (``line_cuts``) is exact: the ids of the chunks (or
-of the runs), each encoded alone and concatenated, equal one ``Tokenizer.encode`` of the whole
+"""Cutting an ordinary piece at line starts (``line_cuts``) is exact: the ids of the chunks,
+each encoded alone and concatenated, equal one ``Tokenizer.encode`` of the whole
 text — with both tokenizer families (DeepSeek-V3's 128k vocabulary: no normalizer, three Split
 regexes; Qwen2.5's: NFC, one regex), on texts built to stress the cut: CJK and kana, emoji,
 combining marks right after a newline, ideographic and other Unicode spaces, ``\\r\\n`` and blank
@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortex.profile.fast_pieces import FastPieceEncoder
 from cortex.profile.line_cuts import CUT, LineCutter
 from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter
@@ -56,7 +55,7 @@ def _ids(tok, text: str) -> list[int]:
 @pytest.mark.parametrize("family", sorted(_CUTTERS))
 @settings(max_examples=150, deadline=None)
 @given(text=_texts, min_chars=st.integers(min_value=1, max_value=12))
-def test_chunks_and_runs_encode_like_the_whole(family: str, text: str, min_chars: int) -> None:
+def test_chunks_encode_like_the_whole(family: str, text: str, min_chars: int) -> None:
     tok, cutter = _CUTTERS[family]
     assert cutter.enabled, cutter.why_not_cutting
     expected = _ids(tok, text)
@@ -70,10 +69,6 @@ def test_chunks_and_runs_encode_like_the_whole(family: str, text: str, min_chars
     chunks = sized.chunks(text)
     assert "".join(chunks) == text and (all(chunks) or not text)
     assert [i for c in chunks for i in _ids(tok, c)] == expected
-    runs = cutter.runs(text)
-    assert "".join(r for r, _ in runs) == text
-    assert all(r.isascii() == a for r, a in runs)
-    assert [i for r, _ in runs for i in _ids(tok, r)] == expected
 
 
 @settings(max_examples=200, deadline=None)
@@ -115,8 +110,9 @@ def test_the_compiled_chunker_equals_its_reference(text: str, size: int) -> None
 _CACHES = {}
 for _name, _tok, _raw in FAMILIES:
     _segmenter = Segmenter.from_tokenizer_json(_raw)
+    _bpe = ds.fast_bpe() if _name == "deepseek" else qw.fast_bpe()
     _CACHES[_name] = (_tok, SegmentCachedTokenizer(
-        _tok, _segmenter, capacity_bytes=1 << 20, fast=FastPieceEncoder(_tok, _segmenter),
+        _bpe, _segmenter, capacity_bytes=1 << 20,
         cutter=LineCutter(_tok, _segmenter, min_chars=5)))
 
 
@@ -125,7 +121,7 @@ for _name, _tok, _raw in FAMILIES:
 @given(st.lists(st.one_of(_texts, st.sampled_from(["<|im_start|>", "<tool_call>", "<｜User｜>"])),
                 max_size=4).map("".join))
 def test_the_segment_cache_with_cuts_equals_one_encode(family: str, text: str) -> None:
-    # chunks of long pieces, runs of ASCII lines through the fast path, the rest in one batch
+    # chunks of long pieces, the new ones through fastokens in one call
     tok, cache = _CACHES[family]
     expected = _ids(tok, text)
     assert cache.encode(text) == expected

@@ -1,12 +1,12 @@
-"""The segment-cached tokenizer equals one plain full encode of the rendered prompt, with the
-real 128k-vocab DeepSeek tokenizer: random multi-turn chats (unicode, whitespace at the edges,
-added-token strings inside user text, empty messages), warm and cold, one cache shared across
-examples (and a tiny one that evicts all the time). The cold and shared caches encode pure-ASCII
-pieces through the fast path (``fast_pieces``), the tiny one through ``Tokenizer.encode`` only.
-The request path's compiled ``encode_now`` is held to the same: inline, handed off as a
-``Lookup`` (then finished as a worker thread would), with BOS, and with ``batch_cold``. Caches
-with a ``LineCutter`` of a few characters (long pieces cached as chunks, non-ASCII pieces
-encoded as runs of lines, ASCII runs through the fast path) are held to the same."""
+"""The segment-cached tokenizer equals one plain full encode of the rendered prompt (by
+``tokenizers``), with the real 128k-vocab DeepSeek tokenizer: random multi-turn chats (unicode,
+whitespace at the edges, added-token strings inside user text, empty messages), warm and cold,
+one cache shared across examples (and a tiny one that evicts all the time). The cold and shared
+caches encode new pieces with fastokens (``exact_bpe``, as a loaded profile does after its start
+check), the tiny ones with ``tokenizers``. The request path's compiled ``encode_now`` is held to
+the same: inline, handed off as a ``Lookup`` (then finished as a worker thread would), with BOS.
+Caches with a ``LineCutter`` of a few characters (long pieces cached as chunks) are held to the
+same."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortex.profile.fast_pieces import FastPieceEncoder
 from cortex.profile.line_cuts import LineCutter
 from cortex.profile.segment_cache import Lookup, SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter, added_tokens_from_json
@@ -25,16 +24,14 @@ _TOKENIZER = ds.tokenizer()
 _JSON = json.loads(ds.tokenizer_json_bytes())
 _ADDED = [t.content for t in added_tokens_from_json(_JSON)]
 _SEGMENTER = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
-_FAST = FastPieceEncoder(_TOKENIZER, _SEGMENTER, word_cache_entries=256)
-_SHARED = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=1 << 20, fast=_FAST)
-_TINY = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=600, batch_cold=False)
+_BPE = ds.fast_bpe()
+_SHARED = SegmentCachedTokenizer(_BPE, _SEGMENTER, capacity_bytes=1 << 20)
+_TINY = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=600)
 _TEMPLATE = ds.chat_template()
-_NOW_SHARED = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=1 << 20, fast=_FAST,
-                                     bos_id=0)
-_NOW_TINY = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=600, batch_cold=True)
+_NOW_SHARED = SegmentCachedTokenizer(_BPE, _SEGMENTER, capacity_bytes=1 << 20, bos_id=0)
+_NOW_TINY = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=600)
 _CUTTER = LineCutter(_TOKENIZER, _SEGMENTER, min_chars=3)
-_CUT_SHARED = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, capacity_bytes=1 << 20, fast=_FAST,
-                                     cutter=_CUTTER)
+_CUT_SHARED = SegmentCachedTokenizer(_BPE, _SEGMENTER, capacity_bytes=1 << 20, cutter=_CUTTER)
 
 # Added tokens that matter most (chat markers, BOS/EOS, non-special raw ones) and some others,
 # plus near misses that must not split.
@@ -73,13 +70,13 @@ def _plain(text: str) -> list[int]:
 def test_cached_encode_equals_plain_full_encode(conv: tuple) -> None:
     text = _render(*conv)
     expected = _plain(text)
-    cold_cache = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, fast=_FAST)
+    cold_cache = SegmentCachedTokenizer(_BPE, _SEGMENTER)
     assert cold_cache.encode(text) == expected  # cold
     assert cold_cache.encode(text) == expected  # warm, every piece a hit
     assert _SHARED.encode(text) == expected  # pieces seen in earlier examples
     assert _TINY.encode(text) == expected  # constant eviction
-    cut_cache = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, fast=_FAST, cutter=_CUTTER)
-    assert cut_cache.encode(text) == expected  # chunks, runs
+    cut_cache = SegmentCachedTokenizer(_BPE, _SEGMENTER, cutter=_CUTTER)
+    assert cut_cache.encode(text) == expected  # chunks
     assert cut_cache.encode(text) == expected  # every chunk a hit
     assert _CUT_SHARED.encode(text) == expected
 
@@ -87,7 +84,7 @@ def test_cached_encode_equals_plain_full_encode(conv: tuple) -> None:
 def _encode_now(cache: SegmentCachedTokenizer, text: str, bos: bool, offload_min: int) -> list:
     found = cache.encode_now(text, bos, offload_min)
     if isinstance(found, Lookup):  # what trio_tokenize does in a worker thread
-        found = cache.finish(found, cache.encode_pieces(found.cold, True))
+        found = cache.finish(found, cache.encode_pieces(found.cold))
     return found.tolist()
 
 
@@ -96,12 +93,12 @@ def _encode_now(cache: SegmentCachedTokenizer, text: str, bos: bool, offload_min
 def test_encode_now_equals_plain_full_encode(conv: tuple, offload_min: int) -> None:
     text = _render(*conv)
     expected = _plain(text)
-    cold_cache = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, fast=_FAST)
+    cold_cache = SegmentCachedTokenizer(_BPE, _SEGMENTER)
     assert _encode_now(cold_cache, text, False, offload_min) == expected  # cold
     assert _encode_now(cold_cache, text, False, offload_min) == expected  # warm
     assert _encode_now(_NOW_SHARED, text, True, offload_min) == [0, *expected]  # BOS first
-    assert _encode_now(_NOW_TINY, text, False, offload_min) == expected  # eviction, batches
-    assert _encode_now(_CUT_SHARED, text, False, offload_min) == expected  # chunks, runs
+    assert _encode_now(_NOW_TINY, text, False, offload_min) == expected  # eviction
+    assert _encode_now(_CUT_SHARED, text, False, offload_min) == expected  # chunks
     assert cold_cache.misses == len({p for p, t in _SEGMENTER.split(text) if t is None})
 
 
@@ -128,12 +125,3 @@ def test_growing_chat_pays_only_for_new_text(conv: tuple, more: list) -> None:
         p for p, t in _SEGMENTER.split(first) if t is None
     }
     assert cache.misses - misses == len(new_pieces)
-
-
-def test_the_fast_path_takes_part() -> None:
-    assert _FAST.enabled, _FAST.why_not_fast
-    fast = FastPieceEncoder(_TOKENIZER, _SEGMENTER)
-    cache = SegmentCachedTokenizer(_TOKENIZER, _SEGMENTER, fast=fast)
-    text = _render("Be brief.", [{"role": "user", "content": "Why 42?"}], True)
-    assert cache.encode(text) == _plain(text)
-    assert fast.cached_words > 0

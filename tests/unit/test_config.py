@@ -380,7 +380,8 @@ def test_choices_are_case_insensitive():
 
 
 def test_tokenize_processes_from_every_layer_and_its_range(tmp_path):
-    assert CortexConfig().server.tokenize_processes == 0  # a thread unless asked
+    # no longer used (a warning at start): configurations naming it still load
+    assert CortexConfig().server.tokenize_processes == 0
     path = write(tmp_path, "[server]\ntokenize_processes = 3\n")
     assert load_config(env={}, path=path).server.tokenize_processes == 3
     env = {"CORTEX_SERVER_TOKENIZE_PROCESSES": "2"}

@@ -1,7 +1,6 @@
 """``line_cuts`` in the segment cache: a message that grows between turns pays for its new text
 and at most one chunk (it was re-encoded whole before), exactly, with both tokenizer families;
-loaded profiles carry an enabled cutter; the ASCII lines of a non-ASCII piece take the fast
-path."""
+loaded profiles carry an enabled cutter."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import random
 
 import pytest
 
-from cortex.profile.fast_pieces import FastPieceEncoder
 from cortex.profile.line_cuts import CHUNK_CHARS, LineCutter
 from cortex.profile.model_profile import ProfileSpec, load_profile
 from cortex.profile.segment_cache import SegmentCachedTokenizer
@@ -38,9 +36,8 @@ def test_a_grown_message_pays_for_its_new_text_and_one_chunk(family, tokenizer, 
     segmenter = Segmenter.from_tokenizer_json(raw)
     cutter = LineCutter(tokenizer, segmenter)
     assert cutter.enabled, cutter.why_not_cutting
-    fast = FastPieceEncoder(tokenizer, segmenter)
-    with_cuts = SegmentCachedTokenizer(tokenizer, segmenter, fast=fast, cutter=cutter)
-    without = SegmentCachedTokenizer(tokenizer, segmenter, fast=fast)
+    with_cuts = SegmentCachedTokenizer(tokenizer, segmenter, cutter=cutter)
+    without = SegmentCachedTokenizer(tokenizer, segmenter)
     base, more = _lines(rng, 3000), "\n" + _lines(rng, 100)
     for cache in (with_cuts, without):
         cache.encode(base)
@@ -61,16 +58,6 @@ def test_loaded_profiles_cut_lines() -> None:
         assert qwen.line_cuts is not None and qwen.line_cuts.enabled, qwen.line_cuts
 
 
-def test_the_ascii_lines_of_a_mixed_piece_take_the_fast_path() -> None:
-    tokenizer, segmenter = ds.tokenizer(), Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
-    fast = FastPieceEncoder(tokenizer, segmenter)
-    cache = SegmentCachedTokenizer(tokenizer, segmenter, fast=fast,
-                                   cutter=LineCutter(tokenizer, segmenter))
-    text = "def unique_name_xyz(a):\n    return a\n# 注释\nprint(unique_name_xyz(1))\n"
-    assert cache.encode(text) == tokenizer.encode(text, add_special_tokens=False).ids
-    assert fast.cached_words > 0  # the ASCII lines' words went through the fast encoder
-
-
 def test_a_profile_says_which_shortcut_is_off_and_why() -> None:
     profile = load_profile(ProfileSpec("deepseek", None, 16, builtin="deepseek"))
     assert profile.tokenization_notes() == []
@@ -82,8 +69,6 @@ def test_a_profile_says_which_shortcut_is_off_and_why() -> None:
     segmenter = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
     import dataclasses
 
-    off = dataclasses.replace(profile, fast_pieces=FastPieceEncoder(lowered, segmenter),
-                              line_cuts=LineCutter(lowered, segmenter))
+    off = dataclasses.replace(profile, line_cuts=LineCutter(lowered, segmenter))
     assert off.tokenization_notes() == [
-        "fast ASCII encoding off: normalizer Lowercase is not modelled",
         "line cuts of long pieces off: normalizer Lowercase is not modelled"]

@@ -67,9 +67,9 @@ def test_bos_only_when_special_tokens_are_asked_for():
     assert SegmentCachedTokenizer(TOK, SEG).encode("hi", add_special_tokens=True) == plain("hi")
 
 
-def test_batched_cold_path_equals_single_encodes_and_handles_repeats():
+def test_cold_pieces_are_encoded_once_each_in_one_call():
     text = f"one{U}two{A}one{U}three"
-    batched = SegmentCachedTokenizer(TOK, SEG, batch_cold=True)
+    batched = SegmentCachedTokenizer(TOK, SEG)
     ids = batched.encode_array(text)
     assert isinstance(ids, array) and ids.typecode == "I"
     assert ids.tolist() == plain(text)
