@@ -5,8 +5,12 @@ outputs, ~100k characters: ~30k tokens) sent three ways — as an OpenAI chat bo
 Anthropic Messages body and as the OpenAI Responses body that say the same — and rendered
 with Qwen2.5's chat template (``engines/templates/qwen2.5.jinja``) by
 ``request_text.chat_prompt`` / ``messages_prompt`` / ``responses_prompt``. Measured: the whole
-prompt build (conversion to vLLM's chat + template render), p50/p99 over ``--iterations``;
-tokenization is not included (``bench_tokenize.py``). Checks that the three texts are equal.
+prompt build (conversion to vLLM's chat + template render), p50/p99 over ``--iterations``,
+each a freshly parsed body rendered whole (the template's render cache off); ``growing``: each
+API's conversation grown one round at a time from half its rounds (an agent's turns), rendered
+with the template's render cache (``cached``: only what is new) and without (``whole``),
+interleaved, the texts checked equal. Tokenization is not included (``bench_tokenize.py``).
+Checks that the three texts are equal.
 
     .venv/bin/python perf/bench_api_render.py [--iterations 300] [--rounds 80] [--quick]
 """
@@ -93,16 +97,42 @@ def main() -> None:
              "responses": (responses_prompt, bodies[2])}
     texts = {name: build(body, templates).text for name, (build, body) in cases.items()}
     assert texts["chat"] == texts["messages"] == texts["responses"], "renderings differ"
+    whole = ChatTemplate(source, {"eos_token": "<|im_end|>"})
+    whole.cache = None  # rendered whole every time, as a template not shown local is
+    wholes = ChatTemplates(whole, whole)
     report = {"machine": machine_info(), "chars": len(texts["chat"]),
               "iterations": args.iterations}
     for name, (build, body) in cases.items():
         samples = []
         for _ in range(args.iterations):
             start = time.perf_counter_ns()
-            build(body, templates)
+            build(json.loads(json.dumps(body)), wholes)  # a parsed body's fresh objects
             samples.append(time.perf_counter_ns() - start)
         report[name] = percentiles_us(samples)
+    report["growing"] = growing(args.rounds, cases, source, wholes)
     print(json.dumps(report, indent=2))
+
+
+def growing(rounds: int, cases: dict, source: str, wholes: ChatTemplates) -> dict:
+    """Each API's conversation grown one round at a time from half its rounds, every body
+    built through the template with its render cache (a fresh one per API) and without one,
+    interleaved."""
+    out: dict[str, object] = {}
+    for index, name in enumerate(cases):
+        build = cases[name][0]
+        template = ChatTemplate(source, {"eos_token": "<|im_end|>"})
+        cached = ChatTemplates(template, template)
+        samples: dict[str, list[int]] = {"whole": [], "cached": []}
+        for grown in range(max(1, rounds // 2), rounds + 1):
+            body = json.loads(json.dumps(conversation(grown)[index]))
+            for mode, templates in (("whole", wholes), ("cached", cached)):
+                start = time.perf_counter_ns()
+                text = build(body, templates).text
+                samples[mode].append(time.perf_counter_ns() - start)
+            assert text == build(body, wholes).text
+        out[name] = {**{mode: percentiles_us(values) for mode, values in samples.items()},
+                     "renders": dict(template.cache.renders) if template.cache else None}
+    return out
 
 
 if __name__ == "__main__":

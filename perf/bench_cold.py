@@ -3,17 +3,13 @@
 Two fast mock workers (``perf/mock_worker.py``, empty KV-event publishers: Cortex routes on
 its KV path) and, each its own process(es) in front of both (``perf/peers.py``):
 
-* ``cortex``: cold text in a worker thread (``server.tokenize_processes = 0``, the default);
+* ``cortex``: new text of cold prompts encoded inline or, when long, in a worker thread
+  (fastokens once its start check passed: the benchmark waits for it);
 * ``cortex-1cpu``: the same pinned to one CPU (``taskset -c 0``): Cortex on one core;
-* ``cortex-pool1`` / ``cortex-pool2``: cold text in 1 / 2 tokenizer processes
-  (``cortex.profile.tokenize_pool``), not pinned; ``cortex-pool2-1cpu``: two pinned to one
-  CPU with their gateway (a pinned process's children inherit its CPU set);
 * ``sglang-router`` (``cache_aware``), for reference, in the throughput phases.
 
-Texts (``--text``): ``code`` (lines of Cortex's own sources, shuffled per prompt; no fast
-path: ``Tokenizer.encode``), ``zh`` (Chinese characters; no fast path), ``en`` (English
-sentences from ``bench_tokenize``'s small vocabulary: the ASCII fast path, its word cache
-warm). Every cold prompt is one user message that starts with a unique line, so no part of it
+Texts (``--text``): ``code`` (lines of Cortex's own sources, shuffled per prompt), ``zh``
+(Chinese characters), ``en`` (English sentences from ``bench_tokenize``'s small vocabulary). Every cold prompt is one user message that starts with a unique line, so no part of it
 is in any cache (the segment cache keys on the whole message).
 
 Phases (systems in interleaved rounds, the order rotating, so that a noisy moment of the
@@ -28,16 +24,19 @@ shared VM falls on all of them alike):
   back to back, requests per second. ``ratios``: each system over ``cortex-1cpu``;
   ``one_to_two_cores``: each configuration on both CPUs over the same pinned to one (target:
   ≥ 1.7x). ``cpu_ms_per_request`` (every process of the system) and
-  ``main_process_cpu_ms_per_request`` (the first alone: Cortex's event loop; its tokenizer
-  processes are the rest) do not depend on how busy the machine is: on an otherwise idle
-  host with ``n`` cores, a system whose loop costs ``m`` and whose pool costs ``c - m`` per
-  request can serve up to ``n / c`` and at most ``1 / m`` requests per second.
+  ``main_process_cpu_ms_per_request`` (the first alone) do not depend on how busy the machine
+  is: on an otherwise idle host with ``n`` cores, a system whose event loop costs ``m`` and
+  whose worker threads ``c - m`` per request can serve up to ``n / c`` and at most ``1 / m``
+  requests per second.
 * ``warm_tput``: warm multi-turn turns: the same ~8k-token context (cached after the first
   request) plus a new short user message each time, 64 connections, requests per second:
   where one event loop saturates when tokenization is not the cost.
 
+``--baseline PATH`` adds, for every system named ``base-<name>``, ``<name>`` run from that
+checkout, in the same rounds (before/after figures of one run).
+
 Usage: ``python perf/bench_cold.py [--quick] [--text code,zh] [--systems ...]
-[--phases stall,cold_tput,warm_tput]`` (JSON on stdout).
+[--phases stall,cold_tput,warm_tput] [--baseline PATH]`` (JSON on stdout).
 """
 
 from __future__ import annotations
@@ -68,11 +67,8 @@ from tests import deepseek_profile as ds
 SYSTEMS = {  # name -> (extra cortex flags, cpus); sglang-router apart
     "cortex": ((), None),
     "cortex-1cpu": ((), "0"),
-    "cortex-pool1": (("--server-tokenize-processes", "1"), None),
-    "cortex-pool2": (("--server-tokenize-processes", "2"), None),
-    "cortex-pool2-1cpu": (("--server-tokenize-processes", "2"), "0"),
 }
-ONE_CORE_TWINS = {"cortex": "cortex-1cpu", "cortex-pool2": "cortex-pool2-1cpu"}
+ONE_CORE_TWINS = {"cortex": "cortex-1cpu"}
 PARAMS = {
     "full": {"rounds": 3, "idle": 300, "colds": 6, "slice_s": 6.0, "connections": 8,
              "warm_connections": 64},
@@ -224,6 +220,12 @@ def ratios(figures: dict[str, dict[str, float]]) -> dict[str, float]:
             if base and name != "cortex-1cpu"}
 
 
+def against_baseline(figures: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each system over its ``base-`` twin (the ``--baseline`` checkout) in the same run."""
+    return {name: round(f["req_per_s"] / figures[f"base-{name}"]["req_per_s"], 2)
+            for name, f in figures.items() if f"base-{name}" in figures}
+
+
 def scaling(figures: dict[str, dict[str, float]]) -> dict[str, float]:
     """Both cores over one, per configuration measured both ways (the 1 -> 2 core target)."""
     return {name: round(figures[name]["req_per_s"] / figures[one]["req_per_s"], 2)
@@ -237,6 +239,9 @@ def main() -> int:
                                        "--quick: code)")
     parser.add_argument("--systems", default=",".join([*SYSTEMS, "sglang-router"]))
     parser.add_argument("--phases", default="stall,cold_tput,warm_tput")
+    parser.add_argument("--baseline", type=Path,
+                        help="another checkout (extensions built): systems named base-<name> "
+                        "run its Cortex, in the same rounds")
     args = parser.parse_args()
     params = PARAMS["quick" if args.quick else "full"]
     texts_wanted = args.text or ("code" if args.quick else "code,zh")
@@ -260,12 +265,14 @@ def main() -> int:
             if name == "sglang-router":
                 running = peers.start_sglang_router([mock.url for mock in mocks], MODEL)
             else:
-                flags, cpus = SYSTEMS[name]
+                base = name.startswith("base-")
+                flags, cpus = SYSTEMS[name.removeprefix("base-")]
+                repo = args.baseline.resolve() if base and args.baseline else peers.REPO
                 running = peers.start_cortex(mocks, MODEL, ds.TOKENIZER_JSON, template, name,
-                                             flags=flags, cpus=cpus)
+                                             flags=flags, cpus=cpus, repo=repo)
             started[name] = running
             systems[name] = (running.port, running.pids())
-        cortexes = {name: v for name, v in systems.items() if name.startswith("cortex")}
+        cortexes = {name: v for name, v in systems.items() if "cortex" in name}
         result["load_average_before"] = [round(x, 2) for x in os.getloadavg()]
         for kind in texts_wanted.split(","):
             out: dict[str, object] = {}
@@ -277,12 +284,14 @@ def main() -> int:
                 figures = trio.run(tput_phase, systems, texts.cold,
                                    int(params["connections"]), params)
                 out["cold_tput_8k"] = {**figures, "ratios": ratios(figures),
-                                       "one_to_two_cores": scaling(figures)}
+                                       "one_to_two_cores": scaling(figures),
+                                       "against_baseline": against_baseline(figures)}
             if "warm_tput" in phases:
                 texts = Texts(kind, 8_000, 3)
                 figures = trio.run(tput_phase, systems, texts.warm,
                                    int(params["warm_connections"]), params)
-                out["warm_tput_8k"] = {**figures, "ratios": ratios(figures)}
+                out["warm_tput_8k"] = {**figures, "ratios": ratios(figures),
+                                       "against_baseline": against_baseline(figures)}
             result[kind] = out
         result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     finally:

@@ -40,6 +40,7 @@ def _agentic_tokenize(result: dict) -> None:
         row = result[family]
         if "skipped" in row and family == "qwen":
             continue
+        assert row["bpe"] == "fastokens", row["why_not_fastokens"]
         assert set(row["warm_turn"]) == {"context_tokens", "english", "chinese", "code"}
         assert row["warm_turn"]["context_tokens"] > 30_000
         inline = row["inline"]  # new text just under the offload threshold stays on the loop
@@ -115,21 +116,26 @@ def _scrape(result: dict) -> None:
 def _api_render(result: dict) -> None:
     assert result["chars"] > 0
     assert all(result[api]["p50"] > 0 for api in ("chat", "messages", "responses"))
+    for api in ("chat", "messages", "responses"):  # grown turns went through the window
+        assert result["growing"][api]["renders"]["window"] > 0, result["growing"][api]
+
+
+def _route_turns(result: dict) -> None:
+    assert result["in_process"]["bpe"] == "fastokens"
+    assert result["in_process"]["turns"] > 0 and result["serve"]["turns"] > 0
+    assert result["serve"]["route_ms_mean"] > 0
 
 
 def _cold(result: dict) -> None:
     figures = result["code"]
-    for name in ("cortex", "cortex-1cpu", "cortex-pool1", "cortex-pool2"):
+    for name in ("cortex", "cortex-1cpu"):
         stall = figures["stall_32k"][name]
         assert stall["idle_us"]["n"] > 0 and stall["loaded_us"]["n"] > 0
         assert stall["cold_ms"]["p50"] > 0
         for phase in ("cold_tput_8k", "warm_tput_8k"):
             assert figures[phase][name]["req_per_s"] > 0
-    for name in ("cortex-pool1", "cortex-pool2"):  # the pool's processes did the cold work
-        cold = figures["cold_tput_8k"][name]
-        assert cold["main_process_cpu_ms_per_request"] < cold["cpu_ms_per_request"]
-    assert set(figures["cold_tput_8k"]["ratios"]) >= {"cortex", "cortex-pool2"}
-    assert set(figures["cold_tput_8k"]["one_to_two_cores"]) == {"cortex", "cortex-pool2"}
+    assert set(figures["cold_tput_8k"]["ratios"]) >= {"cortex"}
+    assert set(figures["cold_tput_8k"]["one_to_two_cores"]) == {"cortex"}
 
 
 def _wrk(result: dict) -> None:
@@ -146,6 +152,7 @@ def _wrk(result: dict) -> None:
 CHECKS = {
     "bench_agentic_tokenize.py": _agentic_tokenize,
     "bench_api_render.py": _api_render,
+    "bench_route_turns.py": _route_turns,
     "bench_cold.py": _cold,
     "bench_cpu_ab.py": _cpu_ab,
     "bench_http.py": _http,
