@@ -12,8 +12,8 @@ recursion or ``break`` of it), and reads the conversation only as ``messages[0]`
 that loop, as ``messages[loop.index0 ± c]`` / ``loop.previtem`` / ``loop.nextitem`` (at most
 ``left`` messages back, ``right`` ahead), ``loop.first`` / ``loop.last``, and ``loop.index0`` /
 ``loop.index`` only inside such subscripts, compared for equality with the first position, or
-taken modulo 2; no namespace attribute is set inside the loop (the only state that outlives an
-iteration: a plain ``set`` there is reset each iteration), no ``strftime_now`` (time), no
+taken modulo 2; no namespace attribute is set inside the loop or a macro (the only state that
+outlives an iteration: a plain ``set`` there is reset each iteration), no ``strftime_now`` (time), no
 ``include`` / ``import`` / ``extends`` / ``block``. Then the output is: a head that reads only
 ``messages[0]`` and the globals; per message, output that reads only the message, its
 neighbours within ``left`` / ``right``, ``messages[0]``, whether it is first or last, the parity
@@ -29,9 +29,10 @@ dropped: positions keep their parity) and ``a <= s - left``: from where ``M[s]``
 ``W``'s output to its end, tail included (every message from ``s`` on sees in ``W`` what it sees
 in ``M``). Where a message's output starts is recorded while rendering: the template's loop
 advances over a ``TracedMessages`` list (or its ``LoopContext``, patched to record) while the
-consumer extends a list from the generator (in C: the parts received so far are counted). A render that indexes the conversation with a negative number (a template
-that reads ``messages[loop.index0 - 1]`` at the first message reads the *last* one) turns the
-cache off for the template (its earlier results were whole renders; nothing stale is kept).
+consumer extends a list from the generator (in C: the parts received so far are counted). A
+render that indexes the conversation with a negative number (a template that reads
+``messages[loop.index0 - 1]`` at the first message reads the *last* one) turns the cache off
+for the template (its earlier results were whole renders; nothing stale is kept).
 
 Finding a cached conversation: entries are filed by their message count and an outline of their
 last message (role, sizes, a few characters: cheap, never trusted alone); for each of the last
@@ -47,8 +48,8 @@ client's messages it keeps — plus 8 bytes per message start), ``BUCKET_ENTRIES
 seen whole), ``window``, ``full`` (nothing cached to start from), ``short`` (a conversation
 whose whole render, at the per-message cost measured on this template's whole renders, costs
 less than the window's copies of the cached text, ``WINDOW_S_PER_BYTE``: rendered whole,
-untraced, not kept), ``fallback`` (media, or the cache
-turned off). Pure (the clock read for that cost aside) and single-owner (the event loop).
+untraced, not kept), ``fallback`` (media, or the cache turned off). Pure (the clock read for
+that cost aside) and single-owner (the event loop).
 """
 
 from __future__ import annotations
@@ -189,8 +190,10 @@ class _Reader:
             self._loop_attribute(node, up)
         elif isinstance(node, nodes.Break) and ours:
             self.fail("a break out of the loop over messages")
-        elif isinstance(node, nodes.NSRef) and self.loop in fors:
-            self.fail("a namespace attribute is set inside the loop over messages")
+        elif isinstance(node, nodes.NSRef) and (self.loop in fors or any(
+                isinstance(above, nodes.Macro) for above in up)):
+            # a macro may be called from the loop: its namespace writes would outlive it too
+            self.fail("a namespace attribute is set inside the loop over messages or a macro")
         below = (*up, node)
         if isinstance(node, nodes.For):
             # its iterable (and filter) belong to the enclosing scope; its body to the loop

@@ -61,6 +61,8 @@ def test_local_templates_and_how_far_a_message_looks(source, left, right, loop_c
      "{% endfor %}", "index other"),
     ("{% for m in messages %}{{ foo(loop) }}{% endfor %}", "loop object"),
     ("{% include 'x' %}" + LOOP, "include"),
+    ("{% set ns = namespace(n=0) %}{% macro count() %}{% set ns.n = ns.n + 1 %}{% endmacro %}"
+     "{% for m in messages %}{{ count() }}{{ ns.n }}{% endfor %}", "macro"),
 ])
 def test_templates_not_shown_local_say_why(source, why):
     shape = _shape(source)
