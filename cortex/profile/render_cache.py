@@ -13,8 +13,9 @@ that loop, as ``messages[loop.index0 ± c]`` / ``loop.previtem`` / ``loop.nextit
 ``left`` messages back, ``right`` ahead), ``loop.first`` / ``loop.last``, and ``loop.index0`` /
 ``loop.index`` only inside such subscripts, compared for equality with the first position, or
 taken modulo 2; no namespace attribute is set inside the loop or a macro (the only state that
-outlives an iteration: a plain ``set`` there is reset each iteration), no ``strftime_now`` (time), no
-``include`` / ``import`` / ``extends`` / ``block``. Then the output is: a head that reads only
+outlives an iteration: a plain ``set`` there is reset each iteration), no ``strftime_now`` (time),
+``cycler`` / ``joiner`` (state across calls) or ``random`` filter, no ``include`` / ``import`` /
+``extends`` / ``block``. Then the output is: a head that reads only
 ``messages[0]`` and the globals; per message, output that reads only the message, its
 neighbours within ``left`` / ``right``, ``messages[0]``, whether it is first or last, the parity
 of its position and the globals; a tail that reads only ``messages[0]`` and the globals. A
@@ -135,6 +136,7 @@ def traced_loop_context(base: type) -> type:
 
 _FIRST_POSITION = {"index0": 0, "index": 1}  # each position attribute's value at the first
 _NEIGHBOURS = {"previtem": -1, "nextitem": 1}
+_STATEFUL_GLOBALS = frozenset({"cycler", "joiner"})  # Jinja's: each call depends on the last
 
 
 def locality(tree: nodes.Template) -> Locality | str:
@@ -179,6 +181,8 @@ class _Reader:
         if isinstance(node, nodes.Name):
             if node.name == "strftime_now":
                 self.fail("it reads the time (strftime_now)")
+            elif node.name in _STATEFUL_GLOBALS:
+                self.fail(f"it uses {node.name}() (state across calls)")
             elif node.name == "messages":
                 self._messages(node, up, ours)
             elif node.name == "loop" and ours:
@@ -188,6 +192,8 @@ class _Reader:
         elif isinstance(node, nodes.Getattr) and ours and isinstance(
                 node.node, nodes.Name) and node.node.name == "loop":
             self._loop_attribute(node, up)
+        elif isinstance(node, nodes.Filter) and node.name == "random":
+            self.fail("it draws at random (the random filter)")
         elif isinstance(node, nodes.Break) and ours:
             self.fail("a break out of the loop over messages")
         elif isinstance(node, nodes.NSRef) and (self.loop in fors or any(

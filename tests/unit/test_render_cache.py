@@ -63,6 +63,9 @@ def test_local_templates_and_how_far_a_message_looks(source, left, right, loop_c
     ("{% include 'x' %}" + LOOP, "include"),
     ("{% set ns = namespace(n=0) %}{% macro count() %}{% set ns.n = ns.n + 1 %}{% endmacro %}"
      "{% for m in messages %}{{ count() }}{{ ns.n }}{% endfor %}", "macro"),
+    ("{% set c = cycler('a', 'b') %}{% for m in messages %}{{ c.next() }}{% endfor %}",
+     "cycler"),
+    ("{% for m in messages %}{{ [1, 2]|random }}{% endfor %}", "random"),
 ])
 def test_templates_not_shown_local_say_why(source, why):
     shape = _shape(source)
