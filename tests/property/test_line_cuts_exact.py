@@ -28,8 +28,9 @@ def _families() -> list[tuple[str, object, bytes]]:
 
 FAMILIES = _families()
 _DS_SEGMENTER = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
-_CUTTERS = {name: (tok, LineCutter(tok, Segmenter.from_tokenizer_json(raw), min_chars=1))
-            for name, tok, raw in FAMILIES}
+_SEGMENTERS = {name: Segmenter.from_tokenizer_json(raw) for name, _, raw in FAMILIES}
+_CUTTERS = {name: (tok, LineCutter(tok, _SEGMENTERS[name], min_chars=1))
+            for name, tok, _ in FAMILIES}
 
 _line_starts = st.sampled_from(
     ["", " ", "  ", "\t", " \t ", "\u3000", "\u00a0", "\u2028", "\u0085", "\r", "\r\n", "\n",
@@ -63,9 +64,7 @@ def test_chunks_encode_like_the_whole(family: str, text: str, min_chars: int) ->
                                        [*(m.end() for m in CUT.finditer(text)), len(text)])]
     assert "".join(every) == text
     assert [i for line in every for i in _ids(tok, line)] == expected
-    sized = LineCutter(tok, Segmenter.from_tokenizer_json(
-        ds.tokenizer_json_bytes() if family == "deepseek" else qw.tokenizer_json_bytes()),
-        min_chars=min_chars)
+    sized = LineCutter(tok, _SEGMENTERS[family], min_chars=min_chars)
     chunks = sized.chunks(text)
     assert "".join(chunks) == text and (all(chunks) or not text)
     assert [i for c in chunks for i in _ids(tok, c)] == expected
