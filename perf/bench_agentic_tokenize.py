@@ -275,6 +275,11 @@ def inline(fam: Family, iterations: int, context_tokens: int) -> dict:
     return out
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small, fast smoke run")
@@ -302,8 +307,12 @@ def main() -> None:
         result["qwen"] = {"skipped": f"no tokenizer in {QWEN_DIR}: run `make engines`"}
     for name, profile in profiles(families).items():
         fam = Family(name, profile)
+        rss_before, started = _rss_mib(), time.perf_counter()
         why_not = None if args.bpe == "tokenizers" else profile.bpe.upgrade()
-        row: dict[str, object] = {"bpe": profile.bpe.backend, "why_not_fastokens": why_not}
+        row: dict[str, object] = {"bpe": profile.bpe.backend, "why_not_fastokens": why_not,
+                                  # fastokens' load + start check, and the memory it holds
+                                  "bpe_upgrade_s": round(time.perf_counter() - started, 2),
+                                  "bpe_rss_mib": round(_rss_mib() - rss_before)}
         if "warm_turn" in sections:
             row["warm_turn"] = warm_turn(fam, args.iterations, args.context_tokens,
                                          args.new_tokens)
