@@ -112,6 +112,7 @@ def build_pools(
             rng=random.Random(rng.getrandbits(64)),
             segment_cache_bytes=model.segment_cache_bytes,
             render_cache_bytes=model.render_cache_bytes,
+            prompt_reuse_bytes=model.prompt_reuse_bytes,
             route_on_partial=scheduler.route_on_partial,
             max_prompt_chars=model.max_prompt_chars)
     for worker in config.workers:

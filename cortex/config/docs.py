@@ -186,6 +186,9 @@ DOCS: dict[str, str] = {
     "models.segment_cache_bytes": "bytes of the tokenizer's segment cache",
     "models.render_cache_bytes": "bytes of rendered conversations the chat template's render "
                                  "cache keeps (each charged twice its text; 0: none)",
+    "models.prompt_reuse_bytes": "bytes of recent long prompts the tokenizer keeps whole (text "
+                                 "and ids), so that a prompt extending one encodes only what "
+                                 "follows (0: none)",
     "workers.name": "unique worker name, sent in x-cortex-assigned-worker "
                     "(default: host:port of url)",
     "workers.url": "engine HTTP base, http://host:port (required)",

@@ -151,6 +151,7 @@ class ModelConfig:
     passthrough: bool = False  # another component schedules this pool: Cortex only proxies
     segment_cache_bytes: int = 64 << 20
     render_cache_bytes: int = 32 << 20  # rendered conversations kept (the chat render cache)
+    prompt_reuse_bytes: int = 16 << 20  # tokenized prompts kept whole for their next turn
     required: bool = True  # a profile that cannot load stops the start (false: by load only)
     max_prompt_chars: int = 1 << 20  # longer prompts are routed by load, not tokenized (0: any)
 
@@ -172,6 +173,8 @@ class ModelConfig:
             problems.append(f"{label}: segment_cache_bytes must be >= 0")
         if self.render_cache_bytes < 0:
             problems.append(f"{label}: render_cache_bytes must be >= 0")
+        if self.prompt_reuse_bytes < 0:
+            problems.append(f"{label}: prompt_reuse_bytes must be >= 0")
         if self.max_prompt_chars < 0:
             problems.append(f"{label}: max_prompt_chars must be >= 0")
         if problems:

@@ -126,6 +126,7 @@ class ModelPool:
         clock: Callable[[], float] = time.perf_counter,
         segment_cache_bytes: int = 64 << 20,
         render_cache_bytes: int = 32 << 20,
+        prompt_reuse_bytes: int = 16 << 20,
         route_on_partial: bool = False,
         max_prompt_chars: int = 0,
     ) -> None:
@@ -138,7 +139,8 @@ class ModelPool:
         self.max_prompt_chars = max_prompt_chars  # longer prompts are not tokenized (0: any)
         self.clock = clock
         self.tokenizer = (None if self.profile is None or passthrough
-                          else self.profile.new_cached_tokenizer(segment_cache_bytes))
+                          else self.profile.new_cached_tokenizer(segment_cache_bytes,
+                                                                 prompt_reuse_bytes))
         for note in [] if self.tokenizer is None else self.profile.tokenization_notes():
             log.info("model %s: %s (slower, still exact)", model, note)
         if self.profile is not None and self.profile.chat_templates is not None:

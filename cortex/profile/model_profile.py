@@ -62,7 +62,7 @@ from cortex.profile.hf_settings import (
     read_hf_settings,
 )
 from cortex.profile.line_cuts import LineCutter
-from cortex.profile.segment_cache import SegmentCachedTokenizer
+from cortex.profile.segment_cache import RECENT_BYTES, SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter
 
 MAX_BLOCK_SIZE = 1 << 16
@@ -127,11 +127,13 @@ class ModelProfile:
         reason = None if self.line_cuts is None else self.line_cuts.why_not_cutting
         return [] if reason is None else [f"line cuts of long pieces off: {reason}"]
 
-    def new_cached_tokenizer(self, capacity_bytes: int = 64 << 20) -> SegmentCachedTokenizer:
+    def new_cached_tokenizer(self, capacity_bytes: int = 64 << 20,
+                             recent_bytes: int = RECENT_BYTES) -> SegmentCachedTokenizer:
         return SegmentCachedTokenizer(
             self.bpe,
             self.segmenter,
             capacity_bytes=capacity_bytes,
+            recent_bytes=recent_bytes,
             bos_id=self.bos_id if self.add_bos else None,
             cutter=self.line_cuts,
         )
