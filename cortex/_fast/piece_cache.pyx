@@ -118,21 +118,6 @@ cdef inline array.array _as_ids(object ids):
     return py_array.array("I", ids)
 
 
-cdef inline int _append_ids(array.array out, array.array ids) except -1:
-    cdef Py_ssize_t n = len(ids), at = len(out)
-    if n:
-        array.resize_smart(out, at + n)
-        memcpy(&out.data.as_uints[at], ids.data.as_uints, n * sizeof(unsigned int))
-    return 0
-
-
-cdef inline int _append_id(array.array out, unsigned int token_id) except -1:
-    cdef Py_ssize_t at = len(out)
-    array.resize_smart(out, at + 1)
-    out.data.as_uints[at] = token_id
-    return 0
-
-
 REUSE_MIN_CHARS = 4096  # a shorter prompt is neither remembered nor extended (cheap anyway)
 HEAD_CHARS = 512  # a remembered prompt is tried only for prompts that begin as it does
 cdef Py_ssize_t _HEAD = HEAD_CHARS  # (or the first reuse_min_chars, when fewer)
@@ -182,13 +167,6 @@ cdef inline Py_ssize_t _cuts_upto(array.array cuts, Py_ssize_t at) noexcept:
         else:
             hi = mid
     return lo
-
-
-cdef inline int _append_q(array.array out, long long value) except -1:
-    cdef Py_ssize_t at = len(out)
-    array.resize_smart(out, at + 1)
-    out.data.as_longlongs[at] = value
-    return 0
 
 
 cdef class PieceCache:
@@ -444,10 +422,13 @@ cdef class PieceCache:
 
     cdef array.array _finish(self, list pieces, list found, list cold, list cold_ids, bos_id,
                              Reuse reuse):
+        """The ids, in one array sized once (a 37k-id prompt is 150 KB: growing it piece by
+        piece re-copied it); with ``reuse``, the prompt is remembered (``_remember_prompt``)."""
         cdef dict encoded = None
         cdef array.array ids, out, cuts = None, cut_ids = None
         cdef _Prompt parent = None
-        cdef Py_ssize_t i, n = len(cold), bos_len = 0, at = 0
+        cdef Py_ssize_t i, n = len(cold), bos_len = 0 if bos_id is None else 1
+        cdef Py_ssize_t at = 0, total, tokens = 0, w, c = 0, size
         if n:
             encoded = {}
             for i in range(n):
@@ -457,38 +438,51 @@ cdef class PieceCache:
                 self.misses += 1
                 self.miss_tokens += len(ids)
                 self._remember(piece, ids)
-        out = array.clone(_IDS_TEMPLATE, 0, False)
-        if bos_id is not None:
-            _append_id(out, bos_id)
-            bos_len = 1
         if reuse is not None:
-            cuts = array.clone(_CUTS_TEMPLATE, 0, False)
-            cut_ids = array.clone(_CUTS_TEMPLATE, 0, False)
             parent = reuse.parent
+        total = bos_len + (reuse.n_ids if parent is not None else 0)
+        for i in range(len(pieces)):
+            got = found[i]
+            if got is None:
+                total += len(<array.array>encoded[(<tuple>pieces[i])[0]])
+            elif type(got) is int:
+                total += 1
+                tokens += 1
+            else:
+                total += len(<array.array>got)
+        out = array.clone(_IDS_TEMPLATE, total, False)
+        w = bos_len
+        if bos_len:
+            out.data.as_uints[0] = bos_id
+        if reuse is not None:
+            c = reuse.n_cuts if parent is not None else 0
+            cuts = array.clone(_CUTS_TEMPLATE, c + tokens, False)
+            cut_ids = array.clone(_CUTS_TEMPLATE, c + tokens, False)
         if parent is not None:
-            array.resize(out, bos_len + reuse.n_ids)
-            memcpy(&out.data.as_uints[bos_len], &parent.ids.data.as_uints[parent.bos_len],
+            memcpy(&out.data.as_uints[w], &parent.ids.data.as_uints[parent.bos_len],
                    reuse.n_ids * sizeof(unsigned int))
-            array.resize(cuts, reuse.n_cuts)
-            array.resize(cut_ids, reuse.n_cuts)
-            memcpy(cuts.data.as_longlongs, parent.cuts.data.as_longlongs,
-                   reuse.n_cuts * sizeof(long long))
+            w += reuse.n_ids
+            memcpy(cuts.data.as_longlongs, parent.cuts.data.as_longlongs, c * sizeof(long long))
             memcpy(cut_ids.data.as_longlongs, parent.cut_ids.data.as_longlongs,
-                   reuse.n_cuts * sizeof(long long))
+                   c * sizeof(long long))
             at = reuse.at
             self.reused_prompts += 1
             self.reused_tokens += reuse.n_ids
         for i in range(len(pieces)):
             got = found[i]
-            if got is None:
-                _append_ids(out, <array.array>encoded[(<tuple>pieces[i])[0]])
-            elif type(got) is int:
+            if type(got) is int:
                 if cuts is not None:
-                    _append_q(cuts, at)
-                    _append_q(cut_ids, len(out) - bos_len)
-                _append_id(out, got)
+                    cuts.data.as_longlongs[c] = at
+                    cut_ids.data.as_longlongs[c] = w - bos_len
+                    c += 1
+                out.data.as_uints[w] = <unsigned int>got
+                w += 1
             else:
-                _append_ids(out, <array.array>got)
+                ids = <array.array>(encoded[(<tuple>pieces[i])[0]] if got is None else got)
+                size = len(ids)
+                if size:
+                    memcpy(&out.data.as_uints[w], ids.data.as_uints, size * sizeof(unsigned int))
+                    w += size
             if cuts is not None:
                 at += PyUnicode_GET_LENGTH((<tuple>pieces[i])[0])
         if cuts is not None:
