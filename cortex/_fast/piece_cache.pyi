@@ -63,8 +63,6 @@ class Reuse:
     text: str
     at: int
     n_ids: int
-    @property
-    def extends(self) -> bool: ...
 
 class PieceCache:
     capacity_bytes: int

@@ -151,10 +151,6 @@ cdef class Reuse:
     cdef Py_ssize_t n_cuts
     cdef readonly Py_ssize_t n_ids
 
-    @property
-    def extends(self):
-        return self.parent is not None
-
 
 cdef inline Py_ssize_t _cuts_upto(array.array cuts, Py_ssize_t at) noexcept:
     """How many of the ascending ``cuts`` are <= ``at``."""
@@ -428,7 +424,7 @@ cdef class PieceCache:
         cdef array.array ids, out, cuts = None, cut_ids = None
         cdef _Prompt parent = None
         cdef Py_ssize_t i, n = len(cold), bos_len = 0 if bos_id is None else 1
-        cdef Py_ssize_t at = 0, total, tokens = 0, w, c = 0, size
+        cdef Py_ssize_t at = 0, total, added = 0, w, c = 0, size
         if n:
             encoded = {}
             for i in range(n):
@@ -447,7 +443,7 @@ cdef class PieceCache:
                 total += len(<array.array>encoded[(<tuple>pieces[i])[0]])
             elif type(got) is int:
                 total += 1
-                tokens += 1
+                added += 1  # an added-token piece: a cut
             else:
                 total += len(<array.array>got)
         out = array.clone(_IDS_TEMPLATE, total, False)
@@ -456,8 +452,8 @@ cdef class PieceCache:
             out.data.as_uints[0] = bos_id
         if reuse is not None:
             c = reuse.n_cuts if parent is not None else 0
-            cuts = array.clone(_CUTS_TEMPLATE, c + tokens, False)
-            cut_ids = array.clone(_CUTS_TEMPLATE, c + tokens, False)
+            cuts = array.clone(_CUTS_TEMPLATE, c + added, False)
+            cut_ids = array.clone(_CUTS_TEMPLATE, c + added, False)
         if parent is not None:
             memcpy(&out.data.as_uints[w], &parent.ids.data.as_uints[parent.bos_len],
                    reuse.n_ids * sizeof(unsigned int))
