@@ -17,7 +17,8 @@ request path does; microseconds unless named ``_ms``):
   answer continued): a ~30k-token message seen, then the same message with ~2k more tokens
   appended: p50/p99 of the second request, against ``encode_new_us_p50`` (~2k tokens alone through
   ``Tokenizer.encode``) and ``encode_whole_us_p50`` (a whole ~30k-token message).
-* ``cold_32k_ms``: the whole context through a fresh cache (fresh word cache too).
+* ``cold_32k``: the whole context through a fresh cache (fresh word cache too), median of
+  ``--iterations`` / 20 contexts (at least 5).
 * ``inline``: what the request path (``encode_now``) holds the loop for when a new message of
   each kind (``english``, ``chinese``, ``code``, ``json``) is just under the offload threshold
   (``offload_min_chars`` characters, each non-ASCII piece's counted ``NON_ASCII_CHAR_COST``
@@ -328,7 +329,8 @@ def main() -> None:
             row["growing"] = growing(fam, max(5, args.iterations // 5),
                                      args.context_tokens - 2000, args.new_tokens)
         if "cold" in sections:
-            row["cold_32k"] = cold(fam, 2 if args.quick else 5, args.context_tokens)
+            row["cold_32k"] = cold(fam, 2 if args.quick else max(5, args.iterations // 20),
+                                   args.context_tokens)
         if "inline" in sections:
             row["inline"] = inline(fam, args.iterations, args.context_tokens)
         if "sessions" in sections:
