@@ -16,13 +16,14 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer
 
 from cortex._fast.piece_cache import REUSE_MIN_CHARS, common_prefix
-from cortex.profile.segment_cache import Lookup, SegmentCachedTokenizer
+from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter
 from tests import deepseek_profile as ds
 from tests import qwen_profile as qw
+from tests.tokenize_helpers import colliding_tokenizer, encode_now_ids
 
 _DS_TOKENIZER = ds.tokenizer()
 _DS_SEGMENTER = Segmenter.from_tokenizer_json(ds.tokenizer_json_bytes())
@@ -54,13 +55,6 @@ def _plain(tokenizer: Tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def _encode_now(cache: SegmentCachedTokenizer, text: str, bos: bool, offload_min: int) -> list:
-    found = cache.encode_now(text, bos, offload_min)
-    if isinstance(found, Lookup):  # what trio_tokenize does in a worker thread
-        found = cache.finish(found, cache.encode_pieces(found.cold))
-    return found.tolist()
-
-
 @settings(max_examples=200, deadline=None)
 @given(system=_content, messages=st.lists(_message, max_size=5),
        more=st.lists(_message, min_size=1, max_size=3), edit=_content,
@@ -79,7 +73,7 @@ def test_deepseek_extended_prompts_equal_plain_encodes(system, messages, more, e
     for text in (first, grown, edited, continued, first):
         want = _plain(_DS_TOKENIZER, text)
         assert cache.encode(text) == want
-        assert _encode_now(now, text, True, offload_min) == [0, *want]
+        assert encode_now_ids(now, text, True, offload_min) == [0, *want]
         assert _DS_SHARED.encode(text) == want
         assert _DS_SMALL.encode(text) == want  # evicts pieces and prompts all the time
     assert cache.reused_prompts >= 1  # the grown chat took the first one's ids
@@ -116,17 +110,7 @@ _NORMALIZED = ["ab", "c<", "b|b", "<a", "~a>"]  # anchors "~", "~a>"; "#" is spa
 _ALPHABET = "abc<>| \n~#"
 
 
-def _toy() -> Tokenizer:
-    vocab = {c: i for i, c in enumerate(_ALPHABET)}
-    vocab["[UNK]"] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.add_special_tokens([AddedToken(t, normalized=False) for t in _RAW])
-    tok.add_tokens([AddedToken(t, normalized=True) for t in _NORMALIZED])
-    return tok
-
-
-_TOY = _toy()
+_TOY = colliding_tokenizer(_RAW, _NORMALIZED, _ALPHABET)
 _TOY_SEGMENTER = Segmenter.from_tokenizer_json(_TOY.to_str())
 _TOY_SHARED = _reusing(_TOY, _TOY_SEGMENTER, capacity_bytes=4096)
 _toy_text = st.lists(

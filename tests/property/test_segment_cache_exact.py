@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortex.profile.line_cuts import LineCutter
-from cortex.profile.segment_cache import Lookup, SegmentCachedTokenizer
+from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter, added_tokens_from_json
 from tests import deepseek_profile as ds
+from tests.tokenize_helpers import encode_now_ids
 
 _TOKENIZER = ds.tokenizer()
 _JSON = json.loads(ds.tokenizer_json_bytes())
@@ -81,24 +82,17 @@ def test_cached_encode_equals_plain_full_encode(conv: tuple) -> None:
     assert _CUT_SHARED.encode(text) == expected
 
 
-def _encode_now(cache: SegmentCachedTokenizer, text: str, bos: bool, offload_min: int) -> list:
-    found = cache.encode_now(text, bos, offload_min)
-    if isinstance(found, Lookup):  # what trio_tokenize does in a worker thread
-        found = cache.finish(found, cache.encode_pieces(found.cold))
-    return found.tolist()
-
-
 @settings(max_examples=300, deadline=None)
 @given(_conversation, st.integers(min_value=0, max_value=40))
 def test_encode_now_equals_plain_full_encode(conv: tuple, offload_min: int) -> None:
     text = _render(*conv)
     expected = _plain(text)
     cold_cache = SegmentCachedTokenizer(_BPE, _SEGMENTER)
-    assert _encode_now(cold_cache, text, False, offload_min) == expected  # cold
-    assert _encode_now(cold_cache, text, False, offload_min) == expected  # warm
-    assert _encode_now(_NOW_SHARED, text, True, offload_min) == [0, *expected]  # BOS first
-    assert _encode_now(_NOW_TINY, text, False, offload_min) == expected  # eviction
-    assert _encode_now(_CUT_SHARED, text, False, offload_min) == expected  # chunks
+    assert encode_now_ids(cold_cache, text, False, offload_min) == expected  # cold
+    assert encode_now_ids(cold_cache, text, False, offload_min) == expected  # warm
+    assert encode_now_ids(_NOW_SHARED, text, True, offload_min) == [0, *expected]  # BOS first
+    assert encode_now_ids(_NOW_TINY, text, False, offload_min) == expected  # eviction
+    assert encode_now_ids(_CUT_SHARED, text, False, offload_min) == expected  # chunks
     assert cold_cache.misses == len({p for p, t in _SEGMENTER.split(text) if t is None})
 
 

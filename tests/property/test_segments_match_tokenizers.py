@@ -11,27 +11,17 @@ import re
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 from cortex.profile import segments
 from cortex.profile.segment_cache import SegmentCachedTokenizer
 from cortex.profile.segments import Segmenter, _longest_first_pattern, _Pass
+from tests.tokenize_helpers import colliding_tokenizer
 
 RAW = ["<a>", "<a>b", "bc", "a>b>", "|", "<<"]
 NORMALIZED = ["ab", "c<", "b|b", "<a"]
 
 
-def _tokenizer() -> Tokenizer:
-    vocab = {c: i for i, c in enumerate("abc<>| \n")}
-    vocab["[UNK]"] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.add_special_tokens([AddedToken(t, normalized=False) for t in RAW])
-    tok.add_tokens([AddedToken(t, normalized=True) for t in NORMALIZED])
-    return tok
-
-
-_TOK = _tokenizer()
+_TOK = colliding_tokenizer(RAW, NORMALIZED, "abc<>| \n")
 _SEG = Segmenter.from_tokenizer_json(_TOK.to_str())
 _SHARED = SegmentCachedTokenizer(_TOK, _SEG, capacity_bytes=4096)
 _text = st.lists(
