@@ -57,6 +57,7 @@ from cortex.memory_trim import run_memory_trim
 from cortex.metrics import CortexMetrics, ledger_figures
 from cortex.profile.profile_set import ProfileSet, load_profiles
 from cortex.profile.trio_tokenize import upgrade_bpes
+from cortex.replicas.sync import ReplicaSync
 from cortex.serve_summary import nothing_to_serve, serve_summary
 from cortex.systemd import Notifier, run_watchdog
 from cortex.upstream.pool import UpstreamPool
@@ -85,6 +86,7 @@ class Running:
     # SIGHUP: make the registry's workers these specs; returns (changes, problems)
     reload_workers: Callable[[Sequence[WorkerSpec]], tuple[list[str], list[str]]] | None = (
         None)
+    replica_sync: ReplicaSync | None = None  # when replicas.listen is set
 
 
 def build_pools(
@@ -194,19 +196,27 @@ async def run_gateway(config: CortexConfig, *,
         metrics.watch_pd(lambda: gateway.pd.counters)
         metrics.watch_admission(lambda: [(model, admission.counters) for model, admission
                                          in sorted(gateway.admissions.items())])
+        replica_sync = None
+        if config.replicas.enabled:  # before the data plane: no request goes untold
+            replica_sync = ReplicaSync(config.replicas, pools)
+            await nursery.start(replica_sync.run)
+            metrics.watch_replicas(replica_sync.figures)
         control = ControlApp(metrics=metrics, readiness=gateway.readiness,
                              auth=BearerAuth(config.control.read_admin_token()), admin=workers,
                              worker_hosts=config.control.worker_host_policy(),
                              ledger=lambda: ledger_figures(book), snapshot=workers.snapshot)
         control_port = await nursery.start(partial(serve_control, control, config.control.host,
                                                    config.control.port))
-        _, data_port = await nursery.start(server.serve, config.server.host, config.server.port)
+        _, data_port = await nursery.start(
+            partial(server.serve, reuse_port=config.server.reuse_port),
+            config.server.host, config.server.port)
         log.info("%s", serve_summary(config, registry.specs(), data_port, control_port))
         missing = nothing_to_serve(config, registry.specs())
         if missing is not None:
             log.warning("%s", missing)
         task_status.started(Running(data_port, control_port, book, registry, pools, server,
-                                    metrics, gateway, counters, reload_workers=workers.reload))
+                                    metrics, gateway, counters, reload_workers=workers.reload,
+                                    replica_sync=replica_sync))
         await _until_signal(server, config.server.limits.drain_timeout_s)
         nursery.cancel_scope.cancel()
 

@@ -50,6 +50,7 @@ from cortex.metrics_sources import (
     pd_writer,
     pool_writer,
     probe_writer,
+    replica_writer,
     tokenizer_writer,
     worker_writer,
     write_process,
@@ -310,6 +311,10 @@ class CortexMetrics:
     def watch_admission(self, source: Callable[[], Iterable[tuple[str, object]]]) -> None:
         """Export each model's admission counters (``(model, AdmissionCounters)`` pairs)."""
         self._writers.append(admission_writer(source))
+
+    def watch_replicas(self, source: Callable[[], object]) -> None:
+        """Export replica sync's view and counters (``ReplicaSync.figures``)."""
+        self._writers.append(replica_writer(source))
 
     def watch_upstream_pool(self, source: PoolSource) -> None:
         """Export the upstream pool's per-worker connection figures."""

@@ -38,7 +38,7 @@ __all__ = ["INGEST_HELP", "HttpFigures", "HttpSource", "IngestSource", "LedgerFi
            "ProbeSource", "TargetFigures", "WorkerSource", "Writer", "admission_writer",
            "chat_render_writer", "http_writer", "ingest_writer", "ledger_figures",
            "ledger_writer", "model_writer", "pd_writer", "pool_writer", "probe_writer",
-           "tokenizer_writer", "worker_writer", "write_process"]
+           "replica_writer", "tokenizer_writer", "worker_writer", "write_process"]
 
 # IngestCounters field -> HELP text; every field is exported as cortex_events_<field>_total.
 INGEST_HELP: dict[str, str] = {
@@ -336,6 +336,30 @@ def pd_writer(source: Callable[[], object]) -> Writer:
     """The PD orchestrator's outcome counters (``PdCounters``)."""
     def write(out: TextWriter) -> None:
         _per_worker([("", source())], out, _PD_COUNTERS)
+    return write
+
+
+_REPLICA_FIGURES = (
+    ("peers", "cortex_replica_peers", "gauge", "Other Cortex replicas in this one's view"),
+    ("peer_requests", "cortex_replica_peer_requests", "gauge",
+     "Requests other replicas told they have in flight, counted in this one's cost"),
+    ("sent", "cortex_replica_messages_sent_total", "counter",
+     "Replica-sync messages published (requests routed, prefills done, ends, heartbeats)"),
+    ("dropped", "cortex_replica_messages_dropped_total", "counter",
+     "Replica-sync messages not published: a peer's queue was full"),
+    ("received", "cortex_replica_messages_received_total", "counter",
+     "Replica-sync messages received from peers"),
+    ("invalid", "cortex_replica_messages_invalid_total", "counter",
+     "Replica-sync messages that could not be decoded (skipped)"),
+    ("foreign", "cortex_replica_messages_foreign_total", "counter",
+     "Replica-sync messages about a model this replica does not serve (skipped)"),
+)
+
+
+def replica_writer(source: Callable[[], object]) -> Writer:
+    """Replica sync's view and counters (an object with ``_REPLICA_FIGURES``' attributes)."""
+    def write(out: TextWriter) -> None:
+        _per_worker([("", source())], out, _REPLICA_FIGURES)
     return write
 
 

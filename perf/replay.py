@@ -268,7 +268,8 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
         engines = rc.start_engines(procs, settings, flavors,
                                    per_engine=p.engine_procs == "engine", roles=roles)
         policy = router if router in GATEWAY_POLICIES else PD_ROUTERS.get(router, "cortex")
-        gateway = rc.start_gateway(procs, engines, policy, MODEL, p.engine_block, cost)
+        gateway = rc.start_gateway(procs, engines, policy, MODEL, p.engine_block, cost,
+                                   p.replicas, bool(p.replica_sync))
         url = rc.start_sglang_router(procs, engines, MODEL) if router == "sglang-router" \
             else gateway.url
         started = time.monotonic()

@@ -9,7 +9,12 @@
   other's timers by that much: one process per engine keeps that out of the measurements.
 * ``start_gateway(...)``: ``perf/replay_gateway.py`` with a spec file; ready when it prints
   ``ready <port>`` (every worker live, every ledger READY). ``ledger_report()`` asks it for
-  the ledger's view of the caches (duplicated blocks).
+  the ledger's view of the caches (duplicated blocks). With ``replicas`` N > 1, N such
+  processes bind one port with ``SO_REUSEPORT`` (``server.reuse_port``): the kernel spreads the
+  client's connections among them, by a hash of each connection's addresses, as operators
+  spread replicas of one host; each replica subscribes to every engine and builds its own
+  ledger (the report is the first replica's); with ``sync`` they tell each other their
+  requests in flight (``cortex.replicas``), else each counts only its own.
 * ``start_sglang_router(...)``: ``perf/peers.py``'s launcher (``--policy cache_aware``).
 
 Every engine starts with an empty cache: each router gets a fresh cluster. ``Procs.stop()``
@@ -22,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -196,8 +202,9 @@ def start_engines(procs: Procs, settings: EngineSettings, flavors: list[str],
 
 @dataclass
 class Gateway:
-    running: peers.Running
+    running: peers.Running  # the first replica (its ledger answers ``ledger_report``)
     port: int
+    replicas: list[peers.Running] = field(default_factory=list)  # every replica, the first too
 
     @property
     def url(self) -> str:
@@ -212,23 +219,43 @@ class Gateway:
 
 
 def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
-                  block_size: int, cost: dict) -> Gateway:
-    """``cost``: ``scheduler.cost`` settings (``CostConfig`` fields) the gateway is given."""
+                  block_size: int, cost: dict, replicas: int = 1,
+                  sync: bool = False) -> Gateway:
+    """``cost``: ``scheduler.cost`` settings (``CostConfig`` fields) the gateway is given;
+    ``replicas``: gateway processes on one port (module docstring); ``sync``: the replicas tell
+    each other their requests in flight (``replicas.listen``/``peers``, loopback ZeroMQ)."""
+    endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(replicas)] if sync else []
     spec = {"model": model, "cost": cost, "tokenizer": ds.TOKENIZER_JSON, "block_size": block_size,
             "template": procs.template(), "bos": ds.BOS, "eos": ds.EOS, "policy": policy,
+            "reuse_port": replicas > 1, "port": 0,
             "workers": [{"name": e.name, "url": e.url, "engine": e.flavor, "events": e.events,
                          "replay": e.replay, "role": e.role,
                          "bootstrap_port": e.bootstrap_port} for e in engines]}
-    path = os.path.join(procs.tmpdir, f"gateway-{policy}.json")
-    with open(path, "w") as f:
-        json.dump(spec, f)
-    running = _spawn(procs, f"gateway-{policy}",
-                     [sys.executable, str(PERF / "replay_gateway.py"), path],
-                     stdin=subprocess.PIPE)
-    line = _line(running)
-    if not line.startswith("ready "):
-        raise peers.StartError(f"gateway said {line!r}:\n{running.log_tail()}")
-    return Gateway(running, int(line.split()[1]))
+    started: list[peers.Running] = []
+    port = 0
+    for index in range(replicas):  # the first picks the port, the others bind it too
+        spec["port"] = port
+        if endpoints:
+            spec["sync_listen"] = endpoints[index]
+            spec["sync_peers"] = [e for e in endpoints if e != endpoints[index]]
+        name = f"gateway-{policy}" + (f"-{index}" if replicas > 1 else "")
+        path = os.path.join(procs.tmpdir, f"{name}.json")
+        with open(path, "w") as f:
+            json.dump(spec, f)
+        running = _spawn(procs, name, [sys.executable, str(PERF / "replay_gateway.py"), path],
+                         stdin=subprocess.PIPE)
+        line = _line(running)
+        if not line.startswith("ready "):
+            raise peers.StartError(f"{name} said {line!r}:\n{running.log_tail()}")
+        port = int(line.split()[1])
+        started.append(running)
+    return Gateway(started[0], port, started)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def start_sglang_router(procs: Procs, engines: list[Engine], model: str) -> str:

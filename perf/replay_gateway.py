@@ -57,6 +57,7 @@ from cortex.config.tree import (
     ServerConfig,
 )
 from cortex.pd import orchestrate
+from cortex.replicas.settings import ReplicaSettings
 from cortex.scheduling import Role
 from cortex.scheduling.cost import CostConfig
 from cortex.workers.spec import WorkerSpec
@@ -74,11 +75,16 @@ def config_from(spec: dict) -> CortexConfig:
                     for w in spec["workers"])
     cost = spec.get("cost") or {"default_prefill_tokens_per_s": spec["prefill_tokens_per_s"]}
     return CortexConfig(
-        server=ServerConfig(host="127.0.0.1", port=0),
+        # replicas of one host share a port (the replay's --replicas): SO_REUSEPORT
+        server=ServerConfig(host="127.0.0.1", port=spec.get("port", 0),
+                            reuse_port=spec.get("reuse_port", False)),
         control=ControlConfig(host="127.0.0.1", port=0),
         models=(model,), workers=workers,
         # The operator states the engines' prefill speed: the cost model's TTFT is in seconds.
         scheduler=SchedulerConfig(cost=CostConfig(**cost)),
+        # replicas telling each other their requests in flight (the replay's --replica-sync)
+        replicas=ReplicaSettings(listen=spec.get("sync_listen", ""),
+                                 peers=",".join(spec.get("sync_peers", ()))),
         health=HealthConfig(interval_s=0.5, timeout_s=5.0, load_interval_s=0.25))
 
 

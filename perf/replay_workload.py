@@ -77,6 +77,8 @@ class Params:
     max_num_batched_tokens: int = 8192  # a step's budget in real tokens (vLLM's H100 default)
     max_num_seqs: int = 256
     cost_form: str = "steps"  # Cortex's cost on batching engines: steps | flat (replay.py)
+    replicas: int = 1  # gateway processes on one port, SO_REUSEPORT (replay_cluster.py)
+    replica_sync: int = 0  # 1: the replicas tell each other their requests in flight
 
     def tokens_per_token(self) -> float:
         return self.token_scale or tt.TRACE_BLOCK / self.block_tokens

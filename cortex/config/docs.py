@@ -29,6 +29,9 @@ SECTIONS: dict[str, str] = {
     "health": "Health probing, load polling and the per-worker circuit breaker.",
     "admission": "What happens when every worker of a model is above its watermarks.",
     "pd": "Prefill/decode disaggregation (models with prefill and decode workers).",
+    "replicas": "The other Cortex replicas of the cluster: each tells the others the requests "
+                "it routes, so that every replica counts them all in its cost (empty listen: "
+                "alone).",
     "log": "Logging.",
 }
 
@@ -183,6 +186,20 @@ DOCS: dict[str, str] = {
     "models.eos_token": "EOS token string, a single token (default: tokenizer_config.json's)",
     "models.version": "free-form profile version shown in /debug and logs",
     "models.passthrough": "another component schedules this pool: Cortex only proxies",
+    "replicas.listen": "ZeroMQ endpoint this replica publishes its requests on, e.g. "
+                       "tcp://0.0.0.0:5610 (empty: no replica sync)",
+    "replicas.peers": "the other replicas' endpoints, comma-separated "
+                      "(tcp://10.0.0.2:5610,tcp://10.0.0.3:5610)",
+    "replicas.heartbeat_s": "seconds between two heartbeats (the requests still in flight)",
+    "replicas.peer_timeout_s": "seconds of silence after which a peer leaves the view (its "
+                               "requests no longer counted)",
+    "replicas.entry_ttl_s": "seconds after which a peer's request is forgotten, whatever the "
+                            "peer says (bounds what a lost message costs)",
+    "replicas.sndhwm": "messages queued per peer before new ones are dropped, counted "
+                       "(0: unlimited)",
+    "server.reuse_port": "set SO_REUSEPORT on the data-plane port: several Cortex processes of "
+                         "one host may bind it, and the kernel spreads new connections among "
+                         "them",
     "models.segment_cache_bytes": "bytes of the tokenizer's segment cache",
     "models.render_cache_bytes": "bytes of rendered conversations the chat template's render "
                                  "cache keeps (each charged twice its text; 0: none)",

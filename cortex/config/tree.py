@@ -26,6 +26,7 @@ from cortex.gateway.settings import AdmissionSettings
 from cortex.ledger.book import LedgerSettings
 from cortex.pd.plan import PdSettings
 from cortex.profile.builtin import unknown_name as unknown_builtin
+from cortex.replicas.settings import ReplicaSettings
 from cortex.scheduling.cost import BoundedLoad, CostConfig
 from cortex.scheduling.watermark import Watermarks
 from cortex.upstream.limits import PoolLimits
@@ -50,6 +51,9 @@ class ServerConfig:
     port: int = 8080
     limits: ServerLimits = field(default_factory=ServerLimits)
     memory_trim_s: float = 30.0  # freed memory given back to the system this often (0: never)
+    # SO_REUSEPORT on the data-plane port: several Cortex processes of one host bind the same
+    # port and the kernel spreads new connections among them (replicas of one host)
+    reuse_port: bool = False
     # no longer used (long new text is encoded in a worker thread): accepted, with a warning at
     # start, so that configurations naming it still load
     tokenize_processes: int = 0
@@ -238,6 +242,7 @@ class CortexConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     pd: PdSettings = field(default_factory=PdSettings)
+    replicas: ReplicaSettings = field(default_factory=ReplicaSettings)
     log: LogConfig = field(default_factory=LogConfig)
 
     def model(self, name: str) -> ModelConfig | None:

@@ -1,7 +1,8 @@
 """The lean HTTP/1.1 server: llhttp (``httptools``) over trio streams, no ASGI on the hot path.
 
-``HttpServer(handler, limits).serve(host, port, task_status=...)`` binds one listening socket
-(port 0 = ephemeral), reports ``(host, bound_port)`` through ``task_status`` and accepts
+``HttpServer(handler, limits).serve(host, port, reuse_port=False, task_status=...)`` binds one
+listening socket (port 0 = ephemeral; ``reuse_port``: shared with other processes of the host,
+``SO_REUSEPORT``), reports ``(host, bound_port)`` through ``task_status`` and accepts
 connections, each served by ``HttpConnection`` (rules in ``cortex.front.connection``).
 
 Rules:
@@ -86,10 +87,10 @@ class HttpServer:
     def draining(self) -> bool:
         return self._shared.draining
 
-    async def serve(self, host: str, port: int, *,
+    async def serve(self, host: str, port: int, *, reuse_port: bool = False,
                     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
                     ) -> None:
-        listener, raw = await _open_listener(host, port)
+        listener, raw = await _open_listener(host, port, reuse_port)
         try:
             async with trio.open_nursery() as services:
                 await services.start(self._shared.deadlines.run)
@@ -178,16 +179,22 @@ class HttpServer:
             self._limiter.release_on_behalf_of(borrower)
 
 
-async def _open_listener(host: str, port: int) -> tuple[trio.SocketListener, socket.socket]:
+async def _open_listener(host: str, port: int, reuse_port: bool = False,
+                         ) -> tuple[trio.SocketListener, socket.socket]:
     """One listening TCP socket on the first address ``host`` resolves to: trio's listener
     over it, and the standard socket itself (non-blocking; the accept loop's bursts call its
-    ``accept``, which raises ``BlockingIOError`` when no connection waits)."""
+    ``accept``, which raises ``BlockingIOError`` when no connection waits). ``reuse_port``:
+    ``SO_REUSEPORT``, so that other processes (of the same user) may bind the same port; the
+    kernel then hands each new connection to one of the listening sockets (by a hash of its
+    addresses)."""
     infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                           flags=socket.AI_PASSIVE)
     family, kind, proto, _, address = infos[0]
     raw = socket.socket(family, kind, proto)
     try:
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         raw.bind(address)  # a resolved address: binding does not block
         raw.listen(socket.SOMAXCONN)
         sock = trio.socket.from_stdlib_socket(raw)  # sets it non-blocking

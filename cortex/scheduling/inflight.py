@@ -21,6 +21,11 @@ Rules:
 * ``view(base)`` returns the worker's frozen view with these counts in it: the scheduler's cost
   sees every earlier decision at once, before any KV event or metric reports it. This is the
   herding guard for bursts.
+* ``announce``: when set, ``announce(event, hold)`` hears every hold made by ``hold(...)``
+  (not those made with ``announce=False``: other replicas' requests, ``peer_inflight``) as it
+  is entered (``"routed"``), as its prefill ends (``"prefill_done"``, once) and as it is left
+  (``"finished"``); each such hold has a ``number`` unique in this process, from 1. Replica
+  sync tells the other replicas from it.
 * ``on_release(callback)``: ``callback(worker)`` runs after pending work left a worker
   (a request ended, or its prefill finished) — capacity may have opened (admission waits on it).
 * Tracked workers (``track(base)``: health, ledger state and engine figures changed) have their
@@ -59,6 +64,8 @@ class PendingWork:
         self.healthy_roles: frozenset[Role] = frozenset()
         self.prefill_and_decode = False
         self._release_listeners: list[Callable[[str], None]] = []
+        self.announce: Callable[[str, Hold], None] | None = None
+        self._numbers = 0
         self.prefixes = InflightPrefixes()
         self.certain = InflightPrefixes()
 
@@ -118,10 +125,15 @@ class PendingWork:
         return sum(self._in_flight.values())
 
     def hold(self, worker: str, prefill_tokens: int,
-             prefix: tuple[int, Sequence[int], int] | None = None) -> Hold:
+             prefix: tuple[int, Sequence[int], int] | None = None, *,
+             announce: bool = True) -> Hold:
         if prefill_tokens < 0:
             raise ValueError("prefill_tokens must be >= 0")
-        return Hold(self, worker, prefill_tokens, prefix)
+        number = 0
+        if announce:
+            self._numbers += 1
+            number = self._numbers
+        return Hold(self, worker, prefill_tokens, prefix, number)
 
     def view(self, base: WorkerView) -> WorkerView:
         return msgspec.structs.replace(
@@ -155,12 +167,14 @@ class Hold:
     """One request's share of a worker's pending work (see ``PendingWork.hold``)."""
 
     __slots__ = ("_certain", "_entered", "_pending", "_prefix", "_requests", "_ticket",
-                 "_tokens", "worker")
+                 "_tokens", "number", "prefill_tokens", "worker")
 
     def __init__(self, pending: PendingWork, worker: str, prefill_tokens: int,
-                 prefix: tuple[int, Sequence[int], int] | None = None) -> None:
+                 prefix: tuple[int, Sequence[int], int] | None = None, number: int = 0) -> None:
         self._pending = pending
         self.worker = worker
+        self.number = number  # 0: not announced (``PendingWork.announce``)
+        self.prefill_tokens = prefill_tokens  # as routed (what replica sync tells)
         self._tokens = prefill_tokens
         self._prefix = prefix if prefix is not None and len(prefix[1]) > prefix[2] else None
         self._ticket = 0  # its prompt blocks' entry in ``pending.prefixes`` (0: none)
@@ -176,7 +190,18 @@ class Hold:
         self._requests = 1
         if self._prefix is not None:
             self._ticket = self._pending.prefixes.add(*self._prefix)
+        self._tell("routed")
         return self
+
+    @property
+    def prefix(self) -> tuple[int, Sequence[int], int] | None:
+        """``(target, keys, start)``: the prompt blocks this request leaves on its target."""
+        return self._prefix
+
+    def _tell(self, event: str) -> None:
+        announce = self._pending.announce
+        if self.number and announce is not None:
+            announce(event, self)
 
     def prefill_done(self) -> None:
         if self._requests and self._prefix is not None and not self._certain:
@@ -184,6 +209,7 @@ class Hold:
         if self._requests and self._tokens:
             self._pending._remove(self.worker, 0, self._tokens)
             self._tokens = 0
+            self._tell("prefill_done")
 
     def __exit__(
         self,
@@ -201,3 +227,4 @@ class Hold:
             self._pending._remove(self.worker, self._requests, self._tokens)
             self._requests = 0
             self._tokens = 0
+            self._tell("finished")

@@ -1,0 +1,2 @@
+"""Replicas of one cluster telling each other the requests they route (``sync``), so that each
+counts every replica's requests in flight in its cost (``scheduling.peer_inflight``)."""
