@@ -1,8 +1,9 @@
 """Cortex as operators deploy it: N replicas behind one port, against one replica.
 
-For each workload and each N of ``--replicas``, one ``perf/replay.py`` run of Cortex alone
-(``--replicas N``: N gateway processes bound to one port with ``SO_REUSEPORT``, the kernel
-spreading the client's connections among them by a hash of their addresses; each replica
+For each workload, each N of ``--replicas`` and (N > 1) without and with the replicas telling
+each other their requests in flight (``--sync``; ``cortex.replicas``), one ``perf/replay.py``
+run of Cortex alone (``--replicas N``: N gateway processes bound to one port with
+``SO_REUSEPORT``, the kernel spreading the client's connections among them by a hash of their addresses; each replica
 subscribes to every engine and keeps its own ledger and its own count of requests in flight),
 on a fresh cluster of the cell's engines (``perf/replay_matrix.py``'s cell parameters: the
 same workloads, cache regimes and loads). The client's keep-alive connections are reused in
@@ -15,7 +16,7 @@ cell (``vs_one``: hit-rate ratio, TTFT mean and p99 ratios). The replicas share 
 of this machine with the engines and the client: N processes cost CPU that one does not.
 
 Usage: ``python perf/replay_replicas.py --out DIR [--workloads conversation,herd,gsp,agentic]
-[--caches all] [--loads 0.5] [--replicas 1,2,4]``; a cell already in ``DIR`` is not run
+[--caches all] [--loads 0.5] [--replicas 1,2,4] [--sync 0,1]``; a cell already in ``DIR`` is not run
 again; ``--render DIR`` prints the table as Markdown.
 """
 
@@ -36,20 +37,22 @@ from replay_matrix import WORKLOADS, cell_name, cell_params
 
 
 def run(out: Path, workloads: list[str], caches: list[str], loads: list[float],
-        counts: list[int]) -> None:
+        counts: list[int], syncs: list[int]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     log = lambda message: print(message, file=sys.stderr, flush=True)
     for workload in workloads:
         for cache in caches:
             for load in loads:
                 for n in counts:
-                    path = out / f"{cell_name(workload, cache, load)}-x{n}.json"
-                    if path.exists():
-                        continue
-                    p = replace(cell_params(workload, cache, load), replicas=n)
-                    log(f"{path.stem}: ...")
-                    result = replay.compare(p, ["cortex"], log=log)
-                    path.write_text(json.dumps(result, indent=1))
+                    for sync in syncs if n > 1 else [0]:
+                        path = out / f"{cell_name(workload, cache, load)}-x{n}-s{sync}.json"
+                        if path.exists():
+                            continue
+                        p = replace(cell_params(workload, cache, load), replicas=n,
+                                    replica_sync=sync)
+                        log(f"{path.stem}: ...")
+                        result = replay.compare(p, ["cortex"], log=log)
+                        path.write_text(json.dumps(result, indent=1))
 
 
 def _row(result: dict) -> dict:
@@ -61,20 +64,22 @@ def _row(result: dict) -> dict:
 
 
 def render(out: Path) -> str:
-    cells: dict[str, dict[int, dict]] = {}
-    for path in sorted(out.glob("*-x*.json")):
-        cell, n = path.stem.rsplit("-x", 1)
-        cells.setdefault(cell, {})[int(n)] = _row(json.loads(path.read_text()))
-    lines = ["| cell | replicas | hit | TTFT mean / p99 ms | spread | exact / false hits | "
-             "vs one: hit, mean, p99 | failed |", "|---|---|---|---|---|---|---|---|"]
+    cells: dict[str, dict[tuple[int, int], dict]] = {}
+    for path in sorted(out.glob("*-x*-s*.json")):
+        cell, rest = path.stem.rsplit("-x", 1)
+        n, sync = rest.split("-s")
+        cells.setdefault(cell, {})[int(n), int(sync)] = _row(json.loads(path.read_text()))
+    lines = ["| cell | replicas | sharing | hit | TTFT mean / p99 ms | spread | exact / false "
+             "hits | vs one: hit, mean, p99 | failed |", "|---|---|---|---|---|---|---|---|---|"]
     for cell, rows in cells.items():
-        one = rows.get(1)
-        for n, row in sorted(rows.items()):
+        one = rows.get((1, 0))
+        for (n, sync), row in sorted(rows.items()):
             versus = "—" if one is None or n == 1 else (
                 f"{row['hit'] / one['hit']:.3f}x, {row['mean'] / one['mean']:.2f}x, "
                 f"{row['p99'] / one['p99']:.2f}x" if one["hit"] and one["mean"] else "—")
             exact = "—" if row["exact"] is None else f"{row['exact']:.1%} / {row['over']:.1%}"
-            lines.append(f"| {cell} | {n} | {row['hit']:.1%} | {row['mean']:,.0f} / "
+            lines.append(f"| {cell} | {n} | {'yes' if sync else 'no'} | {row['hit']:.1%} | "
+                         f"{row['mean']:,.0f} / "
                          f"{row['p99']:,.0f} | {row['spread']:.2f} | {exact} | {versus} | "
                          f"{row['failed']} |")
     return "\n".join(lines)
@@ -88,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--caches", default="all")
     parser.add_argument("--loads", default="0.5")
     parser.add_argument("--replicas", default="1,2,4")
+    parser.add_argument("--sync", default="0,1",
+                        help="replicas without (0) and with (1) sharing their requests")
     args = parser.parse_args(argv)
     if args.render:
         print(render(Path(args.render)))
@@ -99,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown workloads: {sorted(unknown)}")
     run(Path(args.out), workloads, args.caches.split(","),
-        [float(x) for x in args.loads.split(",")], [int(x) for x in args.replicas.split(",")])
+        [float(x) for x in args.loads.split(",")], [int(x) for x in args.replicas.split(",")],
+        [int(x) for x in args.sync.split(",")])
     print(render(Path(args.out)))
     return 0
 
