@@ -281,6 +281,8 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
         summary["wall_s"] = round(wall, 1)
         summary["preemptions"] = rc.vllm_preemptions(engines)
         summary["ledger_states"] = sorted(set(ledger["states"].values()))
+        summary["replica_sync"] = ledger.get("replica_sync")  # the first replica's
+        summary["in_flight_at_end"] = ledger.get("in_flight_at_end")
         if router not in (*LEDGER_ROUTERS, *PD_ROUTERS):  # the others predict nothing
             summary["ledger"] = {"predicted": 0, "exact_share": None, "over_share": None,
                                  "abs_error_tokens": 0}

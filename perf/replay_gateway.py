@@ -13,7 +13,8 @@ same for all), waits until every worker is live and every ledger READY, then pri
   per worker, the union over workers, and ``duplicated_blocks`` = held - union (a block cached
   on two workers counts once as duplicated), the same per role (``by_role``: a PD cluster's
   prefill pool, and its decode pool, whose vLLM engines cache every prompt they receive), and
-  the PD orchestrator's counters;
+  the PD orchestrator's counters; replica sync's figures and the requests still counted in
+  flight (none should be: the replay asks once every answer has ended);
 * EOF or ``quit`` -> exit.
 
 Workers carry ``role`` (both, prefill, decode) and ``bootstrap_port``: a spec with prefill and
@@ -37,6 +38,7 @@ import json
 import random
 import re
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import trio
@@ -166,7 +168,11 @@ def ledger_report(running: Running, roles: dict[str, str]) -> dict:
         role_held, role_unique = held_unique([w for w, r in roles.items() if r == role])
         by_role[role] = {"blocks_held": role_held, "duplicated_blocks": role_held - role_unique}
     pd = running.gateway.pd.counters  # type: ignore[attr-defined]
-    return {"blocks_per_worker": per_worker, "blocks_held": held, "blocks_unique": unique,
+    sync = running.replica_sync
+    return {"replica_sync": None if sync is None else asdict(sync.figures()),
+            # every request has ended when the replay asks: what is still counted is a leak
+            "in_flight_at_end": sum(view.in_flight for pool in running.pools.values()
+                                    for view in pool.views()),"blocks_per_worker": per_worker, "blocks_held": held, "blocks_unique": unique,
             "duplicated_blocks": held - unique, "by_role": by_role, "states": states,
             "pd": {"served": pd.served, "bypassed": pd.bypassed,
                    "retried_prefill": pd.retried_prefill, "retried_decode": pd.retried_decode,

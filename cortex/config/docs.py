@@ -30,8 +30,8 @@ SECTIONS: dict[str, str] = {
     "admission": "What happens when every worker of a model is above its watermarks.",
     "pd": "Prefill/decode disaggregation (models with prefill and decode workers).",
     "replicas": "The other Cortex replicas of the cluster: each tells the others the requests "
-                "it routes, so that every replica counts them all in its cost (empty listen: "
-                "alone).",
+                "it routes, so that every replica counts them all in its cost (listen and peers "
+                "empty: alone).",
     "log": "Logging.",
 }
 
@@ -187,7 +187,7 @@ DOCS: dict[str, str] = {
     "models.version": "free-form profile version shown in /debug and logs",
     "models.passthrough": "another component schedules this pool: Cortex only proxies",
     "replicas.listen": "ZeroMQ endpoint this replica publishes its requests on, e.g. "
-                       "tcp://0.0.0.0:5610 (empty: no replica sync)",
+                       "tcp://0.0.0.0:5610 (empty: it tells nothing)",
     "replicas.peers": "the other replicas' endpoints, comma-separated "
                       "(tcp://10.0.0.2:5610,tcp://10.0.0.3:5610)",
     "replicas.heartbeat_s": "seconds between two heartbeats (the requests still in flight)",

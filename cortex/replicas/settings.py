@@ -1,7 +1,8 @@
 """``[replicas]``: the other Cortex replicas of the cluster and how this one talks to them.
 
-Empty ``listen`` (the default): this replica tells nobody and hears nobody — it counts only its
-own requests in flight, as a replica alone does.
+Empty ``listen`` and ``peers`` (the default): this replica tells nobody and hears nobody — it
+counts only its own requests in flight, as a replica alone does. ``peers`` without ``listen``:
+it hears the others and tells nothing (an observer, a canary).
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ class ReplicaSettings:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.peers and not self.listen:
-            problems.append("peers needs listen (a replica that hears peers also tells them)")
         for endpoint in self.peer_endpoints():
             if "://" not in endpoint:
                 problems.append(f"peer {endpoint!r} is not a ZeroMQ endpoint (tcp://host:port)")
@@ -40,11 +39,11 @@ class ReplicaSettings:
         if self.sndhwm < 0:
             problems.append("sndhwm must be >= 0 (0 = unlimited)")
         if problems:
-            raise ConfigError([f"replicas: {p}" for p in problems])
+            raise ConfigError(problems)
 
     @property
     def enabled(self) -> bool:
-        return bool(self.listen)
+        return bool(self.listen or self.peers)
 
     def peer_endpoints(self) -> list[str]:
         return [part.strip() for part in self.peers.split(",") if part.strip()]

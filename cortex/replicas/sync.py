@@ -121,19 +121,21 @@ class ReplicaSync:
         try:
             pub.setsockopt(zmq.LINGER, 0)
             pub.setsockopt(zmq.SNDHWM, self.settings.sndhwm)
-            pub.bind(self.settings.listen)
+            if self.settings.listen:  # else it hears the peers and tells nothing
+                pub.bind(self.settings.listen)
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, RCVHWM)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
             for endpoint in self.settings.peer_endpoints():
                 sub.connect(endpoint)
-            self._pub = pub
-            self.endpoint = zmq_trio.bound_endpoint(pub)
-            for model, pool in self._pools.items():
-                pool.pending.announce = partial(self._announce, model)
+            if self.settings.listen:
+                self._pub = pub
+                self.endpoint = zmq_trio.bound_endpoint(pub)
+                for model, pool in self._pools.items():
+                    pool.pending.announce = partial(self._announce, model)
             log.info("replica sync: %s publishes on %s, listens to %d peer(s): %s",
-                     self.peer_id, self.endpoint, len(self.settings.peer_endpoints()),
-                     self.settings.peers or "none")
+                     self.peer_id, self.endpoint or "nothing (listen unset)",
+                     len(self.settings.peer_endpoints()), self.settings.peers or "none")
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._receive, sub)
                 nursery.start_soon(self._beat)

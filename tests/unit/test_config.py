@@ -336,7 +336,10 @@ def _sample(key):
                "scheduler.watermarks.max_kv_usage_fraction": (0.5, "0.5"),
                "upstream.limits.max_idle_per_worker": (3, "3"),
                "control.worker_hosts": ("10.0.0.0/8,gpu-a", "10.0.0.0/8,gpu-a"),
-               "ledger.warm_start_url": ("http://10.0.0.2:8081", "http://10.0.0.2:8081")}
+               "ledger.warm_start_url": ("http://10.0.0.2:8081", "http://10.0.0.2:8081"),
+               "replicas.listen": ("tcp://0.0.0.0:5610", "tcp://0.0.0.0:5610"),
+               "replicas.peers": ("tcp://10.0.0.2:5610,tcp://10.0.0.3:5610",
+                                  "tcp://10.0.0.2:5610,tcp://10.0.0.3:5610")}
     if name in special:
         return special[name]
     if key.default is None or key.type in (str, str | None):
