@@ -332,11 +332,16 @@ def _labelled_writer(label: str, source: Callable[[], Iterable[tuple[str, object
     return write
 
 
+def _unlabelled_writer(source: Callable[[], object],
+                       table: tuple[tuple[str, str, str, str], ...]) -> Writer:
+    def write(out: TextWriter) -> None:
+        _per_worker([("", source())], out, table)
+    return write
+
+
 def pd_writer(source: Callable[[], object]) -> Writer:
     """The PD orchestrator's outcome counters (``PdCounters``)."""
-    def write(out: TextWriter) -> None:
-        _per_worker([("", source())], out, _PD_COUNTERS)
-    return write
+    return _unlabelled_writer(source, _PD_COUNTERS)
 
 
 _REPLICA_FIGURES = (
@@ -358,9 +363,7 @@ _REPLICA_FIGURES = (
 
 def replica_writer(source: Callable[[], object]) -> Writer:
     """Replica sync's view and counters (an object with ``_REPLICA_FIGURES``' attributes)."""
-    def write(out: TextWriter) -> None:
-        _per_worker([("", source())], out, _REPLICA_FIGURES)
-    return write
+    return _unlabelled_writer(source, _REPLICA_FIGURES)
 
 
 def admission_writer(source: Callable[[], Iterable[tuple[str, object]]]) -> Writer:
