@@ -90,7 +90,6 @@ class SegmentCachedTokenizer:
         "_bpe",
         "_cutter",
         "_pieces",
-        "_segmenter",
         "encode_now",
     )
 
@@ -107,7 +106,6 @@ class SegmentCachedTokenizer:
     ) -> None:
         # a bare ``Tokenizer`` is its own reference BPE (tests, tools)
         self._bpe = bpe if isinstance(bpe, ExactBpe) else ExactBpe(bpe, None)
-        self._segmenter = segmenter
         self._bos_id = bos_id
         self._cutter = cutter if cutter is not None and cutter.enabled else None
         self._pieces = PieceCache(  # (ValueError for capacity_bytes < 0)

@@ -183,13 +183,16 @@ class ReplicaSync:
             self._send(wire.Heartbeat({model: sorted(active)
                                        for model, active in self._active.items()}))
             now = self._clock()
-            for view in self._views.values():
-                view.expire(now)
             for peer, heard in list(self._heard.items()):
                 if now - heard > self.settings.peer_timeout_s:
                     del self._heard[peer]
-                    log.warning("replica sync: peer %s left the view (silent %.1f s): its "
-                                "requests in flight are no longer counted", peer, now - heard)
+                    taken = sum(state.in_flight for view in self._views.values()
+                                for state in view.states(now) if state.peer == peer)
+                    log.warning("replica sync: peer %s left the view (silent %.1f s): its %d "
+                                "requests in flight are no longer counted", peer, now - heard,
+                                taken)
+            for view in self._views.values():
+                view.expire(now)
             await trio.sleep(self.settings.heartbeat_s)
 
     async def _receive(self, sub: zmq.Socket) -> None:
