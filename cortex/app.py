@@ -86,7 +86,7 @@ class Running:
     # SIGHUP: make the registry's workers these specs; returns (changes, problems)
     reload_workers: Callable[[Sequence[WorkerSpec]], tuple[list[str], list[str]]] | None = (
         None)
-    replica_sync: ReplicaSync | None = None  # when replicas.listen is set
+    replica_sync: ReplicaSync | None = None  # when replicas.listen or replicas.peers is set
 
 
 def build_pools(
