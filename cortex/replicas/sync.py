@@ -36,7 +36,7 @@ from cortex.events import zmq_trio
 from cortex.replicas import wire
 from cortex.replicas.settings import ReplicaSettings
 from cortex.scheduling.inflight import Hold, PendingWork
-from cortex.scheduling.peer_inflight import PeerInflight, PeerState
+from cortex.scheduling.peer_inflight import PeerInflight
 
 log = logging.getLogger("cortex.replicas")
 
@@ -99,11 +99,7 @@ class ReplicaSync:
         self._pub: zmq.Socket | None = None
         self.endpoint = ""  # where the PUB listens (resolved), once running
 
-    # -- the view, for /metrics and /debug ----------------------------------------------------
-
-    def peers(self) -> dict[str, list[PeerState]]:
-        now = self._clock()
-        return {model: view.states(now) for model, view in self._views.items()}
+    # -- the view, for /metrics ---------------------------------------------------------------
 
     def figures(self) -> SyncFigures:
         """The view's size and the counters, for ``/metrics`` (``replica_writer``)."""

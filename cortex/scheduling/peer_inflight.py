@@ -58,7 +58,7 @@ class _Peer:
 
 @dataclass(frozen=True, slots=True)
 class PeerState:
-    """What one peer has told, for ``/debug`` and metrics."""
+    """What one peer has told: its requests counted here, and when it was last heard."""
 
     peer: str
     in_flight: int
