@@ -85,9 +85,15 @@ async def test_a_pd_pair_stops_after_the_second_worker_fails_the_same_request(by
                           engine_faults={"poison_marker": MARKER}) as cluster:
         for i in range(6):
             bad = await cluster.chat(messages(f"{MARKER} {i}"))
-            assert bad.status == 502, bad.body
-            if not bypass:
-                assert "on two workers" in json.loads(bad.body)["error"]["message"]
+            message = json.loads(bad.body)["error"]["message"]
+            if bypass and bad.status == 500:
+                # a prefill leg failed, then the retry went to decode alone (it holds the
+                # prefix by now): a whole answer, relayed as the engine gave it, as for a
+                # single worker (cortex.gateway.blame)
+                assert message.startswith("simulated internal error"), bad.body
+            else:  # a leg's failure is never the client's answer: a clear 502
+                assert bad.status == 502, bad.body
+                assert bypass or "on two workers" in message, bad.body
             assert (await cluster.chat(messages(f"fine {i}"))).status == 200
         tries = sum(engine.handler.poisoned for engine in cluster.engines)
         if bypass:  # decode held the prefix after the first: alone, and the only decode worker

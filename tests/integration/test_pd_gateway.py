@@ -128,6 +128,9 @@ async def test_pd_decisions_and_the_prefill_engines_cached_tokens_are_measured(
                                             chat_body(question))
             assert response.status == 200, response.body
             predicted += int(response.header(b"x-cortex-cache-hit-tokens"))
+            # the prefill engine's KV events reach the ledger after its answer: wait for them
+            # so the second request is routed against the prefix the first one left there
+            await cluster.until(lambda: cluster.holders(messages("x")).get("e0", 0) > 0)
         await client.aclose()
         assert predicted > 0  # the second request's system prompt sits on the prefill engine
         text = cluster.running.metrics.render().decode()
