@@ -24,6 +24,9 @@ Workers are kept in step with the registry (pools, ingestion, ledger targets) by
 
 Shutdown (SIGINT/SIGTERM, or cancelling ``run_gateway``): the data plane drains (in-flight
 requests finish within ``server.limits.drain_timeout_s``), then everything is cancelled.
+
+``server.processes`` > 1: ``serve`` is process 0 of that many; the others are started once
+its gateway serves, and stopped with it (``cortex.processes``).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from cortex.ledger.book import LedgerBook
 from cortex.logs import log_exchange
 from cortex.memory_trim import run_memory_trim
 from cortex.metrics import CortexMetrics, ledger_figures
+from cortex.processes import ProcessGroup, until_parent_gone
 from cortex.profile.profile_set import ProfileSet, load_profiles
 from cortex.profile.trio_tokenize import upgrade_bpes
 from cortex.replicas.sync import ReplicaSync
@@ -128,8 +132,10 @@ def build_pools(
 
 
 
-async def run_gateway(config: CortexConfig, *,
+async def run_gateway(config: CortexConfig, *, processes: ProcessGroup | None = None,
                       task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
+    """``processes``: the other processes of ``server.processes`` (process 0's control plane
+    speaks for them, and the stop signal is sent on to them), or ``None``."""
     book = LedgerBook(config.ledger.max_entries, config.ledger.low_water)
     pools, profiles = build_pools(config, book)
     metrics = CortexMetrics()
@@ -201,10 +207,16 @@ async def run_gateway(config: CortexConfig, *,
             replica_sync = ReplicaSync(config.replicas, pools)
             await nursery.start(replica_sync.run)
             metrics.watch_replicas(replica_sync.figures)
-        control = ControlApp(metrics=metrics, readiness=gateway.readiness,
+        readiness = gateway.readiness
+        if processes is not None:
+            metrics.watch_processes(processes.figures)
+            readiness = lambda: gateway.readiness().with_reasons(
+                processes.reasons())
+        control = ControlApp(metrics=metrics, readiness=readiness,
                              auth=BearerAuth(config.control.read_admin_token()), admin=workers,
                              worker_hosts=config.control.worker_host_policy(),
-                             ledger=lambda: ledger_figures(book), snapshot=workers.snapshot)
+                             ledger=lambda: ledger_figures(book), snapshot=workers.snapshot,
+                             siblings=processes)
         control_port = await nursery.start(partial(serve_control, control, config.control.host,
                                                    config.control.port))
         _, data_port = await nursery.start(
@@ -217,12 +229,15 @@ async def run_gateway(config: CortexConfig, *,
         task_status.started(Running(data_port, control_port, book, registry, pools, server,
                                     metrics, gateway, counters, reload_workers=workers.reload,
                                     replica_sync=replica_sync))
-        await _until_signal(server, config.server.limits.drain_timeout_s)
+        await _until_signal(server, config.server.limits.drain_timeout_s,
+                            processes.stop if processes is not None else None)
         nursery.cancel_scope.cancel()
 
 
-async def _until_signal(server: HttpServer, drain_timeout_s: float) -> None:
-    """Return after SIGINT/SIGTERM once the data plane drained, or never (until cancelled)."""
+async def _until_signal(server: HttpServer, drain_timeout_s: float,
+                        on_stop: Callable[[], None] | None = None) -> None:
+    """Return after SIGINT/SIGTERM once the data plane drained, or never (until cancelled);
+    ``on_stop`` is called when the drain begins."""
     if threading.current_thread() is not threading.main_thread():
         await trio.sleep_forever()  # signals reach the main thread only: cancellation stops us
         return
@@ -234,6 +249,8 @@ async def _until_signal(server: HttpServer, drain_timeout_s: float) -> None:
             log.info("signal %s: draining", signal.Signals(signum).name)
             break
         Notifier.from_environ().stopping("draining")  # systemd: a graceful stop, not a crash
+        if on_stop is not None:
+            on_stop()
         server.drain()
         with trio.move_on_after(drain_timeout_s + 1) as drain:
             async with trio.open_nursery() as nursery:
@@ -253,24 +270,43 @@ async def _more_signals_while_draining(signals: AsyncIterator[int],
         log.warning("SIGTERM while draining: ignored (SIGINT or SIGKILL stops at once)")
 
 
-def serve(config: CortexConfig, reload: Callable[[], CortexConfig] | None = None) -> int:
+def serve(config: CortexConfig, reload: Callable[[], CortexConfig] | None = None,
+          argv: Sequence[str] | None = None, started_by_process_0: bool = False) -> int:
     """Run the gateway until SIGINT/SIGTERM; the exit code for the CLI.
+
+    ``server.processes`` > 1 (with ``argv``, the ``serve`` arguments, to start the others
+    with): this is process 0 of that many (``cortex.processes``); READY once all serve.
+    ``started_by_process_0``: this is one of the others, and stops when process 0 is gone.
 
     Under systemd (``NOTIFY_SOCKET``): READY=1 once both listeners are bound and the workers'
     ingestion started, WATCHDOG=1 from the trio loop every half ``WatchdogSec``, STOPPING=1
     when a signal starts the drain. ``reload`` (SIGHUP) re-reads the configuration and applies
     its worker list (``WorkerLifecycle.reload``); other keys need a restart."""
     notifier = Notifier.from_environ()
+    group = None
+    if config.server.processes > 1:
+        if argv is None:
+            raise ValueError("server.processes > 1: serve() needs the argv to start the "
+                             "other processes with")
+        group = ProcessGroup(config, argv)
+        config = group.plan.first_config(config)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             async def gateway(task_status: trio.TaskStatus[Running]) -> None:
-                await run_gateway(config, task_status=task_status)
+                await run_gateway(config, processes=group, task_status=task_status)
+                if group is not None:  # drained: the others too, then stop
+                    group.stop()
+                    await group.ended.wait()
                 nursery.cancel_scope.cancel()  # drained: stop the watchdog and SIGHUP tasks
 
             running: Running = await nursery.start(gateway)
+            if started_by_process_0:
+                nursery.start_soon(until_parent_gone)
+            if group is not None:
+                await nursery.start(group.run, running.data_port)
             if reload is not None:  # SIGHUP is caught before anyone is told we are up
-                await nursery.start(_reload_on_sighup, running, reload, notifier)
+                await nursery.start(_reload_on_sighup, running, reload, notifier, group)
             print(f"cortex: data plane on {config.server.host}:{running.data_port}, "
                   f"control plane on {config.control.host}:{running.control_port}", flush=True)
             gc.freeze()  # start-up objects live as long as the process (docstring)
@@ -285,6 +321,8 @@ def serve(config: CortexConfig, reload: Callable[[], CortexConfig] | None = None
         return code
     finally:
         notifier.close()
+        if group is not None:
+            group.close()
     return 0
 
 
@@ -311,15 +349,17 @@ def _flatten(group: BaseExceptionGroup) -> list[BaseException]:
 
 
 async def _reload_on_sighup(running: Running, reload: Callable[[], CortexConfig],
-                            notifier: Notifier, *,
+                            notifier: Notifier, group: ProcessGroup | None = None, *,
                             task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
                             ) -> None:
     """Each SIGHUP: read the configuration again and apply its workers; a configuration with
-    problems is logged and changes nothing."""
+    problems is logged and changes nothing. Sent on to the other processes of ``group``."""
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         task_status.started()
         async for _ in signals:
             notifier.send(RELOADING=1, MONOTONIC_USEC=time.monotonic_ns() // 1000)
+            if group is not None:
+                group.signal_all(signal.SIGHUP)
             try:
                 config = reload()
             except (ConfigError, OSError) as error:

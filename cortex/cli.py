@@ -49,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             refuse_unknown(args.command_parser, unknown, known=[*iter_flags(parser)])
     except SystemExit as exit_:  # --help, --version, usage errors: argparse's own code
         return exit_.code if isinstance(exit_.code, int) else USAGE_ERROR
+    args.argv = argv  # server.processes: the other processes start with the same arguments
     return args.run(args)
 
 
@@ -81,8 +82,10 @@ def build_parser(with_sim: bool = False) -> argparse.ArgumentParser:
                        help="print the effective configuration as TOML (secrets masked), exit")
     serve.add_argument("--dry-run", action="store_true",
                        help="validate the configuration and exit without serving")
+    # what makes this process number I of server.processes, set by process 0 (not for people)
+    serve.add_argument("--process-index", type=int, default=0, help=argparse.SUPPRESS)
     add_config_arguments(serve)
-    serve.set_defaults(run=run_serve)
+    serve.set_defaults(run=run_serve, argv=[])
 
     check = commands.add_parser(
         "check-config", help="validate the configuration, print every problem",
@@ -158,8 +161,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from cortex.config import load_config
     from cortex.logs import configure
 
-    configure(config.log, secrets=_secrets(config))
-    return serve(config, reload=lambda: load_config(args, os.environ))  # SIGHUP: same sources
+    configure(config.log, secrets=_secrets(config), process=args.process_index or None)
+    return serve(config, reload=lambda: load_config(args, os.environ),  # SIGHUP: same sources
+                 argv=args.argv, started_by_process_0=args.process_index > 0)
 
 
 def _secrets(config: CortexConfig) -> list[str | None]:

@@ -6,7 +6,8 @@ Rules:
   any handler a previous ``configure`` installed), at ``log_config.level``. With
   ``log_config.json`` each record is one line ``{"ts", "level", "logger", "message",
   "request_id"?, "exc"?, ...extra}``; otherwise a plain ``ts level logger [request id] message``
-  line. systemd's journal takes either from stderr.
+  line. systemd's journal takes either from stderr. A process of ``server.processes`` > 1 other
+  than the first adds its index (``"process": 1``; ``ts level p1 logger ...``).
 * The request id lives in a context variable (``REQUEST_ID``). The gateway's handler entry
   calls ``request_started(request)`` first thing: the client's ``x-request-id`` (trimmed to
   ``MAX_REQUEST_ID`` printable characters) or a process-unique ``<pid hex>-<sequence hex>``.
@@ -99,9 +100,10 @@ def _timestamp(created: float) -> str:
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, on one line (newlines inside values are escaped)."""
 
-    def __init__(self, redact: Redactor | None = None) -> None:
+    def __init__(self, redact: Redactor | None = None, process: int | None = None) -> None:
         super().__init__()
         self.redact = redact or Redactor()
+        self.process = process
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -110,6 +112,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if self.process is not None:
+            entry["process"] = self.process
         request_id = REQUEST_ID.get()
         if request_id is not None:
             entry["request_id"] = request_id
@@ -128,13 +132,14 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     """``ts level logger [request id] message`` (and the traceback), secrets masked."""
 
-    def __init__(self, redact: Redactor | None = None) -> None:
+    def __init__(self, redact: Redactor | None = None, process: int | None = None) -> None:
         super().__init__()
         self.redact = redact or Redactor()
+        self.tag = "" if process is None else f" p{process}"
 
     def format(self, record: logging.LogRecord) -> str:
         request_id = REQUEST_ID.get()
-        head = f"{_timestamp(record.created)} {record.levelname.lower()} {record.name}"
+        head = f"{_timestamp(record.created)} {record.levelname.lower()}{self.tag} {record.name}"
         if request_id is not None:
             head += f" [{request_id}]"
         text = f"{head} {record.getMessage()}"
@@ -147,12 +152,14 @@ _installed: logging.Handler | None = None
 
 
 def configure(config: LogConfig, secrets: Iterable[str | None] = (),
-              stream: TextIO | None = None) -> logging.Handler:
-    """Install the one handler of the process's logs (see the rules at the top)."""
+              stream: TextIO | None = None, process: int | None = None) -> logging.Handler:
+    """Install the one handler of the process's logs (see the rules at the top); ``process``:
+    this process's index among ``server.processes`` (written in every record), or ``None``."""
     global _installed
     redact = Redactor(secrets)
     handler = logging.StreamHandler(sys.stderr if stream is None else stream)
-    handler.setFormatter(JsonFormatter(redact) if config.json else TextFormatter(redact))
+    handler.setFormatter(JsonFormatter(redact, process) if config.json
+                         else TextFormatter(redact, process))
     root = logging.getLogger()
     if _installed is not None:
         root.removeHandler(_installed)

@@ -50,6 +50,7 @@ from cortex.metrics_sources import (
     pd_writer,
     pool_writer,
     probe_writer,
+    process_writer,
     replica_writer,
     tokenizer_writer,
     worker_writer,
@@ -315,6 +316,10 @@ class CortexMetrics:
     def watch_replicas(self, source: Callable[[], object]) -> None:
         """Export replica sync's view and counters (``ReplicaSync.figures``)."""
         self._writers.append(replica_writer(source))
+
+    def watch_processes(self, source: Callable[[], object]) -> None:
+        """Export the processes of ``server.processes`` (``ProcessGroup.figures``)."""
+        self._writers.append(process_writer(source))
 
     def watch_upstream_pool(self, source: PoolSource) -> None:
         """Export the upstream pool's per-worker connection figures."""

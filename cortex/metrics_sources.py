@@ -366,6 +366,22 @@ def replica_writer(source: Callable[[], object]) -> Writer:
     return _unlabelled_writer(source, _REPLICA_FIGURES)
 
 
+_PROCESS_FIGURES = (
+    ("configured", "cortex_processes", "gauge",
+     "Processes of this service (server.processes), each a replica on the data-plane port"),
+    ("serving", "cortex_processes_serving", "gauge", "Processes of this service serving now"),
+    ("restarts", "cortex_process_restarts_total", "counter",
+     "Processes started again after they ended or stopped answering"),
+    ("scrape_failures", "cortex_process_scrape_failures_total", "counter",
+     "Times a process's metrics were left out of /metrics (it did not answer in time)"),
+)
+
+
+def process_writer(source: Callable[[], object]) -> Writer:
+    """The processes of ``server.processes`` (``ProcessGroup.figures``)."""
+    return _unlabelled_writer(source, _PROCESS_FIGURES)
+
+
 def admission_writer(source: Callable[[], Iterable[tuple[str, object]]]) -> Writer:
     """Each model's admission counters (``(model, AdmissionCounters)`` pairs)."""
     return _labelled_writer("model", source, _ADMISSION_COUNTERS)

@@ -65,6 +65,11 @@ def cross_checks(config: CortexConfig) -> list[str]:
             server.host == control.host or server.host in ANY_HOSTS
             or control.host in ANY_HOSTS):
         problems.append(f"server and control both listen on port {server.port}")
+    if server.processes > 1 and config.replicas.listen:
+        problems.append("replicas.listen with server.processes > 1: the processes of one host "
+                        "tell each other over IPC, and one listen endpoint cannot carry all "
+                        "of them to other hosts; run one process per replica there, or leave "
+                        "listen empty (replicas.peers still hears the other hosts)")
     return problems
 
 

@@ -200,6 +200,10 @@ DOCS: dict[str, str] = {
     "server.reuse_port": "set SO_REUSEPORT on the data-plane port: several Cortex processes of "
                          "one host may bind it, and the kernel spreads new connections among "
                          "them",
+    "server.processes": "processes serving the data plane on this host, on one port "
+                        "(SO_REUSEPORT): each keeps its own ledger and tells the others its "
+                        "requests in flight over IPC; one control plane (1: this process "
+                        "alone)",
     "models.segment_cache_bytes": "bytes of the tokenizer's segment cache",
     "models.render_cache_bytes": "bytes of rendered conversations the chat template's render "
                                  "cache keeps (each charged twice its text; 0: none)",

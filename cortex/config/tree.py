@@ -54,6 +54,10 @@ class ServerConfig:
     # SO_REUSEPORT on the data-plane port: several Cortex processes of one host bind the same
     # port and the kernel spreads new connections among them (replicas of one host)
     reuse_port: bool = False
+    # processes serving the data plane on this host (every core): each a replica with its own
+    # ledger, sharing requests in flight with the others over IPC; one control plane, one
+    # systemd service (``cortex.processes``). 1: this process alone
+    processes: int = 1
     # no longer used (long new text is encoded in a worker thread): accepted, with a warning at
     # start, so that configurations naming it still load
     tokenize_processes: int = 0
@@ -62,6 +66,8 @@ class ServerConfig:
         problems = _port_problems(self.port)
         if not 0 <= self.tokenize_processes <= 256:
             problems.append("tokenize_processes must be in [0, 256] (0: a worker thread)")
+        if not 1 <= self.processes <= 256:
+            problems.append("processes must be in [1, 256]")
         if not self.host:
             problems.append("host must not be empty")
         if not (self.memory_trim_s == 0 or 1 <= self.memory_trim_s <= 86400):

@@ -24,6 +24,10 @@ Rules:
   {"message", "type", "code"[, "problems"]}}``. Any other exception is a bug: logged, 500.
   Cancellation is never caught.
 * Nothing here logs a request header, so the token never reaches a log.
+* With ``siblings`` (the other processes of ``server.processes``, ``cortex.processes``):
+  ``/metrics`` is every process's, merged; an ``/admin/workers`` change applied here is then
+  applied by each of them, and one that fails there is answered 502 naming the process (the
+  change stays applied where it succeeded: the operator retries or reverts it).
 * Everything runs on the trio thread that owns the registry, ledger and counters; metrics
   collectors and ``AdminOps`` read them directly.
 """
@@ -33,7 +37,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from cortex.control.admin import AdminOps, WorkerHostPolicy, parse_worker_spec, spec_as_json
 from cortex.control.auth import BearerAuth
@@ -45,6 +49,7 @@ from cortex.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    UpstreamError,
 )
 from cortex.metrics import CONTENT_TYPE, CortexMetrics, LedgerFigures
 
@@ -86,6 +91,14 @@ def _error(error: CortexError) -> _Reply:
     return reply
 
 
+class Siblings(Protocol):
+    """The other processes this control plane speaks for (``cortex.processes.ProcessGroup``)."""
+
+    async def metrics(self, own: bytes) -> bytes: ...
+
+    async def forward(self, method: bytes, path: str, body: bytes) -> list[str]: ...
+
+
 class ControlApp:
     def __init__(
         self,
@@ -98,8 +111,10 @@ class ControlApp:
         worker_hosts: WorkerHostPolicy | None = None,
         max_body_bytes: int = ADMIN_MAX_BODY_BYTES,
         snapshot: Callable[[], bytes] | None = None,
+        siblings: Siblings | None = None,
     ) -> None:
         self.snapshot = snapshot
+        self.siblings = siblings
         self.metrics = metrics
         self.readiness = readiness
         self.auth = auth
@@ -139,7 +154,10 @@ class ControlApp:
             self.auth.check(_header(scope, b"authorization"))
         if path == "/metrics":
             _allow(method, "GET")
-            return _Reply(200, self.metrics.render(), [(b"content-type", _METRICS_TYPE)])
+            body = self.metrics.render()
+            if self.siblings is not None:
+                body = await self.siblings.metrics(body)
+            return _Reply(200, body, [(b"content-type", _METRICS_TYPE)])
         if path == "/health/live":
             _allow(method, "GET")
             return _json(200, {"status": "live"})
@@ -154,33 +172,42 @@ class ControlApp:
             _allow(method, "GET")
             return _Reply(200, self.snapshot(), [(b"content-type", b"application/msgpack")])
         if parts[0] == "admin" and self.admin is not None:
-            return await self._admin(self.admin, method, parts[1:], scope, receive)
+            reply, body = await self._admin(self.admin, method, parts[1:], scope, receive)
+            if self.siblings is not None and method != "GET":
+                problems = await self.siblings.forward(method.encode(), path, body)
+                if problems:
+                    log.error("admin: %s %s applied by process 0, not by every other process: "
+                              "%s", method, path, "; ".join(problems))
+                    raise UpstreamError(f"applied by process 0, not by every other process: "
+                                        f"{'; '.join(problems)}")
+            return reply
         raise NotFound(f"no route {path}")
 
     async def _admin(
         self, ops: AdminOps, method: str, parts: list[str], scope: Scope, receive: Receive
-    ) -> _Reply:
+    ) -> tuple[_Reply, bytes]:
+        """The reply and the request body it applied."""
         if parts == ["workers"]:
             _allow(method, "GET", "POST")
             if method == "GET":
-                return _json(200, {"workers": ops.list_workers()})
+                return _json(200, {"workers": ops.list_workers()}), b""
             body = await self._body(scope, receive)
             spec, problems = parse_worker_spec(body, self.worker_hosts)
             if spec is None:
                 raise ConfigError(problems)
             ops.add(spec)
             log.info("admin: worker %s added (%s)", spec.name, spec.url)
-            return _json(201, {"worker": spec_as_json(spec)})
+            return _json(201, {"worker": spec_as_json(spec)}), body
         if len(parts) == 3 and parts[0] == "workers" and parts[2] == "drain" and parts[1]:
             _allow(method, "POST")
             ops.drain(parts[1])
             log.info("admin: worker %s draining", parts[1])
-            return _json(202, {"worker": parts[1], "status": "draining"})
+            return _json(202, {"worker": parts[1], "status": "draining"}), b""
         if len(parts) == 2 and parts[0] == "workers" and parts[1]:
             _allow(method, "DELETE")
             ops.remove(parts[1])
             log.info("admin: worker %s removed", parts[1])
-            return _json(200, {"worker": parts[1], "status": "removed"})
+            return _json(200, {"worker": parts[1], "status": "removed"}), b""
         raise NotFound(f"no route {scope['path']}")
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:

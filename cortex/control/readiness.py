@@ -32,6 +32,12 @@ class Readiness:
     def http_status(self) -> int:
         return 200 if self.ready else 503
 
+    def with_reasons(self, reasons: Sequence[str]) -> Readiness:
+        """This verdict with more reasons: degraded by them when ready, else unchanged."""
+        if not reasons or not self.ready:
+            return self
+        return Readiness(True, True, (*self.reasons, *reasons))
+
     def as_json(self) -> dict[str, object]:
         status = "not_ready" if not self.ready else "degraded" if self.degraded else "ready"
         return {"status": status, "ready": self.ready, "degraded": self.degraded,

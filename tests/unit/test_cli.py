@@ -131,13 +131,16 @@ def test_serve_hands_the_config_to_the_app(monkeypatch):
     so the test binds nothing)."""
     seen = []
     app = types.ModuleType("cortex.app")
-    app.serve = lambda config, reload=None: seen.append((config, reload)) or 3
+    app.serve = lambda config, reload=None, **how: seen.append((config, reload, how)) or 3
     monkeypatch.setitem(sys.modules, "cortex.app", app)
-    monkeypatch.setattr("cortex.logs.configure", lambda config, secrets: None)
-    assert main(["serve", "--server-port", "0", "--worker", "http://127.0.0.1:30000"]) == 3
-    config, reload = seen[0]
+    monkeypatch.setattr("cortex.logs.configure", lambda config, secrets, process: None)
+    argv = ["serve", "--server-port", "0", "--worker", "http://127.0.0.1:30000"]
+    assert main(argv) == 3
+    config, reload, how = seen[0]
     assert config.server.port == 0 and config.workers[0].name == "127.0.0.1:30000"
     assert reload() == config  # SIGHUP reads the same sources again
+    # server.processes: the others start with the same arguments; this is process 0
+    assert how == {"argv": argv, "started_by_process_0": False}
 
 
 @pytest.mark.parametrize("command", ["serve", "check-config"])

@@ -23,9 +23,9 @@ def captured():
     stream = io.StringIO()
     installed: list[logging.Handler] = []
 
-    def install(**config: object) -> io.StringIO:
+    def install(process: int | None = None, **config: object) -> io.StringIO:
         installed.append(logs.configure(LogConfig(**config), secrets=[TOKEN, None],
-                                        stream=stream))
+                                        stream=stream, process=process))
         return stream
 
     level = logging.getLogger().level
@@ -124,6 +124,17 @@ def test_plain_text_format_masks_too(captured):
     in_context(handle)
     (line,) = stream.getvalue().splitlines()
     assert line.endswith(" error cortex.test [r1] token ***")
+
+
+@pytest.mark.parametrize("json_lines", [True, False])
+def test_a_process_other_than_the_first_writes_its_index(captured, json_lines):
+    """``server.processes``: the journal gets every process's lines on one stream."""
+    stream = captured(process=2, json=json_lines)
+    logging.getLogger("cortex.test").warning("hello")
+    if json_lines:
+        assert lines(stream)[0]["process"] == 2
+    else:
+        assert stream.getvalue().rstrip().endswith(" warning p2 cortex.test hello")
 
 
 def exchange(request: HttpRequest | None, status: int | None, headers=(), *,
