@@ -352,10 +352,12 @@ _REPLICA_FIGURES = (
      "Replica-sync messages published (requests routed, prefills done, ends, heartbeats)"),
     ("dropped", "cortex_replica_messages_dropped_total", "counter",
      "Replica-sync messages not published: a peer's queue was full"),
+    ("coalesced", "cortex_replica_messages_coalesced_total", "counter",
+     "Replica-sync messages not published: the request came and went within one batch"),
     ("received", "cortex_replica_messages_received_total", "counter",
      "Replica-sync messages received from peers"),
     ("invalid", "cortex_replica_messages_invalid_total", "counter",
-     "Replica-sync messages that could not be decoded (skipped)"),
+     "Replica-sync batches that could not be decoded (skipped)"),
     ("foreign", "cortex_replica_messages_foreign_total", "counter",
      "Replica-sync messages about a model this replica does not serve (skipped)"),
 )

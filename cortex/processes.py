@@ -94,10 +94,13 @@ class ProcessPlan:
         return ",".join([*others, *filter(None, [configured])])
 
     def first_config(self, config: CortexConfig) -> CortexConfig:
-        """Process 0's configuration: the port shared, sync on its IPC endpoint."""
+        """Process 0's configuration: the port shared, sync on its IPC endpoint (unless
+        ``replicas.between_processes`` is off)."""
+        server = dataclasses.replace(config.server, reuse_port=True)
+        if not config.replicas.between_processes:
+            return dataclasses.replace(config, server=server)
         return dataclasses.replace(
-            config,
-            server=dataclasses.replace(config.server, reuse_port=True),
+            config, server=server,
             replicas=dataclasses.replace(config.replicas, listen=self.endpoint(0),
                                          peers=self.peers(0, config.replicas.peers)))
 
@@ -107,12 +110,13 @@ class ProcessPlan:
         given) with the flags that make it that process (later flags win)."""
         program = [sys.executable] if getattr(sys, "frozen", False) else [
             sys.executable, "-m", "cortex"]
+        sync = ["--replicas-listen", self.endpoint(index),
+                "--replicas-peers", self.peers(index, config.replicas.peers)
+                ] if config.replicas.between_processes else []
         return [*program, *argv,
                 "--server-port", str(data_port), "--server-reuse-port", "true",
                 "--server-processes", "1",
-                "--control-host", "127.0.0.1", "--control-port", "0",
-                "--replicas-listen", self.endpoint(index),
-                "--replicas-peers", self.peers(index, config.replicas.peers),
+                "--control-host", "127.0.0.1", "--control-port", "0", *sync,
                 "--process-index", str(index)]
 
 

@@ -6,6 +6,8 @@ its KV path) and, each its own process(es) in front of both (``perf/peers.py``):
 * ``cortex``: new text of cold prompts encoded inline or, when long, in a worker thread
   (fastokens once its start check passed: the benchmark waits for it);
 * ``cortex-1cpu``: the same pinned to one CPU (``taskset -c 0``): Cortex on one core;
+* ``cortex-2proc``: ``server.processes = 2`` (two processes on one port, replica sync over
+  IPC; ``two_processes_over_one`` = its requests per second over ``cortex``'s);
 * ``sglang-router`` (``cache_aware``), for reference, in the throughput phases.
 
 Texts (``--text``): ``code`` (lines of Cortex's own sources, shuffled per prompt), ``zh``
@@ -67,6 +69,7 @@ from tests import deepseek_profile as ds
 SYSTEMS = {  # name -> (extra cortex flags, cpus); sglang-router apart
     "cortex": ((), None),
     "cortex-1cpu": ((), "0"),
+    "cortex-2proc": (("--server-processes", "2"), None),  # server.processes: one per core
 }
 ONE_CORE_TWINS = {"cortex": "cortex-1cpu"}
 PARAMS = {
@@ -220,6 +223,13 @@ def ratios(figures: dict[str, dict[str, float]]) -> dict[str, float]:
             if base and name != "cortex-1cpu"}
 
 
+def two_processes(figures: dict[str, dict[str, float]]) -> float | None:
+    """``server.processes = 2`` over one process, both on every core (issue 36: >= 1.3x)."""
+    if "cortex-2proc" in figures and "cortex" in figures:
+        return round(figures["cortex-2proc"]["req_per_s"] / figures["cortex"]["req_per_s"], 2)
+    return None
+
+
 def against_baseline(figures: dict[str, dict[str, float]]) -> dict[str, float]:
     """Each system over its ``base-`` twin (the ``--baseline`` checkout) in the same run."""
     return {name: round(f["req_per_s"] / figures[f"base-{name}"]["req_per_s"], 2)
@@ -285,12 +295,14 @@ def main() -> int:
                                    int(params["connections"]), params)
                 out["cold_tput_8k"] = {**figures, "ratios": ratios(figures),
                                        "one_to_two_cores": scaling(figures),
+                                       "two_processes_over_one": two_processes(figures),
                                        "against_baseline": against_baseline(figures)}
             if "warm_tput" in phases:
                 texts = Texts(kind, 8_000, 3)
                 figures = trio.run(tput_phase, systems, texts.warm,
                                    int(params["warm_connections"]), params)
                 out["warm_tput_8k"] = {**figures, "ratios": ratios(figures),
+                                       "two_processes_over_one": two_processes(figures),
                                        "against_baseline": against_baseline(figures)}
             result[kind] = out
         result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]

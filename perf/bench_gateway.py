@@ -1,6 +1,8 @@
 """The gateway against its peers: direct, Cortex, sglang-router (cache_aware), nginx round robin.
 
-``cortex-passthrough`` is Cortex serving the model as ``passthrough`` (no template, tokenizer,
+``cortex-2proc`` is Cortex with ``server.processes = 2`` (two processes on one port, replica
+sync over IPC; ``cortex-2proc-nosync`` without it, on request); ``targets.<name>_over_one`` is
+its throughput at 64 connections over one process's. ``cortex-passthrough`` is Cortex serving the model as ``passthrough`` (no template, tokenizer,
 ledger or KV decision: its two HTTP legs, the body's parse and a round-robin pick). Measured
 in the same rounds, it splits Cortex's added latency into the floor of its HTTP stack and what
 the KV-aware request path (template, tokens, block keys, match, decision) adds on top.
@@ -80,7 +82,11 @@ from gateway_report import added, targets, versus_baseline
 from tests import deepseek_profile as ds
 
 MODEL = "mock-model"
-ROUTERS = ("cortex", "cortex-passthrough", "sglang-router", "nginx")
+ROUTERS = ("cortex", "cortex-2proc", "cortex-passthrough", "sglang-router", "nginx")
+PROCESS_FLAGS = {  # systems of server.processes = 2: with and without replica sync
+    "cortex-2proc": ("--server-processes", "2"),
+    "cortex-2proc-nosync": ("--server-processes", "2", "--replicas-between-processes", "false"),
+}
 PARAMS = {
     "full": {"rounds": 40, "small": 800, "large": 400, "sse": 800, "warmup": 50,
              "tput_rounds": 3, "tput_slice_s": 4.0, "connections": 64},
@@ -390,6 +396,9 @@ def main() -> int:
             try:
                 if name == "cortex":
                     running = peers.start_cortex(mocks, MODEL, ds.TOKENIZER_JSON, template)
+                elif name in PROCESS_FLAGS:
+                    running = peers.start_cortex(mocks, MODEL, ds.TOKENIZER_JSON, template,
+                                                 name, flags=PROCESS_FLAGS[name])
                 elif name == "cortex-passthrough":
                     running = peers.start_cortex(mocks, MODEL, ds.TOKENIZER_JSON, template,
                                                  name, passthrough=True)
@@ -432,6 +441,11 @@ def main() -> int:
                                                 "after_run": rss_mib(pids)}
             result.update(figures)
             result["targets"] = targets(figures)
+            for name in PROCESS_FLAGS:  # issue 36: >= 1.3x
+                if name in figures and "cortex" in figures:
+                    result["targets"][f"{name}_over_one"] = round(
+                        figures[name]["throughput_c64"]["req_per_s"]
+                        / figures["cortex"]["throughput_c64"]["req_per_s"], 2)
             if "cortex-baseline" in figures and "cortex" in figures:
                 result["targets"]["vs_baseline"] = versus_baseline(figures)
             result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]

@@ -175,9 +175,26 @@ def _on_fastokens(port: int, model: str) -> bool:
         conn.close()
     except OSError:
         return False
-    return any(line.startswith("cortex_tokenizer_backend{") and f'model="{model}"' in line
-               and 'backend="fastokens"' in line and float(line.rsplit(" ", 1)[1]) == 1
-               for line in text.splitlines())
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("cortex_tokenizer_backend{") and f'model="{model}"' in line
+              and 'backend="fastokens"' in line]  # one per process (server.processes)
+    return bool(values) and all(value == 1 for value in values)
+
+
+def _all_processes_serving(port: int) -> bool:
+    """Whether every process of ``server.processes`` serves (``/metrics`` of process 0)."""
+    try:
+        conn = http.client.HTTPConnection(HOST, port, timeout=5)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+    except OSError:
+        return False
+    figures = {line.split("{", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in text.splitlines()
+               if line.startswith(("cortex_processes{", "cortex_processes_serving{"))}
+    return bool(figures) and figures["cortex_processes"] == figures.get(
+        "cortex_processes_serving")
 
 
 def _wait(running: Running, ready, what: str) -> None:
@@ -244,6 +261,8 @@ def start_cortex(workers: list[Running], model: str, tokenizer: str,
     process, log_path = _spawn(name, argv, tmpdir, env=env, cwd=repo)
     running = Running(name, port, process, tmpdir, log_path, {"control_port": control})
     _wait(running, lambda: _get_ok(control, "/health/ready"), "GET /health/ready 200")
+    if "--server-processes" in flags:
+        _wait(running, lambda: _all_processes_serving(control), "every process serving")
     if not passthrough and (repo / "cortex" / "profile" / "exact_bpe.py").exists():
         _wait(running, lambda: _on_fastokens(control, model), "fastokens after its start check")
     _wait(running, lambda: _post_ok(port, model), "a chat completion")

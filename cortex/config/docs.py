@@ -197,6 +197,9 @@ DOCS: dict[str, str] = {
                             "peer says (bounds what a lost message costs)",
     "replicas.sndhwm": "messages queued per peer before new ones are dropped, counted "
                        "(0: unlimited)",
+    "replicas.between_processes": "the processes of server.processes tell each other their "
+                                  "requests in flight over IPC (false: each counts only its "
+                                  "own)",
     "server.reuse_port": "set SO_REUSEPORT on the data-plane port: several Cortex processes of "
                          "one host may bind it, and the kernel spreads new connections among "
                          "them",

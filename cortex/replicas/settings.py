@@ -22,6 +22,9 @@ class ReplicaSettings:
     peer_timeout_s: float = 5.0  # a peer not heard from this long leaves the view
     entry_ttl_s: float = 600.0  # a peer's request is forgotten after this long, whatever it says
     sndhwm: int = 100_000  # messages queued per peer connection before new ones are dropped
+    # the processes of server.processes tell each other their requests in flight over IPC
+    # (false: each counts only its own, as separate replicas without sync do)
+    between_processes: bool = True
 
     def __post_init__(self) -> None:
         problems = []

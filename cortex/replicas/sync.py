@@ -6,9 +6,14 @@ over one SUB, into each model's ``PeerInflight`` (rules in ``scheduling.peer_inf
   listens). A replica named in its own peer list hears itself: its own id is ignored.
 * Out: every request this replica routes (``PendingWork.announce``) as ``Routed``,
   ``PrefillDone``, ``Finished``; each heartbeat (``heartbeat_s``) lists, per model, the numbers
-  of its requests in flight. Sends never wait: past ``sndhwm`` queued messages for a peer a
-  message is dropped and counted (``dropped``) — the heartbeats repair what a lost message
-  leaves, and the TTL bounds the rest.
+  of its requests in flight. Events go out in batches, one ZeroMQ message each: an announced
+  event wakes the flusher, which runs once the event loop's current tick is done and sends
+  everything announced by then (no timer: under load a tick holds many requests' events, idle
+  it holds one) — less what peers need never hear (``wire.coalesced``: a request that came and
+  went within the batch; counted ``coalesced``). A heartbeat goes after what was announced
+  before it, in the same batch. Sends never wait: past ``sndhwm`` queued batches for a peer a
+  batch is dropped and its events counted (``dropped``) — the heartbeats repair what a lost
+  event leaves, and the TTL bounds the rest.
 * In: every message is decoded (``wire``); a malformed one is counted (``invalid``) and
   skipped, a model this replica does not serve is skipped (``foreign``). A peer heard for the
   first time, or again after it left the view, is logged once; one silent for
@@ -51,11 +56,12 @@ class Pool(Protocol):
 
 
 @dataclass(slots=True)
-class SyncCounters:
+class SyncCounters:  # events (requests routed, prefills done, ends, heartbeats), not batches
     sent: int = 0
     dropped: int = 0  # not sent: the peer's queue was full
+    coalesced: int = 0  # not sent: the request came and went within one batch
     received: int = 0
-    invalid: int = 0  # undecodable, or not two frames
+    invalid: int = 0  # ZeroMQ messages undecodable, or not two frames
     foreign: int = 0  # for a model this replica does not serve
 
 
@@ -65,6 +71,7 @@ class SyncFigures:
     peer_requests: int
     sent: int
     dropped: int
+    coalesced: int
     received: int
     invalid: int
     foreign: int
@@ -97,6 +104,8 @@ class ReplicaSync:
         self._active: dict[str, set[int]] = {model: set() for model in pools}
         self._heard: dict[str, float] = {}  # peer -> last heard (the peers in the view)
         self._pub: zmq.Socket | None = None
+        self._outbox: list[wire.Message] = []
+        self._wake = trio.Event()
         self.endpoint = ""  # where the PUB listens (resolved), once running
 
     # -- the view, for /metrics ---------------------------------------------------------------
@@ -106,7 +115,7 @@ class ReplicaSync:
         c = self.counters
         return SyncFigures(len(self._heard),
                            sum(view.in_flight() for view in self._views.values()),
-                           c.sent, c.dropped, c.received, c.invalid, c.foreign)
+                           c.sent, c.dropped, c.coalesced, c.received, c.invalid, c.foreign)
 
     # -- running --------------------------------------------------------------------------------
 
@@ -134,6 +143,7 @@ class ReplicaSync:
                      len(self.settings.peer_endpoints()), self.settings.peers or "none")
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._receive, sub)
+                nursery.start_soon(self._flusher)
                 nursery.start_soon(self._beat)
                 task_status.started(self.endpoint)
         finally:
@@ -146,14 +156,33 @@ class ReplicaSync:
             sub.close()
 
     def _send(self, message: wire.Message) -> None:
-        pub = self._pub
-        if pub is None:
+        """Queue ``message`` for the next batch (nothing when this replica tells nobody)."""
+        if self._pub is None:
+            return
+        if not self._outbox:
+            self._wake.set()
+        self._outbox.append(message)
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            self._flush()
+
+    def _flush(self) -> None:
+        pub, announced = self._pub, self._outbox
+        self._outbox = []
+        if pub is None or not announced:
+            return
+        batch = wire.coalesced(announced)
+        self.counters.coalesced += len(announced) - len(batch)
+        if not batch:
             return
         try:
-            pub.send_multipart([self.peer_id.encode(), wire.encode(message)], zmq.NOBLOCK)
-            self.counters.sent += 1
+            pub.send_multipart([self.peer_id.encode(), wire.encode(batch)], zmq.NOBLOCK)
+            self.counters.sent += len(batch)
         except zmq.Again:
-            self.counters.dropped += 1
+            self.counters.dropped += len(batch)
 
     def _announce(self, model: str, event: str, hold: Hold) -> None:
         active = self._active[model]
@@ -178,6 +207,7 @@ class ReplicaSync:
         while True:
             self._send(wire.Heartbeat({model: sorted(active)
                                        for model, active in self._active.items()}))
+            self._flush()  # after what was announced before it, in order
             now = self._clock()
             for peer, heard in list(self._heard.items()):
                 if now - heard > self.settings.peer_timeout_s:
@@ -203,22 +233,26 @@ class ReplicaSync:
             await trio.lowlevel.checkpoint()
 
     def _take(self, frames: list[bytes]) -> None:
-        self.counters.received += 1
         if len(frames) != 2:
             self.counters.invalid += 1
             return
         try:
             peer = frames[0].decode()
-            message = wire.decode(frames[1])
+            messages = wire.decode(frames[1])
         except (UnicodeDecodeError, wire.WireError):
             self.counters.invalid += 1
             return
         if peer == self.peer_id:
             return
+        self.counters.received += len(messages)
         now = self._clock()
         if peer not in self._heard:
             log.info("replica sync: peer %s joined the view", peer)
         self._heard[peer] = now
+        for message in messages:
+            self._apply(peer, message, now)
+
+    def _apply(self, peer: str, message: wire.Message, now: float) -> None:
         if isinstance(message, wire.Heartbeat):
             for model, view in self._views.items():
                 view.heartbeat(peer, frozenset(message.in_flight.get(model, ())), now)
