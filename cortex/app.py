@@ -304,7 +304,7 @@ def serve(config: CortexConfig, reload: Callable[[], CortexConfig] | None = None
             if started_by_process_0:
                 nursery.start_soon(until_parent_gone)
             if group is not None:
-                await nursery.start(group.run, running.data_port)
+                await nursery.start(group.run, running.data_port, running.control_port)
             if reload is not None:  # SIGHUP is caught before anyone is told we are up
                 await nursery.start(_reload_on_sighup, running, reload, notifier, group)
             print(f"cortex: data plane on {config.server.host}:{running.data_port}, "

@@ -28,7 +28,9 @@ Rules:
   and started again after a back-off (1 s, doubling to 30 s; back to 1 s once one has served
   for a minute); one that stops answering ``/health/live`` for ``LIVE_TIMEOUT_S`` (a wedged
   loop) is killed (SIGKILL), logged, and started again the same way. Meanwhile the others
-  serve: the kernel sends new connections only to listening sockets.
+  serve: the kernel sends new connections only to listening sockets. A process started again
+  has the configuration's workers; once it serves, the admin changes made since are replayed
+  on it: its workers are made process 0's (added, removed, draining; ``_reconcile``).
 * **Stop and reload.** The signal that starts process 0's drain is sent on to every process
   (SIGTERM: each drains its own connections); process 0 ends after they have ended, or kills
   what is left ``drain_timeout_s`` + 5 s later. SIGHUP is sent on too (each re-reads the
@@ -44,6 +46,7 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -61,6 +64,7 @@ from cortex.config.tree import CortexConfig
 from cortex.errors import ConfigError, CortexError
 from cortex.metrics_merge import merge_expositions
 from cortex.upstream.pool import UpstreamPool
+from cortex.workers.spec import WorkerSpec
 
 log = logging.getLogger("cortex.processes")
 
@@ -75,6 +79,7 @@ _SYSTEMD_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 _STARTED = re.compile(rb"^cortex: data plane on .*, control plane on (\S+):(\d+)\s*$")
 # what asking a process over its control plane may raise (it may be starting, wedged or gone)
 _UNANSWERED = (OSError, CortexError, trio.TooSlowError, trio.BrokenResourceError)
+_SPEC_FIELDS = frozenset(field.name for field in dataclasses.fields(WorkerSpec))
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +179,7 @@ class ProcessGroup:
         self._stop = trio.Event()
         self.ended = trio.Event()  # every other process has ended (or never started)
         self._data_port = 0
+        self._control_port = 0  # process 0's
 
     # -- what the control plane asks ----------------------------------------------------------
 
@@ -193,7 +199,7 @@ class ProcessGroup:
 
         async def scrape(slot: int, child: _Child) -> None:
             try:
-                status, body = await self._call(child, b"GET", "/metrics", SCRAPE_TIMEOUT_S)
+                status, body = await self._call(child.control_port, b"GET", "/metrics")
             except _UNANSWERED as error:
                 self.scrape_failures += 1
                 log.debug("process %d: /metrics not read: %s", child.index, error)
@@ -217,7 +223,7 @@ class ProcessGroup:
                 problems.append(f"process {child.index}: not serving")
                 continue
             try:
-                status, answer = await self._call(child, method, path, SCRAPE_TIMEOUT_S, body)
+                status, answer = await self._call(child.control_port, method, path, body)
             except _UNANSWERED as error:
                 problems.append(f"process {child.index}: {error}")
                 continue
@@ -226,23 +232,63 @@ class ProcessGroup:
                                 f"{answer[:200].decode(errors='replace')}")
         return problems
 
-    async def _call(self, child: _Child, method: bytes, path: str, timeout_s: float,
-                    body: bytes = b"") -> tuple[int, bytes]:
+    async def _call(self, port: int | None, method: bytes, path: str, body: bytes = b"",
+                    timeout_s: float = SCRAPE_TIMEOUT_S) -> tuple[int, bytes]:
+        """``method path`` on the control plane at loopback ``port``, with the admin token."""
         headers = [(b"authorization", b"Bearer " + self.token.encode())] if self.token else []
         if body:
             headers.append((b"content-type", b"application/json"))
         with trio.fail_after(timeout_s):
-            async with self.upstream.request(f"http://127.0.0.1:{child.control_port}", method,
-                                             path.encode(), headers, body) as response:
+            async with self.upstream.request(f"http://127.0.0.1:{port}", method, path.encode(),
+                                             headers, body) as response:
                 return response.status, await response.read(64 << 20)
+
+    async def _workers(self, port: int | None) -> dict[str, dict[str, object]]:
+        status, body = await self._call(port, b"GET", "/admin/workers")
+        if status != 200:
+            raise CortexError(f"GET /admin/workers answered {status}")
+        return {worker["name"]: worker for worker in json.loads(body)["workers"]}
+
+    async def _reconcile(self, child: _Child) -> None:
+        """Make the workers of ``child`` (started again: the configuration's) process 0's."""
+        if not self.token:  # no admin API: nothing can have changed at run time
+            return
+        try:
+            ours = await self._workers(self._control_port)
+            theirs = await self._workers(child.control_port)
+            changes: list[tuple[bytes, str, bytes]] = []
+            for name, worker in theirs.items():
+                spec = {k: v for k, v in worker.items() if k in _SPEC_FIELDS}
+                if name not in ours or spec != {k: v for k, v in ours[name].items()
+                                                if k in _SPEC_FIELDS}:
+                    changes.append((b"DELETE", f"/admin/workers/{name}", b""))
+            for name, worker in ours.items():
+                spec = {k: v for k, v in worker.items() if k in _SPEC_FIELDS}
+                if name not in theirs or any(change[1] == f"/admin/workers/{name}"
+                                             for change in changes):
+                    changes.append((b"POST", "/admin/workers", json.dumps(spec).encode()))
+                if worker["draining"]:
+                    changes.append((b"POST", f"/admin/workers/{name}/drain", b""))
+            for method, path, body in changes:
+                status, answer = await self._call(child.control_port, method, path, body)
+                if not 200 <= status < 300:
+                    raise CortexError(f"{method.decode()} {path} answered {status}: "
+                                      f"{answer[:200].decode(errors='replace')}")
+        except _UNANSWERED as error:
+            log.error("processes: process %d started again, but its workers could not be made "
+                      "process 0's: %s", child.index, error)
+            return
+        if changes:
+            log.info("processes: process %d started again: %d admin change(s) made since the "
+                     "start replayed on it", child.index, len(changes))
 
     # -- running ------------------------------------------------------------------------------
 
-    async def run(self, data_port: int, *,
+    async def run(self, data_port: int, control_port: int, *,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start every other process; ``started`` once all serve; keep them running until
-        ``stop``; return once they have ended."""
-        self._data_port = data_port
+        """Start every other process (process 0's planes on these ports); ``started`` once all
+        serve; keep them running until ``stop``; return once they have ended."""
+        self._data_port, self._control_port = data_port, control_port
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.upstream.run)
@@ -347,6 +393,7 @@ class ProcessGroup:
                 return
             child.control_port = port
             log.info("processes: process %d (pid %d) serving again", child.index, process.pid)
+            await self._reconcile(child)
         await self._forward_stdout(process)
 
     async def _watch_liveness(self) -> None:
@@ -359,7 +406,8 @@ class ProcessGroup:
 
     async def _check_live(self, child: _Child) -> None:
         try:
-            status, _ = await self._call(child, b"GET", "/health/live", LIVE_EVERY_S)
+            status, _ = await self._call(child.control_port, b"GET", "/health/live",
+                                         timeout_s=LIVE_EVERY_S)
             if status == 200:
                 child.silent_since = None
                 return

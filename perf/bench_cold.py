@@ -69,7 +69,7 @@ from tests import deepseek_profile as ds
 SYSTEMS = {  # name -> (extra cortex flags, cpus); sglang-router apart
     "cortex": ((), None),
     "cortex-1cpu": ((), "0"),
-    "cortex-2proc": (("--server-processes", "2"), None),  # server.processes: one per core
+    "cortex-2proc": (peers.PROCESS_FLAGS["cortex-2proc"], None),  # server.processes = 2
 }
 ONE_CORE_TWINS = {"cortex": "cortex-1cpu"}
 PARAMS = {

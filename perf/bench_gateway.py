@@ -83,10 +83,6 @@ from tests import deepseek_profile as ds
 
 MODEL = "mock-model"
 ROUTERS = ("cortex", "cortex-2proc", "cortex-passthrough", "sglang-router", "nginx")
-PROCESS_FLAGS = {  # systems of server.processes = 2: with and without replica sync
-    "cortex-2proc": ("--server-processes", "2"),
-    "cortex-2proc-nosync": ("--server-processes", "2", "--replicas-between-processes", "false"),
-}
 PARAMS = {
     "full": {"rounds": 40, "small": 800, "large": 400, "sse": 800, "warmup": 50,
              "tput_rounds": 3, "tput_slice_s": 4.0, "connections": 64},
@@ -396,9 +392,9 @@ def main() -> int:
             try:
                 if name == "cortex":
                     running = peers.start_cortex(mocks, MODEL, ds.TOKENIZER_JSON, template)
-                elif name in PROCESS_FLAGS:
+                elif name in peers.PROCESS_FLAGS:
                     running = peers.start_cortex(mocks, MODEL, ds.TOKENIZER_JSON, template,
-                                                 name, flags=PROCESS_FLAGS[name])
+                                                 name, flags=peers.PROCESS_FLAGS[name])
                 elif name == "cortex-passthrough":
                     running = peers.start_cortex(mocks, MODEL, ds.TOKENIZER_JSON, template,
                                                  name, passthrough=True)
@@ -441,7 +437,7 @@ def main() -> int:
                                                 "after_run": rss_mib(pids)}
             result.update(figures)
             result["targets"] = targets(figures)
-            for name in PROCESS_FLAGS:  # issue 36: >= 1.3x
+            for name in peers.PROCESS_FLAGS:  # issue 36: >= 1.3x
                 if name in figures and "cortex" in figures:
                     result["targets"][f"{name}_over_one"] = round(
                         figures[name]["throughput_c64"]["req_per_s"]

@@ -26,7 +26,9 @@ Latency, per run, from wrk's histogram (1 µs buckets; dumped by the Lua ``done(
   equals wrk's request count (checked). Max is the same in both.
 
 ``ratio_to_sglang_router``: Cortex's (and the baseline's) figure over sglang-router's, same
-cell, same run. Usage: ``python perf/bench_wrk.py [--durations 3,30] [--connections 64,256]
+cell, same run; ``req_per_s_over_one_process``: ``cortex-2proc`` (``server.processes = 2``)
+and ``cortex-2proc-nosync`` (without replica sync between them), when asked for, over
+``cortex``. Usage: ``python perf/bench_wrk.py [--durations 3,30] [--connections 64,256]
 [--threads 2] [--baseline DIR] [--quick]`` (JSON on stdout). Needs ``wrk`` (apt-get install
 wrk): without it the result says so in ``not_run`` and nothing runs; a peer not installed is
 skipped with the reason in ``skipped``.
@@ -232,6 +234,9 @@ def main() -> int:
                 elif name == "cortex-baseline":
                     running = peers.start_cortex(mocks, MODEL, ds.TOKENIZER_JSON, template,
                                                  name, args.baseline.resolve())
+                elif name in peers.PROCESS_FLAGS:
+                    running = peers.start_cortex(mocks, MODEL, ds.TOKENIZER_JSON, template,
+                                                 name, flags=peers.PROCESS_FLAGS[name])
                 else:
                     running = peers.start_sglang_router([m.url for m in mocks], MODEL)
             except peers.StartError as failure:
@@ -262,7 +267,11 @@ def main() -> int:
                     cell = {name: run_wrk(systems[name], script, args.threads, connections,
                                           seconds) for name in order}
                     cells[f"{seconds:g}s_c{connections}"] = {
-                        "order": order, **cell, "ratio_to_sglang_router": ratios(cell)}
+                        "order": order, **cell, "ratio_to_sglang_router": ratios(cell),
+                        "req_per_s_over_one_process": {
+                            name: round(cell[name]["req_per_s"] / cell["cortex"]["req_per_s"],
+                                        2)
+                            for name in peers.PROCESS_FLAGS if name in cell and "cortex" in cell}}
             result["cells"] = cells
             result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
         else:

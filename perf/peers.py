@@ -97,6 +97,14 @@ class StartError(RuntimeError):
     """A system did not become ready; the message carries the tail of its log."""
 
 
+# Cortex systems of ``server.processes = 2`` (two processes on one port): with replica sync
+# between them (the default) and without (what sync costs and buys)
+PROCESS_FLAGS = {
+    "cortex-2proc": ("--server-processes", "2"),
+    "cortex-2proc-nosync": ("--server-processes", "2", "--replicas-between-processes", "false"),
+}
+
+
 def missing_peers() -> dict[str, str]:
     """Peer name -> why it cannot run here (absent when it can)."""
     missing: dict[str, str] = {}

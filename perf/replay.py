@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -266,14 +267,20 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
         flavors = p.flavor_list()
         roles = rc.pd_roles(flavors) if router in PD_ROUTERS else None
         engines = rc.start_engines(procs, settings, flavors,
-                                   per_engine=p.engine_procs == "engine", roles=roles)
+                                   per_engine=p.engine_procs == "engine", roles=roles,
+                                   cpus=p.engine_cpus)
         policy = router if router in GATEWAY_POLICIES else PD_ROUTERS.get(router, "cortex")
         gateway = rc.start_gateway(procs, engines, policy, MODEL, p.engine_block, cost,
-                                   p.replicas, bool(p.replica_sync))
+                                   p.replicas, bool(p.replica_sync), p.gateway_cpus)
         url = rc.start_sglang_router(procs, engines, MODEL) if router == "sglang-router" \
             else gateway.url
         started = time.monotonic()
-        results = trio.run(drive, url, records, payloads, time_scale, follows_for(p))
+        if p.client_cpus:
+            os.sched_setaffinity(0, parse_cpus(p.client_cpus))
+        try:
+            results = trio.run(drive, url, records, payloads, time_scale, follows_for(p))
+        finally:
+            os.sched_setaffinity(0, range(os.cpu_count() or 1))
         wall = time.monotonic() - started
         ledger = gateway.ledger_report()
         summary = summarize(results, p, len(engines), ledger,
@@ -291,6 +298,15 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
         return summary
     finally:
         procs.stop()
+
+
+def parse_cpus(spec: str) -> set[int]:
+    """A ``taskset -c`` list ("0", "0,2", "1-3") as CPU numbers."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 def missing(router: str) -> str | None:

@@ -128,7 +128,11 @@ class Procs:
         return path
 
 
-def _spawn(procs: Procs, name: str, argv: list[str], stdin: int | None = None) -> peers.Running:
+def _spawn(procs: Procs, name: str, argv: list[str], stdin: int | None = None,
+           cpus: str = "") -> peers.Running:
+    """``cpus``: a ``taskset -c`` list the process (and what it starts) is pinned to."""
+    if cpus:
+        argv = ["taskset", "-c", cpus, *argv]
     log_path = os.path.join(procs.tmpdir, f"{name}.log")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log,
@@ -149,7 +153,8 @@ def _line(running: peers.Running) -> str:
 
 
 def start_engines(procs: Procs, settings: EngineSettings, flavors: list[str],
-                  per_engine: bool = True, roles: list[str] | None = None) -> list[Engine]:
+                  per_engine: bool = True, roles: list[str] | None = None,
+                  cpus: str = "") -> list[Engine]:
     """``cortex sim`` processes: one per engine (``per_engine``: one engine's tokenization
     never delays another's timers) or one per flavor and role. Engines are named by flavor,
     role (``p``/``d``, none for ``both``) and index: ``v0_0``, ``sp1_0`` per engine; ``v0``,
@@ -187,7 +192,7 @@ def start_engines(procs: Procs, settings: EngineSettings, flavors: list[str],
             argv += ["--pd-role", role]
         if role == "prefill":
             argv += ["--bootstrap-port", "0"]
-        started.append((flavor, role, count, _spawn(procs, f"sim-{prefix}", argv)))
+        started.append((flavor, role, count, _spawn(procs, f"sim-{prefix}", argv, cpus=cpus)))
     engines = []
     for flavor, role, count, running in started:
         for _ in range(count):
@@ -220,7 +225,7 @@ class Gateway:
 
 def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
                   block_size: int, cost: dict, replicas: int = 1,
-                  sync: bool = False) -> Gateway:
+                  sync: bool = False, cpus: str = "") -> Gateway:
     """``cost``: ``scheduler.cost`` settings (``CostConfig`` fields) the gateway is given;
     ``replicas``: gateway processes on one port (module docstring); ``sync``: the replicas tell
     each other their requests in flight (``replicas.listen``/``peers``, loopback ZeroMQ)."""
@@ -243,7 +248,7 @@ def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
         with open(path, "w") as f:
             json.dump(spec, f)
         running = _spawn(procs, name, [sys.executable, str(PERF / "replay_gateway.py"), path],
-                         stdin=subprocess.PIPE)
+                         stdin=subprocess.PIPE, cpus=cpus)
         line = _line(running)
         if not line.startswith("ready "):
             raise peers.StartError(f"{name} said {line!r}:\n{running.log_tail()}")

@@ -79,6 +79,12 @@ class Params:
     cost_form: str = "steps"  # Cortex's cost on batching engines: steps | flat (replay.py)
     replicas: int = 1  # gateway processes on one port, SO_REUSEPORT (replay_cluster.py)
     replica_sync: int = 0  # 1: the replicas tell each other their requests in flight
+    # CPUs (``taskset -c`` lists; "" = any) of the gateway processes, the engine processes and
+    # the client (this process): apart, the engines' speed does not depend on how many
+    # gateways run (on a 2-vCPU VM, N gateways otherwise starve the engines)
+    gateway_cpus: str = ""
+    engine_cpus: str = ""
+    client_cpus: str = ""
 
     def tokens_per_token(self) -> float:
         return self.token_scale or tt.TRACE_BLOCK / self.block_tokens

@@ -159,6 +159,15 @@ async def test_two_processes_serve_one_port_under_one_control_plane():
             await until(ready_again)
             _, text = await get(control, "/metrics")
             assert per_process(text.decode(), "cortex_process_restarts_total") == {"0": 1.0}
+
+            # started again from the configuration (sim0 and sim1), it is given the admin
+            # change made since: sim1 removed there too
+            async def process_1_has_only_sim0() -> bool:
+                _, text = await get(control, "/metrics")
+                return [dict(labels)["worker"] for labels in samples(
+                    text.decode(), "cortex_worker_healthy")
+                    if dict(labels)["process"] == "1"] == ["sim0"]
+            await until(process_1_has_only_sim0)
             [again] = children_of(serve.pid)
             assert again != child
 
