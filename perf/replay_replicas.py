@@ -13,11 +13,14 @@ herd's requests reach every replica at once.
 Per cell and N: token hit rate, TTFT mean / p99, load spread (max / mean requests per
 engine), Cortex's exact predictions and false hits; and each N against N = 1 of the same
 cell (``vs_one``: hit-rate ratio, TTFT mean and p99 ratios). The replicas share the 2 vCPUs
-of this machine with the engines and the client: N processes cost CPU that one does not.
+of this machine with the engines and the client: N processes cost CPU that one does not;
+``--gateway-cpus 0 --engine-cpus 1`` keeps the engines' CPU apart, so their speed does not
+depend on N.
 
 Usage: ``python perf/replay_replicas.py --out DIR [--workloads conversation,herd,gsp,agentic]
-[--caches all] [--loads 0.5] [--replicas 1,2,4] [--sync 0,1]``; a cell already in ``DIR`` is not run
-again; ``--render DIR`` prints the table as Markdown.
+[--caches all] [--loads 0.5] [--replicas 1,2,4] [--sync 0,1] [--gateway-cpus L]
+[--engine-cpus L] [--client-cpus L]``; a cell already in ``DIR`` is not run again;
+``--render DIR`` prints the table as Markdown.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from replay_matrix import WORKLOADS, cell_name, cell_params
 
 
 def run(out: Path, workloads: list[str], caches: list[str], loads: list[float],
-        counts: list[int], syncs: list[int]) -> None:
+        counts: list[int], syncs: list[int], pins: dict[str, str] | None = None) -> None:
+    """``pins``: ``gateway_cpus``/``engine_cpus``/``client_cpus`` (``replay_workload.Params``)."""
     out.mkdir(parents=True, exist_ok=True)
     log = lambda message: print(message, file=sys.stderr, flush=True)
     for workload in workloads:
@@ -49,7 +53,7 @@ def run(out: Path, workloads: list[str], caches: list[str], loads: list[float],
                         if path.exists():
                             continue
                         p = replace(cell_params(workload, cache, load), replicas=n,
-                                    replica_sync=sync)
+                                    replica_sync=sync, **(pins or {}))
                         log(f"{path.stem}: ...")
                         result = replay.compare(p, ["cortex"], log=log)
                         path.write_text(json.dumps(result, indent=1))
@@ -93,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--caches", default="all")
     parser.add_argument("--loads", default="0.5")
     parser.add_argument("--replicas", default="1,2,4")
+    for pin in ("gateway", "engine", "client"):
+        parser.add_argument(f"--{pin}-cpus", default="",
+                            help=f"taskset -c list the {pin} processes run on (default: any)")
     parser.add_argument("--sync", default="0,1",
                         help="replicas without (0) and with (1) sharing their requests")
     args = parser.parse_args(argv)
@@ -107,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown workloads: {sorted(unknown)}")
     run(Path(args.out), workloads, args.caches.split(","),
         [float(x) for x in args.loads.split(",")], [int(x) for x in args.replicas.split(",")],
-        [int(x) for x in args.sync.split(",")])
+        [int(x) for x in args.sync.split(",")],
+        {f"{pin}_cpus": getattr(args, f"{pin}_cpus") for pin in ("gateway", "engine", "client")})
     print(render(Path(args.out)))
     return 0
 
