@@ -63,6 +63,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -75,7 +76,7 @@ sys.path.insert(0, str(HERE.parent))
 import replay_cluster as rc
 import trace_text as tt
 from benchkit import machine_info
-from replay_report import markdown, summarize, table
+from replay_report import killed_figures, markdown, summarize, table
 from replay_workload import (
     QUICK,
     Params,
@@ -141,12 +142,13 @@ def bodies(records: list[tt.TraceRecord], text: tt.TraceText, p: Params) -> list
 
 async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
                 time_scale: float,
-                follows: list[tuple[int, float]] | None = None) -> list[Result]:
+                follows: list[tuple[int, float]] | None = None,
+                at: tuple[float, Callable[[], None]] | None = None) -> list[Result]:
     """Send every request at its scheduled time; stream every answer to its end.
 
     ``follows[i] = (j, think_s)`` with ``j >= 0``: request ``i`` leaves ``think_s /
     time_scale`` after request ``j``'s answer has ended (a session's next turn), not at its
-    timestamp."""
+    timestamp. ``at = (seconds, action)``: ``action()`` that far into the schedule."""
     limits = PoolLimits(max_connections_per_worker=4096, max_idle_per_worker=1024,
                         acquire_timeout_s=600.0)
     upstream = UpstreamPool(limits)
@@ -209,10 +211,16 @@ async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
         await trio.sleep_until(due)
         await one(i, due)
 
+    async def act(seconds: float, action: Callable[[], None]) -> None:
+        await trio.sleep_until(start + seconds)
+        action()
+
     async with trio.open_nursery() as nursery:
         await nursery.start(upstream.run)
         async with trio.open_nursery() as requests:
             start = trio.current_time() + 0.2
+            if at is not None:
+                nursery.start_soon(act, *at)
             for i, r in enumerate(records):
                 previous, think_s = follows[i] if follows else (-1, 0.0)
                 if previous >= 0:
@@ -277,8 +285,13 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
         started = time.monotonic()
         if p.client_cpus:
             os.sched_setaffinity(0, parse_cpus(p.client_cpus))
+        kill = None
+        if p.kill_replica_at > 0 and len(gateway.replicas) > 1:
+            span_s = (records[-1].timestamp_ms - records[0].timestamp_ms) / 1000 / time_scale
+            kill = (span_s * p.kill_replica_at, gateway.replicas[-1].process.kill)
         try:
-            results = trio.run(drive, url, records, payloads, time_scale, follows_for(p))
+            results = trio.run(drive, url, records, payloads, time_scale, follows_for(p),
+                               kill)
         finally:
             os.sched_setaffinity(0, range(os.cpu_count() or 1))
         wall = time.monotonic() - started
@@ -290,6 +303,8 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
         summary["ledger_states"] = sorted(set(ledger["states"].values()))
         summary["replica_sync"] = ledger.get("replica_sync")  # the first replica's
         summary["in_flight_at_end"] = ledger.get("in_flight_at_end")
+        if kill is not None:
+            summary["killed_replica"] = killed_figures(results, kill[0])
         if router not in (*LEDGER_ROUTERS, *PD_ROUTERS):  # the others predict nothing
             summary["ledger"] = {"predicted": 0, "exact_share": None, "over_share": None,
                                  "abs_error_tokens": 0}

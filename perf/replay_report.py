@@ -86,6 +86,23 @@ def _pd_figures(ok: list[Any], p: Any, roles: dict[str, str], ledger: dict | Non
     }
 
 
+def killed_figures(results: list[Any], at_s: float) -> dict:
+    """A replica killed ``at_s`` into the schedule: the requests that failed — in flight then
+    (through it, or on the way), or sent after (through the others) — and the token hit rate
+    of the requests sent before and after."""
+    def hit(rs: list[Any]) -> float | None:
+        prompt = sum(r.prompt_tokens for r in rs)
+        return round(sum(r.cached_tokens for r in rs) / prompt, 4) if prompt else None
+    failed = [r for r in results if r.status != 200]
+    ok = [r for r in results if r.status == 200]
+    return {"at_s": round(at_s, 2),
+            "failed_in_flight": sum(1 for r in failed if r.sent_s <= at_s <= r.sent_s + r.total_s),
+            "failed_before": sum(1 for r in failed if r.sent_s + r.total_s < at_s),
+            "failed_after": sum(1 for r in failed if r.sent_s > at_s),
+            "hit_before": hit([r for r in ok if r.sent_s <= at_s]),
+            "hit_after": hit([r for r in ok if r.sent_s > at_s])}
+
+
 def summarize(results: list[Any], p: Any, engines: int, ledger: dict | None,
               roles: dict[str, str] | None = None) -> dict:
     """One router's figures; ``roles`` (worker -> role) for a PD cluster."""

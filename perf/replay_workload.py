@@ -82,6 +82,10 @@ class Params:
     # CPUs (``taskset -c`` lists; "" = any) of the gateway processes, the engine processes and
     # the client (this process): apart, the engines' speed does not depend on how many
     # gateways run (on a 2-vCPU VM, N gateways otherwise starve the engines)
+    # > 0: the last replica is killed (SIGKILL) this far into the trace (a fraction of its
+    # span); the report says which requests failed (in flight there, or after) and the hit
+    # rate before and after
+    kill_replica_at: float = 0.0
     gateway_cpus: str = ""
     engine_cpus: str = ""
     client_cpus: str = ""

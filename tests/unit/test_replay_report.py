@@ -57,3 +57,16 @@ def test_tables_name_every_router() -> None:
     assert "cortex" in table(result) and "round_robin" in table(result)
     lines = markdown(result).splitlines()
     assert len(lines) == 4 and lines[1].count("---") == lines[0].count("|") - 1
+
+
+def test_a_killed_replica_s_failures_are_told_apart() -> None:
+    from replay_report import killed_figures
+
+    records = [_record(0, "a", 0.0, 0.1, 1000, 0, 0),  # done before the kill at 1.0 s
+               _record(1, "a", 0.5, 0.6, 1000, 0, 0, status=0),  # in flight then: failed
+               _record(2, "b", 0.7, 0.1, 1000, 0, 0, status=502),  # failed, ended before
+               _record(3, "b", 2.0, 0.1, 1000, 600, 600),
+               _record(4, "a", 3.0, 0.1, 1000, 0, 0, status=0)]  # failed after
+    assert killed_figures(records, 1.0) == {
+        "at_s": 1.0, "failed_in_flight": 1, "failed_before": 1, "failed_after": 1,
+        "hit_before": 0.0, "hit_after": 0.6}
