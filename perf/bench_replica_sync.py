@@ -84,11 +84,11 @@ async def run(requests: int, new_blocks: int, in_flight: int, per_tick: int) -> 
                     if step == 0:
                         holds.append(hold := pending.hold(WORKERS[i % 8], 1000,
                                                           (1 + i % 8, keys, 0)))
-                        hold.__enter__()
+                        hold.open()
                     elif step == 1:
                         holds[i - chunk].prefill_done()
                     else:
-                        holds[i - chunk].__exit__(None, None, None)
+                        holds[i - chunk].close()
                 batches += 1
                 await trio.lowlevel.checkpoint()  # the flusher sends the tick's batch
                 await trio.lowlevel.checkpoint()

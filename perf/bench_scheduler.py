@@ -125,10 +125,10 @@ def main() -> None:
         assert reference == decision, (reference, decision)
         hold = pending.hold(decision.worker,
                             request.token_count - decision.predicted_cached_tokens)
-        hold.__enter__()
+        hold.open()
         holds.append(hold)
         if len(holds) > 4 * args.workers:
-            holds.pop(0).__exit__(None, None, None)
+            holds.pop(0).close()
         done = clock()
         if n >= 4 * args.workers:  # warmed up: the pool is at its steady load
             decision_ns.append(middle - start)
@@ -138,7 +138,7 @@ def main() -> None:
             modes[decision.mode.value] = modes.get(decision.mode.value, 0) + 1
     gc.enable()
     for hold in holds:
-        hold.__exit__(None, None, None)
+        hold.close()
     assert pending.total_in_flight() == 0
     in_flight = [v.in_flight for v in pending.views()]
     assert not any(in_flight)

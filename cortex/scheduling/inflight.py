@@ -183,6 +183,11 @@ class Hold:
         self._entered = False
 
     def __enter__(self) -> Self:
+        return self.open()
+
+    def open(self) -> Self:
+        """Count the request (what ``with hold:`` does on entry; for a hold whose end is not
+        in one block: a peer's request, ``close`` when it ends)."""
         if self._entered:
             raise RuntimeError("a hold can be entered only once")
         self._entered = True
@@ -217,6 +222,10 @@ class Hold:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """The request ended: everything it added is removed (twice: nothing more)."""
         if self._ticket:
             self._pending.prefixes.remove(self._ticket)
             self._ticket = 0

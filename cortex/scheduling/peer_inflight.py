@@ -95,7 +95,7 @@ class PeerInflight:
         target = self._target_of(worker, rank) if len(new_keys) else None
         prefix = None if target is None else (target, new_keys, 0)
         hold = self._pending.hold(worker, max(prefill_tokens, 0), prefix, announce=False)
-        hold.__enter__()
+        hold.open()
         known.entries[request] = _Entry(hold, now)
 
     def prefill_done(self, peer: str, request: int, now: float) -> None:
@@ -106,14 +106,14 @@ class PeerInflight:
     def finished(self, peer: str, request: int, now: float) -> None:
         entry = self._heard(peer, now).entries.pop(request, None)
         if entry is not None:
-            entry.hold.__exit__(None, None, None)
+            entry.hold.close()
 
     def heartbeat(self, peer: str, in_flight: Collection[int], now: float) -> None:
         """The peer's requests still in flight: any other entry of it ends here."""
         known = self._heard(peer, now)
         gone = [request for request in known.entries if request not in in_flight]
         for request in gone:
-            known.entries.pop(request).hold.__exit__(None, None, None)
+            known.entries.pop(request).hold.close()
 
     def expire(self, now: float) -> list[str]:
         """Drop entries older than the TTL and peers silent past the timeout; returns the
@@ -127,14 +127,14 @@ class PeerInflight:
             old = [request for request, entry in known.entries.items()
                    if now - entry.since > self._ttl]
             for request in old:
-                known.entries.pop(request).hold.__exit__(None, None, None)
+                known.entries.pop(request).hold.close()
         return dropped
 
     def _forget(self, peer: str) -> None:
         known = self._peers.pop(peer, None)
         if known is not None:
             for entry in known.entries.values():
-                entry.hold.__exit__(None, None, None)
+                entry.hold.close()
 
     def clear(self) -> None:
         """Forget every peer (shutdown)."""
