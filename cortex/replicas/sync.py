@@ -20,6 +20,8 @@ over one SUB, into each model's ``PeerInflight`` (rules in ``scheduling.peer_inf
   ``peer_timeout_s`` leaves the view (its requests no longer counted), logged once with how
   many requests it took along.
 * Identity: a random id drawn at start (``peer_id``), so a restarted replica is a new peer.
+* Pools: every model's at the start; a pool a worker of a new model brings later (the admin
+  API, discovery) is taken in at the next heartbeat, or at once when a peer speaks of it.
 
 Everything runs on the trio thread that owns the pools (single owner, no locks).
 """
@@ -97,11 +99,8 @@ class ReplicaSync:
         self.counters = SyncCounters()
         self._pools = pools
         self._clock = clock
-        self._views = {model: PeerInflight(pool.pending, partial(_target_of, pool),
-                                           entry_ttl_s=settings.entry_ttl_s,
-                                           peer_timeout_s=settings.peer_timeout_s)
-                       for model, pool in pools.items()}
-        self._active: dict[str, set[int]] = {model: set() for model in pools}
+        self._views: dict[str, PeerInflight] = {}
+        self._active: dict[str, set[int]] = {}
         self._heard: dict[str, float] = {}  # peer -> last heard (the peers in the view)
         self._pub: zmq.Socket | None = None
         self._outbox: list[wire.Message] = []
@@ -136,8 +135,7 @@ class ReplicaSync:
             if self.settings.listen:
                 self._pub = pub
                 self.endpoint = zmq_trio.bound_endpoint(pub)
-                for model, pool in self._pools.items():
-                    pool.pending.announce = partial(self._announce, model)
+            self._adopt()
             log.info("replica sync: %s publishes on %s, listens to %d peer(s): %s",
                      self.peer_id, self.endpoint or "nothing (listen unset)",
                      len(self.settings.peer_endpoints()), self.settings.peers or "none")
@@ -154,6 +152,19 @@ class ReplicaSync:
             self._pub = None
             pub.close()
             sub.close()
+
+    def _adopt(self) -> None:
+        """Take in every pool not yet synced: those of the start, and one a worker of a new
+        model brought later (adopted at the next heartbeat, or when a peer speaks of it)."""
+        for model, pool in self._pools.items():
+            if model in self._views:
+                continue
+            self._views[model] = PeerInflight(pool.pending, partial(_target_of, pool),
+                                              entry_ttl_s=self.settings.entry_ttl_s,
+                                              peer_timeout_s=self.settings.peer_timeout_s)
+            self._active[model] = set()
+            if self._pub is not None:
+                pool.pending.announce = partial(self._announce, model)
 
     def _send(self, message: wire.Message) -> None:
         """Queue ``message`` for the next batch (nothing when this replica tells nobody)."""
@@ -205,6 +216,7 @@ class ReplicaSync:
 
     async def _beat(self) -> None:
         while True:
+            self._adopt()
             self._send(wire.Heartbeat({model: sorted(active)
                                        for model, active in self._active.items()}))
             self._flush()  # after what was announced before it, in order
@@ -258,6 +270,9 @@ class ReplicaSync:
                 view.heartbeat(peer, frozenset(message.in_flight.get(model, ())), now)
             return
         view = self._views.get(message.model)
+        if view is None and message.model in self._pools:  # a pool newer than the heartbeat
+            self._adopt()
+            view = self._views.get(message.model)
         if view is None:
             self.counters.foreign += 1
             return

@@ -15,6 +15,8 @@ import trio
 
 from cortex.app import run_gateway
 from cortex.replicas.settings import ReplicaSettings
+from cortex.replicas.sync import ReplicaSync
+from cortex.scheduling.inflight import PendingWork
 from cortex.sim.serving import TimingConfig
 from tests.front_http_client import RawClient
 from tests.gateway_cluster import MODEL, all_ready, gateway_cluster, wait_for
@@ -94,3 +96,37 @@ async def test_replicas_count_each_others_requests_and_drop_a_silent_one():
                 b_scope.cancel()  # B stops: A hears nothing more from it
                 await wait_for(a, lambda: a.replica_sync.figures().peers == 0, 10)
                 nursery.cancel_scope.cancel()
+
+
+class _Pool:  # what sync reads of a pool: its pending work and its workers' ledger targets
+    def __init__(self) -> None:
+        self.pending = PendingWork()
+        self.targets = {"w0": (1,)}
+
+
+async def until(condition) -> None:  # type: ignore[no-untyped-def]
+    """Poll ``condition`` (state another task changes on a message; nothing to wake us)."""
+    while not condition():
+        await trio.sleep(0.005)
+
+
+async def test_a_pool_a_new_model_brings_later_is_synced_too():
+    """A worker of a model no pool served at the start (the admin API, discovery) brings a
+    pool: its requests are told and heard like the others'."""
+    settings = {"heartbeat_s": 0.05, "peer_timeout_s": 2.0}
+    a_pools, b_pools = {"m": _Pool()}, {"m": _Pool()}
+    a = ReplicaSync(ReplicaSettings(listen="tcp://127.0.0.1:*", **settings), a_pools)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            b = ReplicaSync(ReplicaSettings(listen="tcp://127.0.0.1:*",
+                                            peers=await nursery.start(a.run), **settings),
+                            b_pools)
+            await nursery.start(b.run)
+            a_pools["new"], b_pools["new"] = _Pool(), _Pool()
+            await until(lambda: b.figures().peers == 1
+                        and a_pools["new"].pending.announce is not None)
+            with a_pools["new"].pending.hold("w0", 100):
+                await until(lambda: b_pools["new"].pending.in_flight("w0") == 1)
+            await until(lambda: b_pools["new"].pending.in_flight("w0") == 0)
+            assert b.counters.foreign == 0
+            nursery.cancel_scope.cancel()
