@@ -254,6 +254,8 @@ def gateway_cost(p: Params, records: list[tt.TraceRecord], text: tt.TraceText) -
                         decode_s_per_in_flight=terms["decode_s_per_in_flight"])
     if p.affinity_tolerance_s >= 0:
         cost["affinity_tolerance_s"] = p.affinity_tolerance_s
+    if p.tie_band_s >= 0:
+        cost["tie_band_s"] = p.tie_band_s
     if p.recompute_weight >= 0:
         cost["recompute_weight"] = p.recompute_weight
     if p.recompute_charge_max_s >= 0:

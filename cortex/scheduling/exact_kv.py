@@ -26,7 +26,9 @@ from cortex.scheduling.cost import (
     BoundedLoad,
     CostConfig,
     LoadSeconds,
+    band_seed,
     cost,
+    in_band,
     kv_overflow,
     tie_before,
     tie_seed,
@@ -47,6 +49,7 @@ class ExactKv:
         self.tolerance_s = self.cost.affinity_tolerance_s if ttft else 0.0
         self.recompute_weight = self.cost.recompute_weight if ttft else 0.0
         self.recompute_max_s = self.cost.recompute_charge_max_s
+        self.band_s = self.cost.tie_band_s if ttft else 0.0
         self.loads = LoadSeconds(self.cost)
 
     def decide(
@@ -67,10 +70,16 @@ class ExactKv:
         long_cost, long_blocks = math.inf, 0
         any_hit = False
         seed = tie_seed(request)
+        band = self.band_s
+        costs: list[tuple[WorkerView, float, int]] = []
+        per_token: dict[str, float] = {}
+        longest = 0
         for view in workers:  # runs per decision: the cost's request-independent part memoized
             blocks = get(view.worker, 0)
             if blocks:
                 any_hit = True
+                if blocks > longest:
+                    longest = blocks
             if view.in_flight + 1 > cap:
                 continue
             if linear:
@@ -88,6 +97,9 @@ class ExactKv:
                     over = kv_overflow(token_count, uncached, entry[3])
                     if over > 0:
                         value += overflow_weight * over * s_per_token
+            if band:
+                costs.append((view, value, blocks))
+                per_token[view.worker] = s_per_token
             if value < cheap_cost or (value == cheap_cost and cheap is not None
                                       and tie_before(view.worker, cheap.worker, seed)):
                 cheap, cheap_cost, cheap_blocks = view, value, blocks
@@ -100,6 +112,10 @@ class ExactKv:
             return None
         if cheap is None:  # unreachable: some worker is at or below the mean
             raise AssertionError("bounded-load cap excluded every worker")
+        if band:  # the cost band's pick stands for the cheapest (cost.py, "Ties")
+            cheap, cheap_cost, cheap_blocks = in_band(costs, cheap_cost + band,
+                                                      band_seed(request, longest))
+            cheap_s_per_token = per_token[cheap.worker]
         return exact_verdict(
             request, self.tolerance_s, self.recompute_weight, cheap.worker, cheap_cost,
             cheap_blocks, cheap_s_per_token, None if long is None else long.worker, long_cost,
