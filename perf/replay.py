@@ -281,7 +281,8 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
                                    cpus=p.engine_cpus)
         policy = router if router in GATEWAY_POLICIES else PD_ROUTERS.get(router, "cortex")
         gateway = rc.start_gateway(procs, engines, policy, MODEL, p.engine_block, cost,
-                                   p.replicas, bool(p.replica_sync), p.gateway_cpus)
+                                   p.replicas, bool(p.replica_sync), p.gateway_cpus,
+                                   spread=p.replica_traffic != "first")
         url = rc.start_sglang_router(procs, engines, MODEL) if router == "sglang-router" \
             else gateway.url
         started = time.monotonic()

@@ -225,10 +225,12 @@ class Gateway:
 
 def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
                   block_size: int, cost: dict, replicas: int = 1,
-                  sync: bool = False, cpus: str = "") -> Gateway:
+                  sync: bool = False, cpus: str = "", spread: bool = True) -> Gateway:
     """``cost``: ``scheduler.cost`` settings (``CostConfig`` fields) the gateway is given;
     ``replicas``: gateway processes on one port (module docstring); ``sync``: the replicas tell
-    each other their requests in flight (``replicas.listen``/``peers``, loopback ZeroMQ)."""
+    each other their requests in flight (``replicas.listen``/``peers``, loopback ZeroMQ);
+    ``spread`` false: the replicas after the first listen on ports of their own, so the
+    client's connections (to ``Gateway.port``) all reach the first."""
     endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(replicas)] if sync else []
     spec = {"model": model, "cost": cost, "tokenizer": ds.TOKENIZER_JSON, "block_size": block_size,
             "template": procs.template(), "bos": ds.BOS, "eos": ds.EOS, "policy": policy,
@@ -239,7 +241,7 @@ def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
     started: list[peers.Running] = []
     port = 0
     for index in range(replicas):  # the first picks the port, the others bind it too
-        spec["port"] = port
+        spec["port"] = port if spread else 0
         if endpoints:
             spec["sync_listen"] = endpoints[index]
             spec["sync_peers"] = [e for e in endpoints if e != endpoints[index]]
@@ -252,7 +254,7 @@ def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
         line = _line(running)
         if not line.startswith("ready "):
             raise peers.StartError(f"{name} said {line!r}:\n{running.log_tail()}")
-        port = int(line.split()[1])
+        port = port or int(line.split()[1])
         started.append(running)
     return Gateway(started[0], port, started)
 

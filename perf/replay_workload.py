@@ -83,6 +83,10 @@ class Params:
     # CPUs (``taskset -c`` lists; "" = any) of the gateway processes, the engine processes and
     # the client (this process): apart, the engines' speed does not depend on how many
     # gateways run (on a 2-vCPU VM, N gateways otherwise starve the engines)
+    # "first": the client's connections all go to the first replica; the others run (ingest
+    # every engine's events, poll every engine) but route nothing — one replica's routing at
+    # the CPU cost of N (a control for what the machine, not the routing, costs)
+    replica_traffic: str = "all"
     # > 0: the last replica is killed (SIGKILL) this far into the trace (a fraction of its
     # span); the report says which requests failed (in flight there, or after) and the hit
     # rate before and after
