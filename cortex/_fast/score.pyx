@@ -212,8 +212,9 @@ cdef class DecisionTable:
         Returns one of:
           ("none",)                      no eligible or no open worker (reference raises)
           ("exact", cheap, cheap_cost, cheap_blocks, cheap_s_per_token,
-           long, long_cost, long_blocks)
-                                         exact_kv applies; long is None without a hit holder
+           long, long_cost, long_blocks, band)
+                                         exact_kv applies; long is None without a hit holder;
+                                         band (worker, blocks): the cost band's pick, or None
           ("load_aware", worker)         every open ledger trusted, no hit
           ("chain",)                     neither applies: p2c / round robin decide
         """
@@ -227,6 +228,7 @@ cdef class DecisionTable:
         cdef double cheap_cost = INFINITY, long_cost = INFINITY, limit
         cdef long cheap_blocks = 0, long_blocks = 0, longest = 0
         cdef uint64_t band_seed
+        cdef object band
         cdef long* hit
         cdef double* val
         self._sync(views)
@@ -301,6 +303,8 @@ cdef class DecisionTable:
                     long_, long_cost, long_blocks = i, value, blocks
             if cheap < 0:
                 return ("chain",)  # unreachable: some open worker is at or below the mean
+            band = None
+            best = cheap
             if self.band > 0:  # cost.in_band: the band's first in its tie order
                 band_seed = <uint64_t>keys[longest] if longest < len(keys) else seed
                 limit = cheap_cost + self.band
@@ -309,12 +313,12 @@ cdef class DecisionTable:
                     if val[i] <= limit and (best < 0 or _tie_before(
                             &self.slots[i], &self.slots[best], band_seed)):
                         best = i
-                cheap, cheap_cost, cheap_blocks = best, val[best], hit[best]
+                band = (self.names[best], hit[best])
             if not any_hit:
-                return ("load_aware", self.names[cheap])
+                return ("load_aware", self.names[best])
             return ("exact", self.names[cheap], cheap_cost, cheap_blocks,
                     self.slots[cheap].s_per_token,
-                    None if long_ < 0 else self.names[long_], long_cost, long_blocks)
+                    None if long_ < 0 else self.names[long_], long_cost, long_blocks, band)
         finally:
             free(hit)
             free(val)

@@ -72,7 +72,7 @@ class FastScheduler:
             verdict = found[0]
             if verdict == "exact":
                 return exact_verdict(request, self.tolerance_s, self.recompute_weight,
-                                     *found[1:], self.recompute_max_s)
+                                     *found[1:8], self.recompute_max_s, found[8])
             if verdict == "load_aware":
                 return load_aware_verdict(found[1])
             if verdict == "chain":  # no trusted hit on an open worker, not every ledger READY:
