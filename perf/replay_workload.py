@@ -91,6 +91,7 @@ class Params:
     # span); the report says which requests failed (in flight there, or after) and the hit
     # rate before and after
     kill_replica_at: float = 0.0
+    kill_dry: int = 0  # 1: at that time nothing is killed (the same split, for a baseline)
     gateway_cpus: str = ""
     engine_cpus: str = ""
     client_cpus: str = ""
