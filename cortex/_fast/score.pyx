@@ -226,7 +226,7 @@ cdef class DecisionTable:
         cdef bint any_hit = False, all_ready = True
         cdef Py_ssize_t cheap = -1, long_ = -1, best
         cdef double cheap_cost = INFINITY, long_cost = INFINITY, limit
-        cdef long cheap_blocks = 0, long_blocks = 0, longest = 0
+        cdef long cheap_blocks = 0, long_blocks = 0, longest = 0, most
         cdef uint64_t band_seed
         cdef object band
         cdef long* hit
@@ -305,12 +305,16 @@ cdef class DecisionTable:
                 return ("chain",)  # unreachable: some open worker is at or below the mean
             band = None
             best = cheap
-            if self.band > 0:  # cost.in_band: the band's first in its tie order
+            if self.band > 0:  # cost.in_band: the band's most blocks, first in its tie order
                 band_seed = <uint64_t>keys[longest] if longest < len(keys) else seed
                 limit = cheap_cost + self.band
+                most = 0
+                for i in range(self.n):
+                    if val[i] <= limit and hit[i] > most:
+                        most = hit[i]
                 best = -1
                 for i in range(self.n):
-                    if val[i] <= limit and (best < 0 or _tie_before(
+                    if val[i] <= limit and hit[i] == most and (best < 0 or _tie_before(
                             &self.slots[i], &self.slots[best], band_seed)):
                         best = i
                 band = (self.names[best], hit[best])

@@ -76,14 +76,16 @@ a fixed order (smallest id) would send every new prefix group arriving at idle t
 worker; the tie order spreads them like a hash while staying a pure function of the request,
 so the compiled path (``cortex/_fast/score.pyx``) reproduces it exactly.
 
-**The cost band** (``tie_band_s`` > 0, "ttft" form): every open worker costing at most the least
-cost plus the band counts as the cheapest, and the first of them in the tie order seeded by the
-request's first block that no open worker holds (``band_seed``) is taken. Replicas deciding the
-same new prompt at once (a herd arriving at every replica) see costs that differ by what each
-has routed and not yet told the others; within the band they agree on one worker without a
-word, where the strict least cost sent each replica's first request elsewhere. One replica's
-herd goes there too (the hit then holds it); unrelated new prompts spread like a hash over the
-workers within the band.
+**The cost band** (``tie_band_s`` > 0, "ttft" form): where the request goes when the cheapest
+worker wins (``exact_kv``'s verdict, ``load_aware``, ``p2c``'s pair): of the open workers
+costing at most the least cost plus the band, those holding the most of its prefix, and of them
+the first in the tie order seeded by the request's first block that no open worker holds
+(``band_seed``). Replicas deciding the same new prompt at once (a herd arriving at every
+replica) see costs that differ by what each has routed and not yet told the others; within the
+band they agree on one worker without a word, where the strict least cost sent each replica's
+first request elsewhere. The longest hit is still weighed against the least cost itself, and no
+hit is given up for the band (at N = 1 either cost agent sessions 1.6x TTFT or a shared-prefix
+workload a third of its hits: ``perf/HISTORY.md``).
 """
 
 from __future__ import annotations
@@ -312,12 +314,14 @@ def cheapest(
 
 def in_band(costs: Sequence[tuple[WorkerView, float, int]], limit: float,
             seed: int) -> tuple[WorkerView, float, int]:
-    """Of ``(view, cost, blocks)`` entries, the first in the tie order of ``seed`` among those
-    costing at most ``limit`` (one does: the least cost plus the band)."""
+    """Of ``(view, cost, blocks)`` entries costing at most ``limit`` (the least cost plus the
+    band: one does), those with the most cached blocks, and of them the first in the tie order
+    of ``seed``."""
+    most = max(blocks for _, value, blocks in costs if value <= limit)
     pick = None
     for entry in costs:
-        if entry[1] <= limit and (pick is None or tie_before(entry[0].worker, pick[0].worker,
-                                                              seed)):
+        if entry[1] <= limit and entry[2] == most and (
+                pick is None or tie_before(entry[0].worker, pick[0].worker, seed)):
             pick = entry
     assert pick is not None
     return pick
