@@ -189,6 +189,7 @@ async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
                     tail = (tail + chunk)[-2048:]
         except Exception as error:  # noqa: BLE001 - a failed request is a result
             print(f"request {i}: {error!r}", file=sys.stderr)
+            status = 0  # not complete, whatever its head said
         end = trio.current_time()
         engine = _ENGINE.search(head)
         cached, prompt, output = (_CACHED.search(tail), _PROMPT.search(tail),
@@ -254,6 +255,8 @@ def gateway_cost(p: Params, records: list[tt.TraceRecord], text: tt.TraceText) -
                         decode_s_per_in_flight=terms["decode_s_per_in_flight"])
     if p.affinity_tolerance_s >= 0:
         cost["affinity_tolerance_s"] = p.affinity_tolerance_s
+    if p.tie_band_s >= 0:
+        cost["tie_band_s"] = p.tie_band_s
     if p.recompute_weight >= 0:
         cost["recompute_weight"] = p.recompute_weight
     if p.recompute_charge_max_s >= 0:
@@ -289,7 +292,8 @@ def run_router(router: str, p: Params, records: list[tt.TraceRecord], payloads: 
         kill = None
         if p.kill_replica_at > 0 and len(gateway.replicas) > 1:
             span_s = (records[-1].timestamp_ms - records[0].timestamp_ms) / 1000 / time_scale
-            kill = (span_s * p.kill_replica_at, gateway.replicas[-1].process.kill)
+            kill = (span_s * p.kill_replica_at,
+                    (lambda: None) if p.kill_dry else gateway.replicas[-1].process.kill)
         try:
             results = trio.run(drive, url, records, payloads, time_scale, follows_for(p),
                                kill)

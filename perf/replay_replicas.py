@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -37,11 +37,12 @@ sys.path.insert(0, str(HERE.parent))
 
 import replay
 from replay_matrix import WORKLOADS, cell_name, cell_params
+from replay_workload import Params
 
 
 def run(out: Path, workloads: list[str], caches: list[str], loads: list[float],
-        counts: list[int], syncs: list[int], pins: dict[str, str] | None = None) -> None:
-    """``pins``: ``gateway_cpus``/``engine_cpus``/``client_cpus`` (``replay_workload.Params``)."""
+        counts: list[int], syncs: list[int], extra: dict[str, object] | None = None) -> None:
+    """``extra``: more ``replay_workload.Params`` fields for every cell (CPU pins, cost)."""
     out.mkdir(parents=True, exist_ok=True)
     log = lambda message: print(message, file=sys.stderr, flush=True)
     for workload in workloads:
@@ -53,7 +54,7 @@ def run(out: Path, workloads: list[str], caches: list[str], loads: list[float],
                         if path.exists():
                             continue
                         p = replace(cell_params(workload, cache, load), replicas=n,
-                                    replica_sync=sync, **(pins or {}))
+                                    replica_sync=sync, **(extra or {}))
                         log(f"{path.stem}: ...")
                         result = replay.compare(p, ["cortex"], log=log)
                         path.write_text(json.dumps(result, indent=1))
@@ -89,6 +90,18 @@ def render(out: Path) -> str:
     return "\n".join(lines)
 
 
+def params(pairs: list[str]) -> dict[str, object]:
+    """``FIELD=VALUE`` pairs as ``replay_workload.Params`` fields, each of its field's type."""
+    types = {f.name: type(f.default) for f in fields(Params)}
+    out: dict[str, object] = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in types:
+            raise SystemExit(f"--param {pair}: no replay parameter {name!r}")
+        out[name] = types[name](value)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="")
@@ -97,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--caches", default="all")
     parser.add_argument("--loads", default="0.5")
     parser.add_argument("--replicas", default="1,2,4")
+    parser.add_argument("--param", action="append", default=[], metavar="FIELD=VALUE",
+                        help="another replay parameter for every cell (e.g. tie_band_s=0.05)")
     for pin in ("gateway", "engine", "client"):
         parser.add_argument(f"--{pin}-cpus", default="",
                             help=f"taskset -c list the {pin} processes run on (default: any)")
@@ -115,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     run(Path(args.out), workloads, args.caches.split(","),
         [float(x) for x in args.loads.split(",")], [int(x) for x in args.replicas.split(",")],
         [int(x) for x in args.sync.split(",")],
-        {f"{pin}_cpus": getattr(args, f"{pin}_cpus") for pin in ("gateway", "engine", "client")})
+        {**{f"{pin}_cpus": getattr(args, f"{pin}_cpus") for pin in ("gateway", "engine",
+                                                                     "client")},
+         **params(args.param)})
     print(render(Path(args.out)))
     return 0
 

@@ -63,6 +63,7 @@ class Params:
     agent_session_rate: float = 0.5
     seed: int = 0
     affinity_tolerance_s: float = -1.0  # Cortex's exact_kv tolerance; < 0: its default
+    tie_band_s: float = -1.0  # Cortex's cost band (scheduler.cost.tie_band_s); < 0: its default
     recompute_weight: float = -1.0  # Cortex's exact_kv recompute charge; < 0: its default
     recompute_charge_max_s: float = -1.0  # the charge's bound; < 0: Cortex's default
     kv_overflow_weight: float = -1.0  # the KV-pressure charge; < 0: Cortex's default
@@ -90,6 +91,7 @@ class Params:
     # span); the report says which requests failed (in flight there, or after) and the hit
     # rate before and after
     kill_replica_at: float = 0.0
+    kill_dry: int = 0  # 1: at that time nothing is killed (the same split, for a baseline)
     gateway_cpus: str = ""
     engine_cpus: str = ""
     client_cpus: str = ""

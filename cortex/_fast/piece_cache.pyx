@@ -221,11 +221,6 @@ cdef class PieceCache:
     def recent_prompts(self):
         return len(self._recent)
 
-    def chunked(self, list pieces):
-        """``pieces`` with every ordinary piece longer than ``chunk_chars`` replaced by its
-        chunks (the list itself when none is)."""
-        return self._chunked(pieces)
-
     cdef list _chunked(self, list pieces):
         cdef tuple one
         cdef Py_ssize_t i, n = len(pieces), over = self._chunk_chars
@@ -249,13 +244,6 @@ cdef class PieceCache:
         return out
 
     # -- the steps, for a caller that encodes the cold pieces elsewhere (a worker thread) -----
-
-    def lookup(self, list pieces):
-        """``(found, cold)``: each piece's cached ids (``None`` if not cached; an added token's
-        one id), and the uncached pieces once each, in order of first appearance."""
-        cdef list found = [], cold = []
-        self._lookup(pieces, found, cold)
-        return found, cold
 
     def split_lookup(self, str text, bos_id):
         """``lookup_class(pieces, found, cold, bos_id, reuse)`` for ``text``: its pieces — after

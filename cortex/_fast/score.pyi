@@ -25,6 +25,7 @@ class DecisionTable:
         step_s: float = 0.0,  # with step_budget > 0: cost.CostConfig's step form
         step_budget: int = 0,
         overflow_weight: float = 0.0,  # cost.CostConfig.kv_overflow_weight (0: no KV-pressure term)
+        band: float = 0.0,  # cost.CostConfig.tie_band_s (0: no cost band)
     ) -> None: ...
     def pick(
         self,
@@ -34,4 +35,5 @@ class DecisionTable:
         block_size: int,
         role: object,
         seed: int,  # the request's tie-order seed, cost.tie_seed
+        keys: Any = None,  # the request's block keys (the band's seed: cost.band_seed)
     ) -> tuple[Any, ...]: ...

@@ -66,6 +66,7 @@ cdef class DecisionTable:
     cdef object ready_state
     cdef object both, prefill, decode
     cdef double default_rate, decode_s, engine_queue_s, step_s, step_budget, overflow_weight
+    cdef double band  # cost.CostConfig.tie_band_s (0: none)
     cdef bint steps
     cdef double max_in_flight, max_queued, max_engine_queue, max_kv
     cdef double factor, slack
@@ -73,7 +74,7 @@ cdef class DecisionTable:
 
     def __cinit__(self, *, ready_state, roles, double default_rate, double decode_s,
                   double engine_queue_s, limits, factor, double slack, double step_s=0.0,
-                  long step_budget=0, double overflow_weight=0.0):
+                  long step_budget=0, double overflow_weight=0.0, double band=0.0):
         self.slots = NULL
         self.n = 0
         self.capacity = 0
@@ -90,6 +91,7 @@ cdef class DecisionTable:
         self.step_s = step_s
         self.step_budget = step_budget
         self.overflow_weight = overflow_weight
+        self.band = band
         self.max_in_flight, self.max_queued, self.max_engine_queue, self.max_kv = limits
         self.capped = factor is not None
         self.factor = factor if factor is not None else 0.0
@@ -202,15 +204,17 @@ cdef class DecisionTable:
         return best
 
     def pick(self, tuple views, dict target_blocks, long token_count, long block_size,
-             object role, uint64_t seed):
+             object role, uint64_t seed, object keys=None):
         """One decision's candidates, or a verdict that the Python chain must decide.
-        ``seed`` is the request's tie-order seed (``cost.tie_seed``).
+        ``seed`` is the request's tie-order seed (``cost.tie_seed``); ``keys`` its block keys
+        (with a band: the band's seed, ``cost.band_seed``).
 
         Returns one of:
           ("none",)                      no eligible or no open worker (reference raises)
           ("exact", cheap, cheap_cost, cheap_blocks, cheap_s_per_token,
-           long, long_cost, long_blocks)
-                                         exact_kv applies; long is None without a hit holder
+           long, long_cost, long_blocks, band)
+                                         exact_kv applies; long is None without a hit holder;
+                                         band (worker, blocks): the cost band's pick, or None
           ("load_aware", worker)         every open ledger trusted, no hit
           ("chain",)                     neither applies: p2c / round robin decide
         """
@@ -220,13 +224,19 @@ cdef class DecisionTable:
         cdef long total_in_flight = 0, blocks, uncached
         cdef double cap, mean, value, over
         cdef bint any_hit = False, all_ready = True
-        cdef Py_ssize_t cheap = -1, long_ = -1
-        cdef double cheap_cost = INFINITY, long_cost = INFINITY
-        cdef long cheap_blocks = 0, long_blocks = 0
+        cdef Py_ssize_t cheap = -1, long_ = -1, best
+        cdef double cheap_cost = INFINITY, long_cost = INFINITY, limit
+        cdef long cheap_blocks = 0, long_blocks = 0, longest = 0, most
+        cdef uint64_t band_seed
+        cdef object band
         cdef long* hit
+        cdef double* val
         self._sync(views)
         hit = <long*>malloc(max(self.n, 1) * sizeof(long))
-        if hit == NULL:
+        val = <double*>malloc(max(self.n, 1) * sizeof(double))
+        if hit == NULL or val == NULL:
+            free(hit)
+            free(val)
             raise MemoryError()
         try:
             # Eligible and open workers (Scheduler.decide), their trusted hits (worker_matches).
@@ -244,6 +254,8 @@ cdef class DecisionTable:
                 hit[i] = self._blocks(i, target_blocks)
                 if hit[i]:
                     any_hit = True
+                    if hit[i] > longest:
+                        longest = hit[i]
                 if not s.ready:
                     all_ready = False
             if n_open == 0:
@@ -259,6 +271,7 @@ cdef class DecisionTable:
             else:
                 cap = INFINITY
             for i in range(self.n):
+                val[i] = INFINITY  # not a candidate (not open, or over the cap)
                 if hit[i] < 0:
                     continue
                 s = &self.slots[i]
@@ -280,6 +293,7 @@ cdef class DecisionTable:
                     over = token_count - uncached
                 if over > 0:
                     value += self.overflow_weight * over * s.s_per_token
+                val[i] = value
                 if value < cheap_cost or (value == cheap_cost and cheap >= 0
                                           and _tie_before(s, &self.slots[cheap], seed)):
                     cheap, cheap_cost, cheap_blocks = i, value, blocks
@@ -289,10 +303,26 @@ cdef class DecisionTable:
                     long_, long_cost, long_blocks = i, value, blocks
             if cheap < 0:
                 return ("chain",)  # unreachable: some open worker is at or below the mean
+            band = None
+            best = cheap
+            if self.band > 0:  # cost.in_band: the band's most blocks, first in its tie order
+                band_seed = <uint64_t>keys[longest] if longest < len(keys) else seed
+                limit = cheap_cost + self.band
+                most = 0
+                for i in range(self.n):
+                    if val[i] <= limit and hit[i] > most:
+                        most = hit[i]
+                best = -1
+                for i in range(self.n):
+                    if val[i] <= limit and hit[i] == most and (best < 0 or _tie_before(
+                            &self.slots[i], &self.slots[best], band_seed)):
+                        best = i
+                band = (self.names[best], hit[best])
             if not any_hit:
-                return ("load_aware", self.names[cheap])
+                return ("load_aware", self.names[best])
             return ("exact", self.names[cheap], cheap_cost, cheap_blocks,
                     self.slots[cheap].s_per_token,
-                    None if long_ < 0 else self.names[long_], long_cost, long_blocks)
+                    None if long_ < 0 else self.names[long_], long_cost, long_blocks, band)
         finally:
             free(hit)
+            free(val)

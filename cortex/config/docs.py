@@ -121,6 +121,11 @@ DOCS: dict[str, str] = {
                                          "pool (as the engine reports it) has no room for "
                                          "next to its running requests: the hit it may lose "
                                          "(0: KV pressure not modelled)",
+    "scheduler.cost.tie_band_s": "seconds of TTFT within which workers count as equally "
+                                 "cheap; the first of them in the order hashed from the "
+                                 "request's first uncached block is taken, so replicas "
+                                 "deciding the same new prompt at once agree (0: the least "
+                                 "cost)",
     "scheduler.cost.alpha_per_cached_block": "linear form: weight per cached block",
     "scheduler.cost.beta_per_in_flight": "linear form: weight per request in flight",
     "scheduler.cost.gamma_per_queued_token": "linear form: weight per queued prefill token",

@@ -75,6 +75,17 @@ Ties (equal cost) go to the worker first in the request's **tie order**: workers
 a fixed order (smallest id) would send every new prefix group arriving at idle to the same
 worker; the tie order spreads them like a hash while staying a pure function of the request,
 so the compiled path (``cortex/_fast/score.pyx``) reproduces it exactly.
+
+**The cost band** (``tie_band_s`` > 0, "ttft" form): where the request goes when the cheapest
+worker wins (``exact_kv``'s verdict, ``load_aware``, ``p2c``'s pair): of the open workers
+costing at most the least cost plus the band, those holding the most of its prefix, and of them
+the first in the tie order seeded by the request's first block that no open worker holds
+(``band_seed``). Replicas deciding the same new prompt at once (a herd arriving at every
+replica) see costs that differ by what each has routed and not yet told the others; within the
+band they agree on one worker without a word, where the strict least cost sent each replica's
+first request elsewhere. The longest hit is still weighed against the least cost itself, and no
+hit is given up for the band (at N = 1 either cost agent sessions 1.6x TTFT or a shared-prefix
+workload a third of its hits: ``perf/HISTORY.md``).
 """
 
 from __future__ import annotations
@@ -101,6 +112,7 @@ class CostConfig:
     recompute_weight: float = 0.0  # exact_kv: extra charge on recomputing another's cached blocks
     recompute_charge_max_s: float = 1.0  # exact_kv: the most TTFT that charge may add
     kv_overflow_weight: float = 1.0  # "ttft": charge on cached tokens the KV pool has no room for
+    tie_band_s: float = 0.0  # "ttft": costs within this of the least are a tie (the band below)
     step_token_budget: int = 0  # tokens one engine step carries; > 0: the step form
     step_s: float = 0.0  # the engines' fixed time per step (step form only)
     alpha_per_cached_block: float = 1.0
@@ -116,7 +128,7 @@ class CostConfig:
         for name in ("decode_s_per_in_flight", "engine_queue_s_per_request", "affinity_tolerance_s",
                      "recompute_weight", "recompute_charge_max_s", "alpha_per_cached_block",
                      "beta_per_in_flight", "gamma_per_queued_token", "step_s",
-                     "step_token_budget", "kv_overflow_weight"):
+                     "step_token_budget", "kv_overflow_weight", "tie_band_s"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if problems:
@@ -236,6 +248,14 @@ def tie_seed(request: RequestFacts) -> int:
     return int(keys[-1]) if len(keys) else request.token_count & _U64
 
 
+def band_seed(request: RequestFacts, longest: int) -> int:
+    """The tie order of the cost band: seeded by the request's first block no open worker
+    holds (``longest`` = the longest hit among them), which every request of a herd shares;
+    ``tie_seed`` when every block is held somewhere."""
+    keys = request.keys
+    return int(keys[longest]) if longest < len(keys) else tie_seed(request)
+
+
 def tie_rank(worker: str, seed: int) -> int:
     """Position key of ``worker`` in the tie order of seed ``seed`` (splitmix64's finalizer);
     equal ranks (never seen: 64 bits) fall back to the name."""
@@ -258,7 +278,8 @@ def cheapest(
     matched: Mapping[str, int],
     cap: float = math.inf,
 ) -> tuple[WorkerView, int] | None:
-    """The worker of least cost and its cached blocks; ties go by the request's tie order.
+    """The worker of least cost and its cached blocks; ties go by the request's tie order
+    (with ``tie_band_s``: the band's, ``in_band``).
 
     Workers whose ``in_flight + 1`` would exceed ``cap`` are skipped; ``None`` if all are.
     """
@@ -268,18 +289,42 @@ def cheapest(
     get = matched.get
     token_count, block_size = request.token_count, request.block_size
     seed = tie_seed(request)
+    band = config.tie_band_s if config.form == "ttft" else 0.0
+    costs: list[tuple[WorkerView, float, int]] = []
+    longest = 0
     for view in workers:
+        blocks = get(view.worker, 0)
+        if blocks > longest:
+            longest = blocks
         if view.in_flight + 1 > cap:
             continue
-        blocks = get(view.worker, 0)
         uncached = token_count - blocks * block_size
         if uncached < 0:
             uncached = 0
         value = cost(config, view, uncached, blocks, token_count)
+        if band:
+            costs.append((view, value, blocks))
         if value < best_cost or (value == best_cost and best is not None
                                  and tie_before(view.worker, best.worker, seed)):
             best, best_cost, best_blocks = view, value, blocks
+    if best is not None and band:
+        best, _, best_blocks = in_band(costs, best_cost + band, band_seed(request, longest))
     return None if best is None else (best, best_blocks)
+
+
+def in_band(costs: Sequence[tuple[WorkerView, float, int]], limit: float,
+            seed: int) -> tuple[WorkerView, float, int]:
+    """Of ``(view, cost, blocks)`` entries costing at most ``limit`` (the least cost plus the
+    band: one does), those with the most cached blocks, and of them the first in the tie order
+    of ``seed``."""
+    most = max(blocks for _, value, blocks in costs if value <= limit)
+    pick = None
+    for entry in costs:
+        if entry[1] <= limit and entry[2] == most and (
+                pick is None or tie_before(entry[0].worker, pick[0].worker, seed)):
+            pick = entry
+    assert pick is not None
+    return pick
 
 
 class LoadSeconds:

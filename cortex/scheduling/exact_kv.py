@@ -26,7 +26,9 @@ from cortex.scheduling.cost import (
     BoundedLoad,
     CostConfig,
     LoadSeconds,
+    band_seed,
     cost,
+    in_band,
     kv_overflow,
     tie_before,
     tie_seed,
@@ -47,6 +49,7 @@ class ExactKv:
         self.tolerance_s = self.cost.affinity_tolerance_s if ttft else 0.0
         self.recompute_weight = self.cost.recompute_weight if ttft else 0.0
         self.recompute_max_s = self.cost.recompute_charge_max_s
+        self.band_s = self.cost.tie_band_s if ttft else 0.0
         self.loads = LoadSeconds(self.cost)
 
     def decide(
@@ -67,10 +70,15 @@ class ExactKv:
         long_cost, long_blocks = math.inf, 0
         any_hit = False
         seed = tie_seed(request)
+        band = self.band_s
+        costs: list[tuple[WorkerView, float, int]] = []
+        longest = 0
         for view in workers:  # runs per decision: the cost's request-independent part memoized
             blocks = get(view.worker, 0)
             if blocks:
                 any_hit = True
+                if blocks > longest:
+                    longest = blocks
             if view.in_flight + 1 > cap:
                 continue
             if linear:
@@ -88,6 +96,8 @@ class ExactKv:
                     over = kv_overflow(token_count, uncached, entry[3])
                     if over > 0:
                         value += overflow_weight * over * s_per_token
+            if band:
+                costs.append((view, value, blocks))
             if value < cheap_cost or (value == cheap_cost and cheap is not None
                                       and tie_before(view.worker, cheap.worker, seed)):
                 cheap, cheap_cost, cheap_blocks = view, value, blocks
@@ -100,10 +110,14 @@ class ExactKv:
             return None
         if cheap is None:  # unreachable: some worker is at or below the mean
             raise AssertionError("bounded-load cap excluded every worker")
+        picked = None
+        if band:  # where the request goes if the cheapest wins (cost.py, "The cost band")
+            view, _, blocks = in_band(costs, cheap_cost + band, band_seed(request, longest))
+            picked = (view.worker, blocks)
         return exact_verdict(
             request, self.tolerance_s, self.recompute_weight, cheap.worker, cheap_cost,
             cheap_blocks, cheap_s_per_token, None if long is None else long.worker, long_cost,
-            long_blocks, self.recompute_max_s)
+            long_blocks, self.recompute_max_s, picked)
 
 
 def exact_verdict(
@@ -118,13 +132,18 @@ def exact_verdict(
     long_cost: float,
     long_blocks: int,
     recompute_max_s: float = math.inf,
+    band: tuple[str, int] | None = None,
 ) -> Decision:
     """The decision between the cheapest open worker and the one with the longest hit.
 
+    ``band``: the cost band's pick (worker, its blocks): where the request goes when the
+    cheapest wins (the longest hit is still weighed against the least cost itself).
+
     Shared by ``ExactKv.decide`` and the compiled fast path (``scheduling.fast``), which find
-    the two candidates the same way.
+    the candidates the same way.
     """
     of, block_size = len(request.keys), request.block_size
+    why = ""  # why the cheapest won over a longer hit
     if long is not None and long_blocks > cheap_blocks:
         extra = long_cost - cheap_cost
         recompute_s = min(recompute_weight * (
@@ -134,10 +153,16 @@ def exact_verdict(
             return Decision(long, Mode.EXACT_KV_EVENTS,
                             f"longest hit: {long_blocks} of {of} blocks on {long}",
                             long_blocks * block_size)
+        why = (f"; the longest hit ({long_blocks} on {long}) would cost {extra:.3f} s more "
+               f"(allowed {tolerance_s + recompute_s:.3f} s)")
+    if band is not None:
+        worker, blocks = band
+        return Decision(worker, Mode.EXACT_KV_EVENTS,
+                        f"{blocks} of {of} blocks cached on {worker}, in the cost band of the "
+                        f"least ({cheap}){why}", blocks * block_size)
+    if why:
         return Decision(cheap, Mode.EXACT_KV_EVENTS,
-                        f"{cheap_blocks} of {of} blocks cached on {cheap}; the "
-                        f"longest hit ({long_blocks} on {long}) would cost "
-                        f"{extra:.3f} s more (allowed {tolerance_s + recompute_s:.3f} s)",
+                        f"{cheap_blocks} of {of} blocks cached on {cheap}{why}",
                         cheap_blocks * block_size)
     if not cheap_blocks:
         return Decision(cheap, Mode.EXACT_KV_EVENTS,

@@ -56,6 +56,7 @@ class FastScheduler:
             step_s=self.cost.step_s,
             step_budget=self.cost.step_token_budget,
             overflow_weight=self.cost.kv_overflow_weight,
+            band=self.cost.tie_band_s,
         )
 
     def decide(
@@ -67,11 +68,11 @@ class FastScheduler:
     ) -> Decision:
         if self.compiled:
             found = self.table.pick(views, target_blocks, request.token_count,
-                                    request.block_size, role, tie_seed(request))
+                                    request.block_size, role, tie_seed(request), request.keys)
             verdict = found[0]
             if verdict == "exact":
                 return exact_verdict(request, self.tolerance_s, self.recompute_weight,
-                                     *found[1:], self.recompute_max_s)
+                                     *found[1:8], self.recompute_max_s, found[8])
             if verdict == "load_aware":
                 return load_aware_verdict(found[1])
             if verdict == "chain":  # no trusted hit on an open worker, not every ledger READY:

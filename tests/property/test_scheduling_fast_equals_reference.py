@@ -97,7 +97,10 @@ def outcome(decide):
                                         engine_queue_s_per_request=0.02),
                              CostConfig(kv_overflow_weight=0.0),
                              CostConfig(kv_overflow_weight=3.5, step_s=0.006,
-                                        step_token_budget=512)]),
+                                        step_token_budget=512),
+                             CostConfig(tie_band_s=0.05), CostConfig(tie_band_s=2.0),
+                             CostConfig(tie_band_s=0.3, step_s=0.006, step_token_budget=512),
+                             CostConfig(tie_band_s=0.3, form="linear")]),
        bounds=st.sampled_from([BoundedLoad(), BoundedLoad(None), BoundedLoad(1.0, 0),
                                BoundedLoad(2.0, 1)]))
 def test_fast_path_decides_as_the_reference_chain(scenario, seed, cost, bounds):
