@@ -173,15 +173,23 @@ def _get_ok(port: int, path: str) -> bool:
         return False
 
 
-def _on_fastokens(port: int, model: str) -> bool:
-    """Whether Cortex's ``/metrics`` says ``model``'s new text is encoded by fastokens (its
-    start check runs in the background after the start: until then ``tokenizers``)."""
+def _metrics(port: int) -> str | None:
+    """Cortex's ``/metrics`` text, or ``None`` if it does not answer (yet)."""
     try:
         conn = http.client.HTTPConnection(HOST, port, timeout=5)
         conn.request("GET", "/metrics")
         text = conn.getresponse().read().decode()
         conn.close()
     except OSError:
+        return None
+    return text
+
+
+def _on_fastokens(port: int, model: str) -> bool:
+    """Whether Cortex's ``/metrics`` says ``model``'s new text is encoded by fastokens (its
+    start check runs in the background after the start: until then ``tokenizers``)."""
+    text = _metrics(port)
+    if text is None:
         return False
     values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
               if line.startswith("cortex_tokenizer_backend{") and f'model="{model}"' in line
@@ -191,12 +199,8 @@ def _on_fastokens(port: int, model: str) -> bool:
 
 def _all_processes_serving(port: int) -> bool:
     """Whether every process of ``server.processes`` serves (``/metrics`` of process 0)."""
-    try:
-        conn = http.client.HTTPConnection(HOST, port, timeout=5)
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-        conn.close()
-    except OSError:
+    text = _metrics(port)
+    if text is None:
         return False
     figures = {line.split("{", 1)[0]: float(line.rsplit(" ", 1)[1])
                for line in text.splitlines()
