@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -228,10 +227,11 @@ def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
                   sync: bool = False, cpus: str = "", spread: bool = True) -> Gateway:
     """``cost``: ``scheduler.cost`` settings (``CostConfig`` fields) the gateway is given;
     ``replicas``: gateway processes on one port (module docstring); ``sync``: the replicas tell
-    each other their requests in flight (``replicas.listen``/``peers``, loopback ZeroMQ);
+    each other their requests in flight (``replicas.listen``/``peers``, ZeroMQ over IPC);
     ``spread`` false: the replicas after the first listen on ports of their own, so the
     client's connections (to ``Gateway.port``) all reach the first."""
-    endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(replicas)] if sync else []
+    # IPC endpoints: nothing to pick ahead (a TCP port picked free was once taken meanwhile)
+    endpoints = [f"ipc://{procs.tmpdir}/sync-{i}" for i in range(replicas)] if sync else []
     spec = {"model": model, "cost": cost, "tokenizer": ds.TOKENIZER_JSON, "block_size": block_size,
             "template": procs.template(), "bos": ds.BOS, "eos": ds.EOS, "policy": policy,
             "reuse_port": replicas > 1, "port": 0,
@@ -257,12 +257,6 @@ def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
         port = port or int(line.split()[1])
         started.append(running)
     return Gateway(started[0], port, started)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_sglang_router(procs: Procs, engines: list[Engine], model: str) -> str:
