@@ -57,6 +57,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import trio
 
@@ -292,8 +293,9 @@ class ProcessGroup:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.upstream.run)
-                for child in self.children:
-                    await nursery.start(self._first_start, child)
+                async with trio.open_nursery() as starting:  # side by side: each loads its own
+                    for child in self.children:
+                        starting.start_soon(partial(nursery.start, self._first_start, child))
                 log.info("processes: %d serving on port %d (process 0 and %s)", self.plan.count,
                          data_port, ", ".join(str(c.pid) for c in self._processes()))
                 task_status.started()
