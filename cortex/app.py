@@ -121,6 +121,8 @@ def build_pools(
             prompt_reuse_bytes=model.prompt_reuse_bytes,
             route_on_partial=scheduler.route_on_partial,
             max_prompt_chars=model.max_prompt_chars)
+        if model.block_size is not None and model.block_size > 1 and not model.passthrough:
+            book.fold_pages(model.name, model.block_size)  # SGLang's default page size of 1
     for worker in config.workers:
         name = model_of(worker, config)
         if name not in pools:
@@ -136,7 +138,8 @@ async def run_gateway(config: CortexConfig, *, processes: ProcessGroup | None = 
                       task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
     """``processes``: the other processes of ``server.processes`` (process 0's control plane
     speaks for them, and the stop signal is sent on to them), or ``None``."""
-    book = LedgerBook(config.ledger.max_entries, config.ledger.low_water)
+    book = LedgerBook(config.ledger.max_entries, config.ledger.low_water,
+                      config.ledger.fold_entries)
     pools, profiles = build_pools(config, book)
     metrics = CortexMetrics()
     settings = config.health

@@ -246,7 +246,8 @@ class WorkerLifecycle(AdminOps):
         if pool.profile is None:
             return
         reason = pool.note_report(spec.name, report.model_for(pool.model), report.block_size,
-                                  report.prefix_caching)
+                                  report.prefix_caching,
+                                  _FAMILIES[spec.engine] is EngineFamily.SGLANG)
         if reason is not None:
             log.warning("worker %s disagrees with the profile of %s: %s; exact routing off",
                         spec.name, pool.model, reason)

