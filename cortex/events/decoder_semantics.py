@@ -11,6 +11,8 @@ Rules (the decoder's, for the parts held here):
   has exactly ``len(block_hashes) * block_size`` tokens; a non-reproducible one is returned
   with empty ``token_ids`` (Cortex keys such blocks opaquely and never from tokens).
 * A batch's ``ts`` must be a finite number.
+* Consecutive stores that continue each other (``continues``) are merged into one: the same
+  facts in fewer events.
 * ``stored_event``'s arguments arrive with their wire types already checked by the calling
   path; both paths build their stores and batches here, so they cannot disagree on meaning.
   No trio, no zmq.
@@ -122,9 +124,49 @@ def stored_event(
     )
 
 
+def continues(before: Event, store: BlockStored) -> bool:
+    """Whether ``store`` continues the store ``before`` it: its parent is ``before``'s last
+    block, in the same namespace, medium, KV group and block size, both keyed from tokens.
+    Such a pair means what one store of both blocks means (SGLang 0.5.15 publishes one store
+    per page: a 32k-token prompt is 32k stores of one page)."""
+    return (
+        type(before) is BlockStored
+        and store.parent_hash is not None
+        and store.parent_hash == before.block_hashes[-1]
+        and store.block_size == before.block_size
+        and store.reproducible
+        and before.reproducible
+        and store.medium == before.medium
+        and store.lora_name == before.lora_name
+        and store.lora_id == before.lora_id
+        and store.cache_salt == before.cache_salt
+        and store.group_idx == before.group_idx
+        and store.kv_cache_spec_kind == before.kv_cache_spec_kind
+    )
+
+
+def coalesce_stores(events: list[Event]) -> list[Event]:
+    """The events with every store that ``continues`` the event before it merged into it
+    (greedily, left to right). The merged stores are the decoder's own, not yet handed out:
+    their lists are extended in place."""
+    merged: list[Event] = []
+    for event in events:
+        if type(event) is BlockStored and merged and continues(merged[-1], event):
+            before = merged[-1]
+            assert isinstance(before, BlockStored)
+            before.block_hashes.extend(event.block_hashes)
+            before.token_ids.extend(event.token_ids)  # type: ignore[attr-defined]
+        else:
+            merged.append(event)
+    return merged
+
+
 def event_batch(
     ts: float, events: list[Event], dp_rank: int | None, unknown_events: int, unknown_fields: int
 ) -> EventBatch:
+    """The batch, stores that continue each other merged (``coalesce_stores``)."""
     if not math.isfinite(ts):
         raise DecodeError(f"batch timestamp {ts!r} is not finite")
+    if len(events) > 1:
+        events = coalesce_stores(events)
     return EventBatch(float(ts), tuple(events), dp_rank, unknown_events, unknown_fields)

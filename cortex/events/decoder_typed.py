@@ -24,6 +24,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from cortex._fast.msgpack_u32 import unpack_u32_array
+from cortex._fast.store_runs import extend_run
 from cortex.events.decoder_semantics import (
     MAX_U32,
     block_hash,
@@ -31,7 +32,14 @@ from cortex.events.decoder_semantics import (
     event_batch,
     stored_event,
 )
-from cortex.events.model import AllBlocksCleared, BlockRemoved, EngineFamily, Event, EventBatch
+from cortex.events.model import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EngineFamily,
+    Event,
+    EventBatch,
+)
 
 _BlockSize = Annotated[int, Meta(ge=1, le=MAX_U32)]
 _NonNegative = Annotated[int, Meta(ge=0)]
@@ -166,6 +174,7 @@ def decode_typed(payload: bytes, family: EngineFamily) -> EventBatch | None:
     except (msgspec.MsgspecError, RecursionError):
         return None
     events: list[Event] = []
+    sglang = family is EngineFamily.SGLANG
     for ev in typed.events:
         if isinstance(ev, _StoredHead):
             try:
@@ -173,6 +182,9 @@ def decode_typed(payload: bytes, family: EngineFamily) -> EventBatch | None:
             except ValueError:
                 return None  # bigram pairs or bad ids: the generic path says which
             parent = ev.parent_block_hash
+            if sglang and events and type(events[-1]) is BlockStored and extend_run(
+                    events[-1], ev, tokens, is_map):
+                continue  # one page continuing the store before it (SGLang 0.5.15)
             if isinstance(ev, _VllmStored):
                 lora_name, extra_keys, group_idx = ev.lora_name, ev.extra_keys, ev.group_idx
                 kind, lookahead, salt = ev.kv_cache_spec_kind, ev.lookahead_token_ids, None

@@ -68,6 +68,7 @@ UNLIMITED_WORK = (1 << 64) - 1
 MAX_BLOCK_SIZE = 1 << 16  # tokens; larger values are corrupt input, not a cache geometry
 _CACHE_LIMIT = 4096  # namespace seeds / media remembered before the caches are reset
 _INPUT_ERRORS = (ValueError, OverflowError, TypeError)
+DEFAULT_FOLD_ENTRIES = 1 << 22  # tokens per generation of a model's page fold
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,7 @@ class LedgerSettings:
     warm_start_max_bytes: int = 1 << 30
     # SGLang page-size-1 tokens remembered per model and generation, to fold per-token events
     # into the model's blocks (cortex.ledger.page_fold F1: at most twice this, ~32 bytes each).
-    fold_entries: int = 1 << 22
+    fold_entries: int = DEFAULT_FOLD_ENTRIES
 
     def __post_init__(self) -> None:
         problems = []
@@ -140,7 +141,7 @@ class ApplyResult:
 
 class LedgerBook:
     def __init__(self, max_entries: int | None = None, low_water: float = 0.95,
-                 fold_entries: int = LedgerSettings.fold_entries) -> None:
+                 fold_entries: int = DEFAULT_FOLD_ENTRIES) -> None:
         if max_entries is not None and max_entries < 1:
             raise ValueError(f"max_entries must be >= 1 (or None: no budget), got {max_entries}")
         if not 0.0 < low_water <= 1.0:

@@ -286,3 +286,67 @@ def test_live_frames(frames: list[bytes], family: EngineFamily) -> None:
 )
 def test_replay_frames(frames: list[bytes], family: EngineFamily) -> None:
     check_replay(frames, family)
+
+
+# --- SGLang's one store per page (0.5.15): merged as decoded --------------------------------
+
+
+@st.composite
+def page_runs(draw: st.DrawFn) -> tuple[bytes, list[tuple[int, int | None, int, str | None]]]:
+    """SGLang stores of one page each, chaining unless a step breaks the chain (a new root, a
+    changed medium or salt, a binary hash, a removal between); both eras. Returns the payload
+    and each store's (hash, parent, token, salt)."""
+    map_era = draw(st.booleans())
+    binary = draw(st.sampled_from([0, 0, 0, 1]))  # a binary hash sends the batch down the generic path
+    events: list[Any] = []
+    stores = []
+    last: int | None = None
+    for _ in range(draw(st.integers(1, 30))):
+        block_hash = draw(st.integers(-(2**63), 2**63 - 1))
+        parent = last
+        salt = None
+        medium = "GPU"
+        brk = draw(st.sampled_from(["chain"] * 6 + ["root", "medium", "salt", "removal"]
+                                   + ["bin"] * binary))
+        if brk == "root":
+            parent = None
+        elif brk == "medium":
+            medium = "CPU"
+        elif brk == "salt":
+            salt = "s"
+        elif brk == "removal":
+            events.append({"type": "BlockRemoved", "block_hashes": [7]} if map_era
+                          else ["BlockRemoved", [7], None])
+        token = draw(st.integers(0, 2**32 - 1))
+        wire_parent: Any = parent if brk != "bin" or parent is None else (
+            (parent & (2**64 - 1)).to_bytes(8, "big"))
+        if map_era:
+            events.append({"type": "BlockStored", "block_hashes": [block_hash],
+                           "parent_block_hash": wire_parent, "token_ids": [token],
+                           "block_size": 1, "lora_id": None, "medium": medium,
+                           "cache_salt": salt})
+        else:
+            events.append(["BlockStored", [block_hash], wire_parent, [token], 1, None, medium]
+                          + ([] if salt is None else [{"cache_salt": salt}]))
+        stores.append((block_hash & (2**64 - 1), parent, token, salt))
+        last = block_hash
+    return pack([1.0, events, None]), stores
+
+
+@FUZZ
+@given(run=page_runs())
+def test_sglang_page_runs_are_merged_without_changing_their_meaning(
+    run: tuple[bytes, list[tuple[int, int | None, int, str | None]]],
+) -> None:
+    payload, stores = run
+    batch = check_payload(payload, EngineFamily.SGLANG)
+    assert batch is not None
+    decoded = [e for e in batch.events if type(e).__name__ == "BlockStored"]
+    assert [h for e in decoded for h in e.block_hashes] == [s[0] for s in stores]
+    assert [t for e in decoded for t in e.token_ids] == [s[2] for s in stores]
+    for event in decoded:  # a merged store is a chain: each page's parent is the page before
+        assert len(event.token_ids) == len(event.block_hashes) * event.block_size
+    firsts = {e.block_hashes[0] for e in decoded}
+    for block_hash, parent, _, _ in stores:
+        if block_hash not in firsts:
+            assert parent is not None
