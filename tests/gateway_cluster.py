@@ -196,19 +196,21 @@ async def gateway_cluster(
     engine_faults: Mapping[str, object] | None = None,
     engine_model: str = "fixed",
     batching: BatchingSettings = BatchingSettings(),
+    engine_block_size: int = BLOCK,
 ) -> AsyncIterator[Cluster]:
     """``roles`` (one per flavor: both, prefill, decode) makes a PD cluster: the engines take
     those roles (``cortex.sim.pd``) and the workers are registered with them.
     ``engine_model="batching"`` runs the engines on the continuous-batching model with
     ``batching`` (both flavors, PD roles included; ``timing`` is then unused); the default "fixed"
-    is the simple timing model most tests assert against.
+    is the simple timing model most tests assert against. ``engine_block_size``: the engines'
+    page size (Cortex keys blocks of ``BLOCK`` all the same: 1 is SGLang's default, folded).
     ``engine_faults``: fault switches every engine starts with (``SimFaults.update`` changes,
     e.g. ``{"poison_marker": "POISON"}``: a request containing it fails on every worker); each
     engine's own switches stay in ``cluster.engines[i].faults``."""
     roles = tuple(roles or ("both",) * len(flavors))
     async with trio.open_nursery() as nursery:
         timing = replace(timing, **(timing_changes or {}))
-        engines = [SimEngine(f"e{i}", flavor, model_profile(), block_size=BLOCK,
+        engines = [SimEngine(f"e{i}", flavor, model_profile(), block_size=engine_block_size,
                              capacity_blocks=capacity_blocks, timing=timing, dp_size=dp_size,
                              pd_role=None if role == "both" else role,
                              bootstrap_port=0 if role == "prefill" else None,

@@ -56,3 +56,42 @@ async def test_prompt_logprobs_limit_what_is_read_from_the_cache(flavor, path, e
                     else answer["usage"]["prompt_tokens_details"]["cached_tokens"])
         predicted = int(response.header(b"x-cortex-cache-hit-tokens"))
         assert predicted == reported == limit // BLOCK * BLOCK
+
+
+@pytest.mark.parametrize("flavor", ["sglang-0.5.23", "sglang-0.5.19"])
+async def test_sglang_at_page_size_one_is_predicted_to_the_block_below_its_report(flavor):
+    """SGLang's default page size of 1 behind Cortex at 16: its per-token events are folded, the
+    worker is not held to disagree with the profile, and every prediction is the engine's
+    report rounded down to Cortex's block (conversations that extend and diverge from each
+    other, on two engines, with a cache small enough to evict)."""
+    async with gateway_cluster((flavor, flavor), engine_block_size=1,
+                               capacity_blocks=40 * BLOCK) as cluster:
+        assert cluster.running.pools[MODEL].exact_off is None
+        base = [5000 + i for i in range(3 * BLOCK + 5)]
+        prompts = [base, base + [7] * 9, base + [7] * 9 + [8] * 20, base[:20] + [9] * 30,
+                   [6000 + i for i in range(30 * BLOCK)], base + [7] * 9 + [8] * 20]
+        seen = []
+        for prompt in prompts * 2:
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
+            response = await cluster.request("/v1/completions", body)
+            assert response.status == 200
+            reported = json.loads(response.body)["usage"]["prompt_tokens_details"]["cached_tokens"]
+            predicted = int(response.header(b"x-cortex-cache-hit-tokens"))
+            seen.append((len(prompt), predicted, reported))
+            worker = response.header(b"x-cortex-assigned-worker").decode()
+            engine = next(e for e in cluster.engines if e.name == worker)
+            # the answer's stores applied before the next prompt: Cortex credits the worker
+            # with the whole blocks of what the engine holds of it, short of the last token's
+            await cluster.until(lambda p=prompt, w=worker, e=engine: cluster.held(p).get(w, 0)
+                                == min((len(p) - 1) // BLOCK, _held_tokens(e, p) // BLOCK))
+        assert all(p == r // BLOCK * BLOCK for _, p, r in seen), seen
+        assert sum(p for _, p, _ in seen) > 0
+
+
+def _held_tokens(engine, prompt) -> int:
+    """Leading tokens of ``prompt`` a page-size-1 simulated engine holds now."""
+    truth = engine.kv.truth(0)
+    held = 0
+    while held < len(prompt) and (None, None, tuple(prompt[: held + 1])) in truth:
+        held += 1
+    return held
