@@ -13,6 +13,7 @@ A *profile* fixes everything that differs between engine versions on the wire:
 | sglang-0.5.23  | map    | new            | cache_salt, session_id, lora_name                 |
 | sglang-0.5.21  | map    | old            | cache_salt, session_id (no lora_name yet)         |
 | sglang-0.5.19  | array  | old            | salted stores carry a trailing {"cache_salt": s}  |
+| sglang-0.5.15  | array  | old            | as 0.5.19 (no salt); one BlockStored per page     |
 
 Encoding rules that hold for every profile:
 
@@ -31,7 +32,7 @@ Encoding rules that hold for every profile:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import msgspec
@@ -59,6 +60,9 @@ class WireProfile:
     version: tuple[int, ...]
     event_encoding: EventEncoding
     replay_generation: ReplayGeneration
+    # SGLang <= 0.5.15 (``mem_cache/events.py``) publishes every page as its own BlockStored,
+    # chained by parent hash: a 32k-token prompt at page size 1 is 32k stores
+    store_per_page: bool = False
 
 
 PROFILES: dict[str, WireProfile] = {
@@ -70,6 +74,8 @@ PROFILES: dict[str, WireProfile] = {
         WireProfile("sglang-0.5.23", EngineFamily.SGLANG, (0, 5, 23), "map", "new"),
         WireProfile("sglang-0.5.21", EngineFamily.SGLANG, (0, 5, 21), "map", "old"),
         WireProfile("sglang-0.5.19", EngineFamily.SGLANG, (0, 5, 19), "array", "old"),
+        WireProfile("sglang-0.5.15", EngineFamily.SGLANG, (0, 5, 15), "array", "old",
+                    store_per_page=True),
     )
 }
 
@@ -280,6 +286,18 @@ def _sglang_event(event: Event, profile: WireProfile) -> msgspec.Struct:
     return _ClearedArray() if array else _SglangClearedMap()
 
 
+def _pages(event: Event) -> list[Event]:
+    """A store as one store per page, chained (what SGLang <= 0.5.15 publishes)."""
+    if not isinstance(event, BlockStored) or len(event.block_hashes) == 1:
+        return [event]
+    size = event.block_size
+    parents = [event.parent_hash, *event.block_hashes[:-1]]
+    return [replace(event, block_hashes=[block_hash], parent_hash=parent,
+                    token_ids=list(event.token_ids[i * size:(i + 1) * size]))
+            for i, (block_hash, parent) in enumerate(zip(event.block_hashes, parents,
+                                                         strict=True))]
+
+
 def encode_batch(
     profile: WireProfile,
     ts: float,
@@ -299,6 +317,8 @@ def encode_batch(
     else:
         if hash_digests is not None:
             raise ValueError("SGLang publishes int64 hashes only")
+        if profile.store_per_page:
+            events = [page for event in events for page in _pages(event)]
         wire_events = [_sglang_event(e, profile) for e in events]
     return _ENCODER.encode(_Batch(ts=float(ts), events=wire_events, rank=dp_rank))
 

@@ -58,7 +58,7 @@ async def test_prompt_logprobs_limit_what_is_read_from_the_cache(flavor, path, e
         assert predicted == reported == limit // BLOCK * BLOCK
 
 
-@pytest.mark.parametrize("flavor", ["sglang-0.5.23", "sglang-0.5.19"])
+@pytest.mark.parametrize("flavor", ["sglang-0.5.23", "sglang-0.5.15"])
 async def test_sglang_at_page_size_one_is_predicted_to_the_block_below_its_report(flavor):
     """SGLang's default page size of 1 behind Cortex at 16: its per-token events are folded, the
     worker is not held to disagree with the profile, and every prediction is the engine's
