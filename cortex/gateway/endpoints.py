@@ -106,12 +106,14 @@ def body_model(body: Mapping[str, Any]) -> str | None:
 
 
 def request_prompt(
-    endpoint: Endpoint, body: Mapping[str, Any], templates: ChatTemplates | None
+    endpoint: Endpoint, body: Mapping[str, Any], templates: ChatTemplates | None,
+    chat_engine: str = "vllm",
 ) -> RequestPrompt | None:
     """What to tokenize (or the ids sent); ``None`` when a chat-like request has no template to
-    render with. Messages and Responses raise ``Unrenderable`` when not exact."""
+    render with. Messages and Responses raise ``Unrenderable`` when not exact. ``chat_engine``:
+    whose chat rendering to reproduce ("vllm" | "sglang", ``ModelPool.chat_engine``)."""
     if endpoint is Endpoint.CHAT:
-        return None if templates is None else chat_prompt(body, templates)
+        return None if templates is None else chat_prompt(body, templates, chat_engine)
     if endpoint is Endpoint.COMPLETIONS:
         return completions_prompt(body)
     if endpoint is Endpoint.GENERATE:

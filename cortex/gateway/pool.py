@@ -148,6 +148,7 @@ class ModelPool:
         self.pending = PendingWork()
         self.workers: dict[str, WorkerSpec] = {}
         self._families: tuple[EngineFamily, ...] = ()  # of the workers (``_membership_changed``)
+        self.chat_engine = "vllm"  # whose chat rendering the pool reproduces (same)
         self.targets: dict[str, tuple[int, ...]] = {}
         self._untrusted: dict[str, frozenset[int]] = {}  # worker -> ranks not routed exactly
         self._untrusted_any: frozenset[int] = frozenset()  # all of them (per-request filter)
@@ -418,9 +419,12 @@ class ModelPool:
         return found
 
     def _membership_changed(self) -> None:
-        """The engine families whose ledgers ``_match`` asks, in engine-name order."""
-        self._families = tuple(_FAMILIES[engine] for engine in
-                               sorted({spec.engine for spec in self.workers.values()}))
+        """The engine families whose ledgers ``_match`` asks, in engine-name order, and whose
+        chat rendering to reproduce: SGLang's when every worker is SGLang, else vLLM's (a
+        mixed pool's SGLang workers then miss on chats whose rendering differs)."""
+        engines = sorted({spec.engine for spec in self.workers.values()})
+        self._families = tuple(_FAMILIES[engine] for engine in engines)
+        self.chat_engine = "sglang" if engines == ["sglang"] else "vllm"
 
     def _route(
         self,

@@ -173,7 +173,8 @@ class Gateway:
             try:
                 if endpoint in EXACT_FOR:
                     _check_exact_for(pool, endpoint)
-                prompt = request_prompt(endpoint, body, profile.chat_templates)
+                prompt = request_prompt(endpoint, body, profile.chat_templates,
+                                        pool.chat_engine)
             except Unrenderable as why:  # not exactly as the engine will: route on load only
                 self.observer.unrenderable(pool.model, why.reason)
                 log.debug("routed by load: %s", why)

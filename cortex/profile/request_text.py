@@ -2,7 +2,8 @@
 
 Endpoints (bodies already parsed from JSON into dicts):
 
-* OpenAI chat (``/v1/chat/completions``): ``messages`` rendered through the model's chat
+* OpenAI chat (``/v1/chat/completions``), as vLLM renders it (a pool of SGLang workers only:
+  as SGLang does, ``sglang_chat``): ``messages`` rendered through the model's chat
   template (``ChatTemplates.pick``: the ``tool_use`` one when the request has tools and the
   model names one) with ``tools``, ``documents``, ``add_generation_prompt`` (default true),
   ``continue_final_message`` (the text ends right after the last message's content, as vLLM
@@ -63,6 +64,7 @@ from cortex.profile.chat_messages import (
     knows_developer,
 )
 from cortex.profile.chat_template import ChatTemplates, TemplateError
+from cortex.profile.sglang_chat import sglang_conversation
 from cortex.profile.unrenderable import Unrenderable
 
 _MAX_TOKEN_ID = 1 << 32
@@ -89,8 +91,18 @@ def split_model_name(model: object) -> tuple[str | None, str | None]:
     return (base, adapter) if sep and base and adapter else (model, None)
 
 
-def chat_prompt(body: Mapping[str, Any], templates: ChatTemplates) -> RequestPrompt | None:
-    """The rendered chat; ``None`` when the model has no template for this request."""
+def chat_prompt(body: Mapping[str, Any], templates: ChatTemplates,
+                engine: str = "vllm") -> RequestPrompt | None:
+    """The rendered chat, as ``engine`` renders it ("vllm", or "sglang": ``sglang_chat``);
+    ``None`` when the model has no template for this request."""
+    if engine == "sglang":
+        rendered = sglang_conversation(body, templates)
+        if rendered is None:
+            return None
+        return RequestPrompt(
+            text=rendered[0], token_ids=None, add_special_tokens=False, lora_name=_lora(body),
+            cache_salt=_salt(body),
+            cache_limit=_prompt_logprobs_limit(body, body.get("top_logprobs", 0)))
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")

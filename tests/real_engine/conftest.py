@@ -1,11 +1,12 @@
-"""Real vLLM servers (CPU build, tiny models with real tokenizers) behind Cortex.
+"""Real vLLM and SGLang servers (CPU builds, tiny models with real tokenizers) behind Cortex.
 
 Every test here is marked ``real_engine`` (``pytest -m "not real_engine"`` leaves them out;
 ``make test-real`` runs only them). Without the engine environment (``make engines``) they skip
 with the reason — unless ``CORTEX_REAL_ENGINES_REQUIRED=1`` (``make test``, CI), where a missing
 environment fails every one of them instead: CI never skips them silently.
 
-Servers come from one session-wide ``farm`` (``farm.VllmFarm``).
+vLLM servers come from one session-wide ``farm`` (``farm.VllmFarm``); SGLang's, one per
+tokenizer family, are shared by the tests of ``test_sglang.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.real_engine.farm import ServerSet, VllmFarm
+from tests.real_engine.sglang_server import SglangEnv, sglang_env
 from tests.real_engine.vllm_server import EngineEnv, engine_env
 
 HERE = Path(__file__).resolve().parent
@@ -30,13 +32,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+def unusable(why: str) -> None:
+    """A missing engine environment: skip, or fail where real engines are required."""
+    if os.environ.get("CORTEX_REAL_ENGINES_REQUIRED") == "1":
+        pytest.fail(f"real engines required but unusable: {why}")
+    pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def engines() -> EngineEnv:
     env, why = engine_env()
     if env is None:
-        if os.environ.get("CORTEX_REAL_ENGINES_REQUIRED") == "1":
-            pytest.fail(f"real engines required but unusable: {why}")
-        pytest.skip(why)
+        unusable(why)
+    return env
+
+
+@pytest.fixture(scope="session")
+def sglang_engines() -> SglangEnv:
+    env, why = sglang_env()
+    if env is None:
+        unusable(why)
     return env
 
 

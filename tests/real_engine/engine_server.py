@@ -50,6 +50,7 @@ class EngineProcess:
     """Start, wait, stop and talk to one engine server (see the module docstring)."""
 
     ready_line: ClassVar[str]
+    engine: ClassVar[str]  # the WorkerSpec's engine: "vllm" | "sglang"
     health_path: ClassVar[str] = "/health"
     name: str
     log_dir: Path
@@ -171,10 +172,10 @@ class EngineProcess:
     # --------------------------------------------------------------- plain HTTP (tests' side)
 
     def get(self, path: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
-        return _request("GET", self.url + path, None, timeout_s)
+        return http_request("GET", self.url + path, None, timeout_s)
 
     def post(self, path: str, body: dict, timeout_s: float = 60.0) -> tuple[int, dict]:
-        status, raw = _request("POST", self.url + path, json.dumps(body).encode(), timeout_s)
+        status, raw = http_request("POST", self.url + path, json.dumps(body).encode(), timeout_s)
         return status, (json.loads(raw) if raw else {})
 
     def metric(self, name: str) -> float:
@@ -182,7 +183,7 @@ class EngineProcess:
         return metric_sum(self.get("/metrics")[1].decode(), name)
 
 
-def _request(method: str, url: str, data: bytes | None, timeout_s: float) -> tuple[int, bytes]:
+def http_request(method: str, url: str, data: bytes | None, timeout_s: float) -> tuple[int, bytes]:
     request = urllib.request.Request(url, data=data, method=method,
                                      headers={"content-type": "application/json"})
     try:

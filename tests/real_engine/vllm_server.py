@@ -28,8 +28,8 @@ from pathlib import Path
 from tests.real_engine.engine_server import (
     START_TIMEOUT_S,
     EngineProcess,
-    _request,
     free_port,
+    http_request,
     metric_sum,
     start_all,
 )
@@ -39,10 +39,10 @@ __all__ = [
     "EngineEnv",
     "VllmOptions",
     "VllmServer",
-    "_request",
     "engine_env",
     "engines_dir",
     "free_port",
+    "http_request",
     "metric_sum",
     "start_all",
 ]
@@ -92,6 +92,7 @@ class VllmOptions:
 @dataclass
 class VllmServer(EngineProcess):
     ready_line = "Application startup complete."
+    engine = "vllm"
 
     name: str
     options: VllmOptions
@@ -143,7 +144,7 @@ class VllmServer(EngineProcess):
         """Empty the engine's prefix cache. vLLM publishes ``AllBlocksCleared`` only at its next
         scheduler step, so a one-token request follows (it stores no block) unless ``step`` is
         false."""
-        status, _ = _request("POST", self.url + "/reset_prefix_cache", b"", 30.0)
+        status, _ = http_request("POST", self.url + "/reset_prefix_cache", b"", 30.0)
         if status != 200:
             raise AssertionError(f"{self.name}: /reset_prefix_cache answered {status}")
         if step:
