@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from cortex.errors import BadRequest
@@ -43,15 +44,15 @@ _OPTIONAL_STRINGS = ("tool_call_id", "name", "reasoning_content")
 
 def sglang_conversation(
     body: Mapping[str, Any], templates: ChatTemplates
-) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]] | None:
-    """(rendered text, messages, tools, template kwargs) as SGLang renders the chat; ``None``
-    when the model has no template for it."""
+) -> tuple[str, list[dict[str, Any]] | None, dict[str, Any]] | None:
+    """(rendered text, tools, template kwargs) as SGLang renders the chat; ``None`` when the
+    model has no template for it. A template with a render cache renders only the messages
+    it has not rendered before."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")
     if body.get("continue_final_message"):
         raise Unrenderable("unmodelled", "continue_final_message on SGLang")
-    prepared = [_message(message) for message in messages]
     tools = _tools(body.get("tools"), body.get("tool_choice"))
     template = templates.pick(tools)
     if template is None:
@@ -64,13 +65,26 @@ def sglang_conversation(
         if not isinstance(extra, dict):
             raise BadRequest("chat_template_kwargs must be an object")
         kwargs.update(extra)
-    if template.cache is None:
-        template.renders += 1
+    variables = {"add_generation_prompt": True, "tools": tools, "documents": None,
+                 "extra": kwargs}
+    if template.cache is not None:  # only the messages not rendered before (``render_cache``)
+        # (the scope names the engine: vLLM's renders of the same messages differ)
+        done = template.cache.render(messages, ["sglang", tools, kwargs], sglang_messages,
+                                     partial(template.render_traced, **variables),
+                                     partial(template.render, **variables))
+        if done is not None:
+            return done[0], tools, kwargs
     else:
-        template.cache.renders["fallback"] += 1
-    text = template.render(prepared, add_generation_prompt=True, tools=tools, documents=None,
-                           extra=kwargs)
-    return text, prepared, tools, kwargs
+        template.renders += 1
+    prepared, _ = sglang_messages(messages)
+    return template.render(prepared, **variables), tools, kwargs
+
+
+def sglang_messages(messages: list[object]) -> tuple[list[dict[str, Any]], bool]:
+    """The messages SGLang's template gets (rules at the top), and False: no media cut (a
+    media part is ``Unrenderable``). Message by message: the render cache may convert any
+    window of a conversation."""
+    return [_message(message) for message in messages], False
 
 
 def _message(message: object) -> dict[str, Any]:

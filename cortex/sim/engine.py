@@ -158,7 +158,7 @@ class SimEngine:
             rng=rng,
             batching=None if models is None else models.make,
         )
-        self.tokenizer = SimTokenizer(model_profile)
+        self.tokenizer = SimTokenizer(model_profile, self.wire.family)
         self.queues = [RankQueue(timing.max_running) for _ in range(dp_size)]
         self.counters = [RankCounters() for _ in range(dp_size)]
         # the batching model's shells, one per rank; empty on the fixed model

@@ -5,7 +5,10 @@ simulator is the check that Cortex's block keys match what an engine really comp
 
 Rules:
 
-* Chat (``messages``): the model profile's chat template renders the whole conversation
+* Chat (``messages``) on an SGLang engine: as SGLang 0.5.15 renders it (``sglang_chat``,
+  checked against the real server by tests/real_engine/test_sglang.py); what that does not
+  model is refused (400). On a vLLM engine:
+  the model profile's chat template renders the whole conversation
   (the ``tool_use`` one for a request with tools when the model names one;
   ``add_generation_prompt`` default true unless ``continue_final_message``, which cuts the text
   right after the last message's content; ``tools``; ``documents``; ``chat_template_kwargs``;
@@ -52,6 +55,7 @@ from cortex.profile.chat_messages import (
     engine_tools,
 )
 from cortex.profile.model_profile import ModelProfile
+from cortex.profile.sglang_chat import sglang_conversation
 from cortex.profile.unrenderable import Unrenderable
 
 MEDIA_PLACEHOLDER = "<media>"
@@ -60,14 +64,24 @@ _MAX_TOKEN_ID = 1 << 32
 
 
 class SimTokenizer:
-    __slots__ = ("_memo", "profile")
+    __slots__ = ("_memo", "family", "profile")
 
-    def __init__(self, profile: ModelProfile | None) -> None:
+    def __init__(self, profile: ModelProfile | None,
+                 family: EngineFamily = EngineFamily.VLLM) -> None:
         self.profile = profile
+        self.family = family
         self._memo: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
 
     def chat_ids(self, body: Mapping[str, Any]) -> list[int]:
         profile = self.profile
+        if self.family is EngineFamily.SGLANG:
+            if profile is None or profile.chat_templates is None:
+                raise BadRequest("this simulated engine has no chat template")
+            rendered = _modelled(sglang_conversation, dict(body), templates=(
+                profile.chat_templates))
+            if rendered is None:
+                raise BadRequest("this simulated engine has no chat template")
+            return self._encode(rendered[0], False)
         template = None if profile is None or profile.chat_templates is None \
             else profile.chat_templates.pick(body.get("tools"))
         if template is None:

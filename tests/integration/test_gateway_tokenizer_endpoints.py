@@ -1,6 +1,7 @@
 """The engines' tokenizer endpoints through Cortex, over simulated engines of both flavors.
 
-* ``POST /tokenize`` (a prompt; chat messages, with and without the generation prompt) and
+* ``POST /tokenize`` (a prompt; chat messages, with and without the generation prompt: SGLang
+  renders a chat as its chat endpoint does, with it whatever is asked) and
   ``/detokenize`` go to the model's workers in turn, and each answer is its engine's own shape
   (vLLM ``count, max_model_len, tokens, token_strs`` and ``prompt``; SGLang ``tokens, count,
   max_model_len`` and ``text``), its ids the ones Cortex itself computes for that prompt. They
@@ -27,10 +28,12 @@ TEXT = "Cortex sends each prompt where its prefix is cached. 网关按前缀路�
 MESSAGES = [{"role": "system", "content": SYSTEM_TEXT}, {"role": "user", "content": "Hi"}]
 
 
-def cortex_ids(cluster: Cluster, endpoint: Endpoint, body: dict) -> list[int]:
-    """The prompt's ids as Cortex computes them for a generation request."""
+def cortex_ids(cluster: Cluster, endpoint: Endpoint, body: dict,
+               engine: str = "vllm") -> list[int]:
+    """The prompt's ids as Cortex computes them for a generation request (a chat rendered as
+    ``engine`` renders it)."""
     pool = cluster.running.pools[MODEL]
-    prompt = request_prompt(endpoint, body, pool.profile.chat_templates)
+    prompt = request_prompt(endpoint, body, pool.profile.chat_templates, engine)
     assert prompt is not None
     return prompt_token_ids(prompt, pool.tokenizer).tolist()
 
@@ -67,7 +70,10 @@ async def test_each_engine_answers_in_its_own_shape_with_cortex_ids():
             chat = {"messages": MESSAGES, **extra}
             want = cortex_ids(cluster, Endpoint.CHAT, chat)
             answers = await by_worker(cluster, "/tokenize", chat)
-            assert answers["e0"]["tokens"] == answers["e1"]["tokens"] == want, extra
+            assert answers["e0"]["tokens"] == want, extra
+            # SGLang renders a chat through its chat path: always the generation prompt
+            assert answers["e1"]["tokens"] == cortex_ids(
+                cluster, Endpoint.CHAT, {"messages": MESSAGES}, "sglang"), extra
         assert len(want) < len(cortex_ids(cluster, Endpoint.CHAT, {"messages": MESSAGES}))
 
         answers = await by_worker(cluster, "/detokenize", {"tokens": ids})

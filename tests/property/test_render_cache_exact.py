@@ -17,6 +17,8 @@ from cortex.profile.builtin import DEEPSEEK_CHAT_TEMPLATE
 from cortex.profile.chat_messages import engine_messages, engine_tools
 from cortex.profile.chat_template import ChatTemplate, ChatTemplates
 from cortex.profile.request_text import chat_prompt
+from cortex.profile.sglang_chat import sglang_conversation, sglang_messages
+from cortex.profile.unrenderable import Unrenderable
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = {"bos_token": "<B>", "eos_token": "<E>"}
@@ -135,3 +137,32 @@ def test_a_conversation_cheaper_to_render_whole_is_not_windowed() -> None:
     # (a conversation rendered short is not kept: a full render every LOOK_BACK messages)
     assert template.cache.renders["window"] == 0 and template.cache.renders["short"] >= 4
     assert template.cache.whole_s_per_message is not None
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_sglangs_cached_render_equals_one_full_render(data: st.DataObject) -> None:
+    """The same for SGLang's rendering (``sglang_chat``), sharing the cache of the template with
+    vLLM's renders of the same conversations: never one for the other."""
+    template = TEMPLATES["engines-qwen2.5"]
+    templates = ChatTemplates(template, template)
+    conversation: list[dict] = []
+    for keep, new, tools, _, kwargs in data.draw(_steps(True)):
+        conversation = conversation[:keep] + new
+        body = {"messages": conversation}
+        if tools is not None:
+            body["tools"] = tools
+        if kwargs is not None:
+            body["chat_template_kwargs"] = kwargs
+        try:
+            prepared, _ = sglang_messages(conversation)
+        except Unrenderable:
+            with pytest.raises(Unrenderable):
+                sglang_conversation(body, templates)
+            continue
+        plain = template.render(prepared, add_generation_prompt=True, tools=None if tools is None
+                                else sglang_conversation(body, templates)[1], documents=None,
+                                extra=kwargs or {})
+        vllm = chat_prompt({**body, "add_generation_prompt": True}, templates)
+        assert chat_prompt(body, templates, "sglang").text == plain
+        assert vllm is not None and chat_prompt(body, templates).text == vllm.text
