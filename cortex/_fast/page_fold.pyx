@@ -5,7 +5,7 @@ Contract: ``page_fold.pyi``; rules F1-F4 and the reference twin: ``cortex.ledger
 (the property test compares the two operation by operation).
 
 Storage: each generation is an open-addressing table (linear probing, power-of-two size, at most
-3/4 full, grown by doubling, never deleted from: a generation is dropped whole), 24 bytes a slot:
+7/8 full, grown by doubling, never deleted from: a generation is dropped whole), 24 bytes a slot:
 hash, parent hash, position, token. An empty slot has position ``EMPTY``.
 """
 
@@ -128,7 +128,7 @@ cdef class PageFold:
         cdef Slot* slot = _table_slot(&self.young, key)
         cdef Table dropped
         if slot.position == EMPTY:
-            if (self.young.used + 1) * 4 > self.young.cap * 3:
+            if (self.young.used + 1) * 8 > self.young.cap * 7:
                 _table_grow(&self.young)
                 slot = _table_slot(&self.young, key)
             self.young.used += 1
