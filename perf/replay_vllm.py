@@ -86,7 +86,7 @@ import trace_text as tt
 from benchkit import machine_info
 
 from tests.real_engine.engine_server import EngineProcess
-from tests.real_engine.sglang_server import SglangOptions, SglangServer, sglang_env
+from tests.real_engine.sglang_server import SglangOptions, SglangServer
 from tests.real_engine.vllm_server import VllmOptions, VllmServer, engine_env, start_all
 
 BLOCK = 32  # the engines' KV block and Cortex's (SGLang's one-token pages are folded into it)
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     p = Params(**{name: getattr(args, name) for name in asdict(Params())})
     log = lambda message: print(message, file=sys.stderr, flush=True)
-    env, why = engine_env() if p.engine == "vllm" else sglang_env()
+    env, why = engine_env(p.engine)
     if env is None:
         raise SystemExit(why)
     model_dir = env.model(p.family)

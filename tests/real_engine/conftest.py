@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.real_engine.engine_server import FAMILIES
 from tests.real_engine.farm import ServerSet, VllmFarm
-from tests.real_engine.sglang_server import SglangEnv, sglang_env
+from tests.real_engine.sglang_server import sglang_env
 from tests.real_engine.vllm_server import EngineEnv, engine_env
 
 HERE = Path(__file__).resolve().parent
-FAMILIES = ["deepseek-tiny", "qwen-tiny"]  # the tokenizer families `make engines` builds
 
 
 def pytest_collection_modifyitems(config, items):
@@ -48,7 +48,7 @@ def engines() -> EngineEnv:
 
 
 @pytest.fixture(scope="session")
-def sglang_engines() -> SglangEnv:
+def sglang_engines() -> EngineEnv:
     env, why = sglang_env()
     if env is None:
         unusable(why)

@@ -91,6 +91,18 @@ class Front:
                     None if predicted is None else int(predicted), reported,
                     (usage or {}).get("prompt_tokens"), response.body)
 
+    async def open_stream(self, path: str, body: dict[str, Any]) -> tuple[RawClient, str]:
+        """Send a streamed request through Cortex and read its head and first chunk: the open
+        client (to read on or to drop) and the worker Cortex picked."""
+        raw = json.dumps(body).encode()
+        client = await RawClient.connect(self.port)
+        await client.send(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n%s" % (path.encode(), len(raw), raw))
+        status, headers, _ = await client.read_head()
+        assert status == 200
+        await client.read_chunk()
+        return client, dict(headers)[b"x-cortex-assigned-worker"].decode()
+
     def prompt_ids(self, path: str, body: dict[str, Any]) -> list[int]:
         """The prompt's token ids as Cortex computes them (template, segment cache)."""
         pool = self.pool

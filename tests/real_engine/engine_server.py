@@ -1,10 +1,10 @@
 """What the real-engine tests do with any engine server (vLLM's, SGLang's): start it as a
 process group, wait for its ready line and health endpoint, kill or stop it, talk plain HTTP.
 
-``EngineProcess`` is the behaviour; each engine's server class (``vllm_server.VllmServer``,
-``sglang_server.SglangServer``) is a dataclass with the fields it reads (``name``, ``log_dir``,
-the three ports, ``process``, ``starts`` and the two thread events) and says its command line,
-environment, ready line and health path.
+``EngineProcess`` is the behaviour and the process's state (ports, process, starts, events);
+each engine's server class (``vllm_server.VllmServer``, ``sglang_server.SglangServer``) adds
+``name``, its options and ``log_dir`` and says its command line, environment, ready line and
+health path.
 
 Readiness is the server's own ready line (a reader thread copies the output to a log file and
 sets an event on that line), then its health endpoint answering 200. Servers bind their socket
@@ -24,11 +24,43 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 START_TIMEOUT_S = 240.0
 LISTEN_GRACE_S = 30.0  # bound -> answering health (a loaded CI machine took > 10 s once)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+FAMILIES = ("deepseek-tiny", "qwen-tiny")  # the tiny models `make engines` builds
+
+
+@dataclass(frozen=True)
+class EngineEnv:
+    python: Path
+    models: Path
+
+    def model(self, name: str) -> Path:
+        return self.models / name
+
+
+def engines_dir() -> Path:
+    return Path(os.environ.get("CORTEX_ENGINES_DIR") or ROOT / ".engines")
+
+
+def engine_env(engine: str = "vllm") -> tuple[EngineEnv | None, str]:
+    """The environment ``make engines`` built for ``engine`` ("vllm" | "sglang") and the tiny
+    models, or ``None`` and why it is not usable."""
+    base = engines_dir()
+    python = base / engine / "bin" / "python"
+    models = base / "models"
+    if not (base / engine / ".installed").is_file() or not python.is_file():
+        return None, f"no {engine} environment in {base}: run `make engines`"
+    missing = [name for name in FAMILIES if not (models / name / ".complete").is_file()]
+    if missing:
+        return None, f"tiny models {missing} not built in {models}: run `make engines`"
+    return EngineEnv(python, models), ""
 
 
 def free_port() -> int:
@@ -46,21 +78,24 @@ def metric_sum(text: str, name: str) -> float:
     return total
 
 
+@dataclass(kw_only=True)
 class EngineProcess:
-    """Start, wait, stop and talk to one engine server (see the module docstring)."""
+    """Start, wait, stop and talk to one engine server (see the module docstring). Its
+    subclasses add ``name`` and ``log_dir`` (and their options) as positional fields."""
 
     ready_line: ClassVar[str]
     engine: ClassVar[str]  # the WorkerSpec's engine: "vllm" | "sglang"
     health_path: ClassVar[str] = "/health"
-    name: str
-    log_dir: Path
-    http_port: int
-    events_port: int
-    replay_port: int
-    process: subprocess.Popen[str] | None
-    starts: int
-    _ready: threading.Event
-    _exited: threading.Event
+    http_port: int = field(default_factory=free_port)
+    events_port: int = field(default_factory=free_port)
+    replay_port: int = field(default_factory=free_port)
+    process: subprocess.Popen[str] | None = None
+    starts: int = 0
+    _ready: threading.Event = field(default_factory=threading.Event)
+    _exited: threading.Event = field(default_factory=threading.Event)
+    if TYPE_CHECKING:
+        name: str
+        log_dir: Path
 
     @property
     def url(self) -> str:

@@ -21,37 +21,21 @@ keeping the default pays one short generation per probe of an idle engine).
 from __future__ import annotations
 
 import json
-import subprocess
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from tests.real_engine.engine_server import EngineProcess, free_port, http_request
-from tests.real_engine.vllm_server import engines_dir
-
-FAMILIES = ("deepseek-tiny", "qwen-tiny")
-
-
-@dataclass(frozen=True)
-class SglangEnv:
-    python: Path
-    models: Path
-
-    def model(self, name: str) -> Path:
-        return self.models / name
+from tests.real_engine.engine_server import (
+    EngineEnv,
+    EngineProcess,
+    engine_env,
+    free_port,
+    http_request,
+)
 
 
-def sglang_env() -> tuple[SglangEnv | None, str]:
-    """The built SGLang environment, or ``None`` and why it is not usable."""
-    base = engines_dir()
-    python = base / "sglang" / "bin" / "python"
-    models = base / "models"
-    if not (base / "sglang" / ".installed").is_file() or not python.is_file():
-        return None, f"no SGLang environment in {base}: run `make engines`"
-    missing = [name for name in FAMILIES if not (models / name / ".complete").is_file()]
-    if missing:
-        return None, f"tiny models {missing} not built in {models}: run `make engines`"
-    return SglangEnv(python, models), ""
+def sglang_env() -> tuple[EngineEnv | None, str]:
+    """The environment ``make engines`` built for SGLang, or ``None`` and why not usable."""
+    return engine_env("sglang")
 
 
 @dataclass
@@ -70,15 +54,8 @@ class SglangServer(EngineProcess):
 
     name: str
     options: SglangOptions
-    env: SglangEnv
+    env: EngineEnv
     log_dir: Path
-    http_port: int = field(default_factory=free_port)
-    events_port: int = field(default_factory=free_port)
-    replay_port: int = field(default_factory=free_port)
-    process: subprocess.Popen[str] | None = None
-    starts: int = 0
-    _ready: threading.Event = field(default_factory=threading.Event)
-    _exited: threading.Event = field(default_factory=threading.Event)
 
     def command(self) -> list[str]:
         o = self.options

@@ -23,15 +23,9 @@ import pytest
 import trio
 
 from cortex.errors import BadRequest
-from tests.front_http_client import RawClient
 from tests.real_engine.cortex_front import Front, Sent, cortex_front
-from tests.real_engine.engine_server import start_all
-from tests.real_engine.sglang_server import (
-    FAMILIES,
-    SglangEnv,
-    SglangOptions,
-    SglangServer,
-)
+from tests.real_engine.engine_server import FAMILIES, EngineEnv, start_all
+from tests.real_engine.sglang_server import SglangOptions, SglangServer
 from tests.real_engine.test_vllm_predictions import chats
 
 BLOCK = 16  # Cortex's block: SGLang's one-token pages are folded into it
@@ -40,7 +34,7 @@ PREFIX = "Shared context for every question in this test. " * 30  # ~300 tokens
 
 
 @pytest.fixture(scope="module")
-def sglang(sglang_engines: SglangEnv, engine_logs) -> dict[str, SglangServer]:
+def sglang(sglang_engines: EngineEnv, engine_logs) -> dict[str, SglangServer]:
     servers = {family: SglangServer(f"sglang-{family}",
                                     SglangOptions(sglang_engines.model(family), family),
                                     sglang_engines, engine_logs) for family in FAMILIES}
@@ -177,13 +171,7 @@ async def test_a_vanishing_client_aborts_sglangs_request(sglang):
                             block_size=BLOCK) as front:
         body = {"model": family, "prompt": "Count forever:", "max_tokens": 1900,
                 "ignore_eos": True, "stream": True}
-        client = await RawClient.connect(front.port)
-        await client.send(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
-                          b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                          % (len(json.dumps(body)), json.dumps(body).encode()))
-        status, _, _ = await client.read_head()
-        assert status == 200
-        await client.read_chunk()
+        client, _ = await front.open_stream("/v1/completions", body)
 
         def running() -> int:
             status, raw = server.get("/get_load")

@@ -21,7 +21,6 @@ engine, a vanishing client, the engines' load figures, and the self-report check
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import re
 
@@ -152,15 +151,8 @@ async def test_a_vanishing_client_aborts_the_engines_request(farm, engines):
     async with cortex_front(servers, FAMILY, str(engines.model(FAMILY))) as front:
         body = {"model": FAMILY, "prompt": "Count forever:", "max_tokens": 1900,
                 "ignore_eos": True, "stream": True}
-        client = await RawClient.connect(front.port)
-        await client.send(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
-                          b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                          % (len(json.dumps(body)), json.dumps(body).encode()))
-        status, headers, _ = await client.read_head()
-        assert status == 200
-        worker = dict(headers)[b"x-cortex-assigned-worker"].decode()
+        client, worker = await front.open_stream("/v1/completions", body)
         engine = next(s for s in servers if s.name == worker)
-        await client.read_chunk()
         generated_before = await trio.to_thread.run_sync(engine.metric,
                                                          "vllm:generation_tokens_total")
         assert await trio.to_thread.run_sync(engine.metric, "vllm:num_requests_running") == 1

@@ -19,15 +19,15 @@ of the whole group, as when a container dies.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.real_engine.engine_server import (
     START_TIMEOUT_S,
+    EngineEnv,
     EngineProcess,
+    engine_env,
+    engines_dir,
     free_port,
     http_request,
     metric_sum,
@@ -46,35 +46,6 @@ __all__ = [
     "metric_sum",
     "start_all",
 ]
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass(frozen=True)
-class EngineEnv:
-    python: Path
-    models: Path
-
-    def model(self, name: str) -> Path:
-        return self.models / name
-
-
-def engines_dir() -> Path:
-    return Path(os.environ.get("CORTEX_ENGINES_DIR") or ROOT / ".engines")
-
-
-def engine_env() -> tuple[EngineEnv | None, str]:
-    """The built engine environment, or ``None`` and why it is not usable."""
-    base = engines_dir()
-    python = base / "vllm" / "bin" / "python"
-    models = base / "models"
-    if not (base / "vllm" / ".installed").is_file() or not python.is_file():
-        return None, f"no vLLM environment in {base}: run `make engines`"
-    missing = [name for name in ("deepseek-tiny", "qwen-tiny")
-               if not (models / name / ".complete").is_file()]
-    if missing:
-        return None, f"tiny models {missing} not built in {models}: run `make engines`"
-    return EngineEnv(python, models), ""
 
 
 @dataclass
@@ -98,13 +69,6 @@ class VllmServer(EngineProcess):
     options: VllmOptions
     env: EngineEnv
     log_dir: Path
-    http_port: int = field(default_factory=free_port)
-    events_port: int = field(default_factory=free_port)
-    replay_port: int = field(default_factory=free_port)
-    process: subprocess.Popen[str] | None = None
-    starts: int = 0
-    _ready: threading.Event = field(default_factory=threading.Event)
-    _exited: threading.Event = field(default_factory=threading.Event)
 
     def command(self) -> list[str]:
         o = self.options
