@@ -467,7 +467,10 @@ def _outline(message: Any) -> object:
     """A cheap bucket key of a message (equal messages, equal outlines; never trusted alone)."""
     if type(message) is not dict:
         return None
+    role = message.get("role")
+    if type(role) is not str:  # (a client's list there must not make the key unhashable)
+        role = None
     content = message.get("content")
     if type(content) is str:
-        return (message.get("role"), len(message), len(content), content[:16], content[-16:])
-    return (message.get("role"), len(message), type(content).__name__)
+        return (role, len(message), len(content), content[:16], content[-16:])
+    return (role, len(message), type(content).__name__)
