@@ -120,3 +120,18 @@ def test_a_folded_ledger_holds_the_coarse_blocks_the_engine_holds_whole(
                 assert found.get(target, 0) == whole
             else:  # a forgetful index only misses
                 assert found.get(target, 0) <= whole
+
+
+def test_vllm_stores_of_one_token_blocks_are_never_folded():
+    """vLLM evicts parents before children: its one-token blocks stay in a tree of size 1."""
+    book = LedgerBook()
+    book.fold_pages(MODEL, 4)
+    vllm = book.register("v", 0, EngineFamily.VLLM, MODEL)
+    sglang = book.register("s", 0, EngineFamily.SGLANG, MODEL)
+    from cortex.events.model import BlockStored
+
+    for target in (vllm, sglang):
+        book.apply(target, EventBatch(0.0, (BlockStored([11, 12, 13, 14], None, [1, 2, 3, 4], 1),),
+                                      None))
+    assert book.target_keys(vllm).keys() == {1} and len(book.target_keys(vllm)[1]) == 4
+    assert book.target_keys(sglang).keys() == {4} and len(book.target_keys(sglang)[4]) == 1

@@ -91,6 +91,32 @@ def test_a_disagreeing_worker_turns_exact_routing_off_until_it_agrees():
     assert pool.decide(TOKENS, PROMPT).decision.mode is Mode.EXACT_KV_EVENTS
 
 
+def test_an_sglang_worker_at_page_size_one_agrees_when_its_pages_are_folded():
+    book = LedgerBook()
+    pool = pool_with(book)
+    add(pool, book, "a", port=1)
+    assert "page size" in pool.note_report("a", MODEL, 1)  # vLLM: blocks must be BLOCK
+    assert "page size" in pool.note_report("a", MODEL, 1, sglang=True)  # nothing folds yet
+    book.fold_pages(MODEL, BLOCK)
+    assert pool.note_report("a", MODEL, 1, sglang=True) is None
+    assert "page size" in pool.note_report("a", MODEL, 1)
+    assert "page size" in pool.note_report("a", MODEL, 8, sglang=True)  # only 1 is folded
+
+
+def test_a_pool_renders_chats_as_sglang_only_when_every_worker_is_sglang():
+    book = LedgerBook()
+    pool = pool_with(book)
+    assert pool.chat_engine == "vllm"
+    sglang = WorkerSpec("s", "http://127.0.0.1:9", engine="sglang", model=MODEL,
+                        events="tcp://127.0.0.1:5009")
+    pool.set_worker(sglang, (book.register("s", 0, EngineFamily.SGLANG, MODEL),))
+    assert pool.chat_engine == "sglang"
+    add(pool, book, "a", port=1)
+    assert pool.chat_engine == "vllm"  # mixed: vLLM's rendering (its SGLang workers may miss)
+    pool.remove_worker("a")
+    assert pool.chat_engine == "sglang"
+
+
 def test_passthrough_goes_round_robin_without_looking_at_the_ledger():
     book = LedgerBook()
     pool = pool_with(book, passthrough=True)
