@@ -92,12 +92,19 @@ class LedgerFigures:
     memory_bytes: int
     evicted_entries: int = 0  # dropped by the entry budget since start (least recently touched)
     warm_start_failures: int = 0  # peer snapshots that could not be fetched or read
+    # SGLang's one-token pages folded into blocks (cortex.ledger.page_fold), all models:
+    fold_tokens: int = 0  # tokens the fold index remembers
+    fold_memory_bytes: int = 0
+    fold_forgotten: int = 0  # tokens dropped with an old generation since start
+    fold_conflicts: int = 0  # stores refused: a token found at another position than its path's
 
     def as_json(self) -> dict[str, object]:
         return {
             "nodes": self.nodes, "entries": self.entries, "memory_bytes": self.memory_bytes,
             "evicted_entries": self.evicted_entries,
             "warm_start_failures": self.warm_start_failures,
+            "fold_tokens": self.fold_tokens, "fold_memory_bytes": self.fold_memory_bytes,
+            "fold_forgotten": self.fold_forgotten, "fold_conflicts": self.fold_conflicts,
             "targets": [{"worker": t.worker, "rank": t.rank, "state": t.state.value,
                          "reason": t.reason, "entries": t.entries} for t in self.targets],
         }
@@ -111,8 +118,11 @@ def ledger_figures(book: LedgerBook) -> LedgerFigures:
         targets.append(TargetFigures(info.worker, info.rank, state, book.reason(target),
                                      book.target_entries(target)))
     targets.sort(key=lambda t: (t.worker, t.rank))
+    folds = book.folds.values()
     return LedgerFigures(tuple(targets), book.nodes, book.entries, book.memory_bytes,
-                         book.evicted_entries, book.warm_start_failures)
+                         book.evicted_entries, book.warm_start_failures,
+                         sum(f.entries for f in folds), sum(f.memory_bytes for f in folds),
+                         sum(f.forgotten for f in folds), sum(f.conflicts for f in folds))
 
 
 class HttpFigures(Protocol):
@@ -196,8 +206,20 @@ def ledger_writer(source: LedgerSource) -> Writer:
                 ("cortex_ledger_entries", "Ledger entries (block, worker rank)", figures.entries),
                 ("cortex_ledger_nodes", "Ledger tree nodes (distinct blocks)", figures.nodes),
                 ("cortex_ledger_memory_bytes", "Memory held by the ledger trees",
-                 figures.memory_bytes)):
+                 figures.memory_bytes),
+                ("cortex_ledger_fold_tokens", ("Tokens the fold of SGLang's one-token pages "
+                 "remembers (all models)"), figures.fold_tokens),
+                ("cortex_ledger_fold_memory_bytes", ("Memory held by the fold of SGLang's "
+                 "one-token pages"), figures.fold_memory_bytes)):
             out.header(name, "gauge", text)
+            out.sample(name, "", value)
+        for name, text, value in (
+                ("cortex_ledger_fold_forgotten_total", ("Tokens the page fold forgot with an old "
+                 "generation (stores continuing them are then skipped: misses only)"),
+                 figures.fold_forgotten),
+                ("cortex_ledger_fold_conflicts_total", ("Page-size-1 stores refused: a token met "
+                 "at another position than its path says"), figures.fold_conflicts)):
+            out.header(name, "counter", text)
             out.sample(name, "", value)
         out.header("cortex_ledger_evicted_entries_total", "counter",
                    "Ledger entries evicted by the entry budget (least recently touched first)")

@@ -255,6 +255,18 @@ class LibraryCollector:
                                 value=figures.nodes)
         yield GaugeMetricFamily("cortex_ledger_memory_bytes", "Memory held by the ledger trees",
                                 value=figures.memory_bytes)
+        yield GaugeMetricFamily("cortex_ledger_fold_tokens", "Tokens the fold of SGLang's "
+                                "one-token pages remembers (all models)",
+                                value=figures.fold_tokens)
+        yield GaugeMetricFamily("cortex_ledger_fold_memory_bytes", "Memory held by the fold of "
+                                "SGLang's one-token pages", value=figures.fold_memory_bytes)
+        yield CounterMetricFamily("cortex_ledger_fold_forgotten_total",
+                                  "Tokens the page fold forgot with an old generation (stores "
+                                  "continuing them are then skipped: misses only)",
+                                  value=figures.fold_forgotten)
+        yield CounterMetricFamily("cortex_ledger_fold_conflicts_total",
+                                  "Page-size-1 stores refused: a token met at another position "
+                                  "than its path says", value=figures.fold_conflicts)
         yield CounterMetricFamily("cortex_ledger_evicted_entries_total",
                                   "Ledger entries evicted by the entry budget (least recently "
                                   "touched first)", value=figures.evicted_entries)

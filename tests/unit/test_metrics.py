@@ -259,6 +259,8 @@ def test_ledger_state_and_sizes_from_a_real_book():
     assert value(m, "cortex_ledger_target_entries", worker="w0", rank="0") == 2
     assert value(m, "cortex_ledger_entries") == 2
     assert value(m, "cortex_ledger_memory_bytes") > 0
+    assert value(m, "cortex_ledger_fold_tokens") == 0
+    assert value(m, "cortex_ledger_fold_forgotten_total") == 0
     book.set_state(t1, TargetState.STALE, "gap 4..6")
     assert value(m, "cortex_ledger_state", worker="w0", rank="1", state="stale") == 1
     figures = ledger_figures(book)
