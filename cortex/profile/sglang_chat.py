@@ -159,8 +159,12 @@ def _tools(tools: object, choice: object) -> list[dict[str, Any]] | None:
         return None
     dumped = [_tool(tool) for tool in tools]
     if isinstance(choice, dict):
-        wanted = (choice.get("function") or {}).get("name")
-        return [tool for tool in dumped if tool["function"]["name"] == wanted]
+        function = choice.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise Unrenderable("unmodelled", "a tool_choice without a function name")
+        return [tool for tool in dumped if tool["function"]["name"] == function["name"]]
+    if choice not in ("auto", "required"):
+        raise Unrenderable("unmodelled", f"tool_choice {choice!r} (SGLang's 400)")
     return dumped
 
 

@@ -65,6 +65,9 @@ def test_a_developer_turn_reaches_the_template_as_it_is():
     {"messages": [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "not json"}}]}]},
     {"messages": [{"role": "critic", "content": "x"}]},
+    {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL],
+     "tool_choice": {"type": "function", "function": "search"}},
+    {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL], "tool_choice": ["auto"]},
 ])
 def test_what_cortex_does_not_reproduce_routes_by_load(body):
     with pytest.raises(Unrenderable):
