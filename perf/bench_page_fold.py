@@ -12,7 +12,7 @@ simulator's ``sglang_page_chain``), published as SGLang 0.5.15 publishes them �
 * ``page16_block16``: an SGLang engine with ``--page-size 16`` (one event per 16-token page).
 
 Sections: ``ingest`` — decode + apply of one prompt's batches (median of ``--repeats`` fresh
-books; pages/s and tokens/s); ``memory`` — ``--workers`` workers each caching ``--prompts``
+books; pages/s and tokens/s; the decode alone, µs a page); ``memory`` — ``--workers`` workers each caching ``--prompts``
 prompts that share a ``--shared``-token prefix: ledger bytes (trees + fold index) per cached
 token; ``match`` — keys of one cached prompt and the ledger match (µs, median).
 
@@ -86,7 +86,15 @@ def ingest(tokens: list[int], chunk: int, repeats: int) -> dict[str, dict[str, f
                 book.apply(target, decode_payload(payload, EngineFamily.SGLANG))
             samples.append(time.perf_counter() - start)
         seconds = statistics.median(samples)
-        out[name] = {"ms_per_prompt": round(seconds * 1e3, 2),
+        decode = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for payload in payloads:
+                decode_payload(payload, EngineFamily.SGLANG)
+            decode.append(time.perf_counter() - start)
+        out[name] = {"decode_us_per_page": round(statistics.median(decode) * 1e6
+                                                 / (len(tokens) / page), 3),
+                     "ms_per_prompt": round(seconds * 1e3, 2),
                      "pages_per_s": round(len(tokens) / page / seconds),
                      "tokens_per_s": round(len(tokens) / seconds)}
     return out

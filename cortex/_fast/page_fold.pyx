@@ -167,8 +167,8 @@ cdef class PageFold:
         cdef Py_ssize_t n = len(hashes)
         if len(tokens) != n:
             raise ValueError(f"{len(tokens)} token ids for {n} pages of 1 token")
-        cdef uint64_t[::1] run_hashes = _u64_view(hashes, n)
-        cdef uint32_t[::1] run_tokens = _u32_view(tokens, n)
+        cdef uint64_t[::1] run_hashes = _u64_view(hashes)
+        cdef uint32_t[::1] run_tokens = _u32_view(tokens)
         cdef Py_ssize_t size = self.granularity
         cdef uint64_t start = 0, block_start = 0, position, before = 0
         cdef Slot entry, found
@@ -234,7 +234,7 @@ cdef class PageFold:
     def keep(self, hashes):
         """F3: the hashes that end a coarse block or are unknown, array('Q')."""
         cdef Py_ssize_t n = len(hashes), i, kept = 0
-        cdef uint64_t[::1] view = _u64_view(hashes, n)
+        cdef uint64_t[::1] view = _u64_view(hashes)
         cdef array.array out = array.clone(_U64_TEMPLATE, n, zero=False)
         cdef uint64_t* data = <uint64_t*>out.data.as_ulonglongs
         cdef Slot* found
@@ -262,29 +262,18 @@ cdef uint32_t[::1] _scratch(Py_ssize_t size):
     return _SCRATCH
 
 
-cdef uint64_t[::1] _u64_view(values, Py_ssize_t n):
-    """``values`` as u64: an array('Q') (or any u64 buffer) as it is, else converted."""
+cdef uint64_t[::1] _u64_view(values):
+    """``values`` as u64: an array('Q') (or any u64 buffer) as it is, else converted by
+    ``array`` (OverflowError out of range)."""
     try:
         return values
     except (TypeError, ValueError):
-        pass
-    cdef array.array converted = array.clone(_U64_TEMPLATE, n, zero=False)
-    cdef Py_ssize_t i = 0
-    for value in values:
-        (<uint64_t*>converted.data.as_ulonglongs)[i] = <uint64_t>value
-        i += 1
-    return converted
+        return py_array.array("Q", values)
 
 
-cdef uint32_t[::1] _u32_view(values, Py_ssize_t n):
+cdef uint32_t[::1] _u32_view(values):
     """``values`` as u32: an array('I') as it is, else converted (OverflowError past u32)."""
     try:
         return values
     except (TypeError, ValueError):
-        pass
-    cdef array.array converted = array.clone(_U32_TEMPLATE, n, zero=False)
-    cdef Py_ssize_t i = 0
-    for value in values:
-        converted.data.as_uints[i] = <uint32_t>value
-        i += 1
-    return converted
+        return py_array.array("I", values)

@@ -96,11 +96,11 @@ def chat_prompt(body: Mapping[str, Any], templates: ChatTemplates,
     """The rendered chat, as ``engine`` renders it ("vllm", or "sglang": ``sglang_chat``);
     ``None`` when the model has no template for this request."""
     if engine == "sglang":
-        rendered = sglang_conversation(body, templates)
-        if rendered is None:
+        text = sglang_conversation(body, templates)
+        if text is None:
             return None
         return RequestPrompt(
-            text=rendered[0], token_ids=None, add_special_tokens=False, lora_name=_lora(body),
+            text=text, token_ids=None, add_special_tokens=False, lora_name=_lora(body),
             cache_salt=_salt(body),
             cache_limit=_prompt_logprobs_limit(body, body.get("top_logprobs", 0)))
     messages = body.get("messages")

@@ -42,18 +42,15 @@ _TEXT_PARTS = ("text", "input_text")
 _OPTIONAL_STRINGS = ("tool_call_id", "name", "reasoning_content")
 
 
-def sglang_conversation(
-    body: Mapping[str, Any], templates: ChatTemplates
-) -> tuple[str, list[dict[str, Any]] | None, dict[str, Any]] | None:
-    """(rendered text, tools, template kwargs) as SGLang renders the chat; ``None`` when the
-    model has no template for it. A template with a render cache renders only the messages
-    it has not rendered before."""
+def sglang_conversation(body: Mapping[str, Any], templates: ChatTemplates) -> str | None:
+    """The chat's text as SGLang renders it; ``None`` when the model has no template for it. A
+    template with a render cache renders only the messages it has not rendered before."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")
     if body.get("continue_final_message"):
         raise Unrenderable("unmodelled", "continue_final_message on SGLang")
-    tools = _tools(body.get("tools"), body.get("tool_choice"))
+    tools = sglang_tools(body.get("tools"), body.get("tool_choice"))
     template = templates.pick(tools)
     if template is None:
         return None
@@ -73,11 +70,11 @@ def sglang_conversation(
                                      partial(template.render_traced, **variables),
                                      partial(template.render, **variables))
         if done is not None:
-            return done[0], tools, kwargs
+            return done[0]
     else:
         template.renders += 1
     prepared, _ = sglang_messages(messages)
-    return template.render(prepared, **variables), tools, kwargs
+    return template.render(prepared, **variables)
 
 
 def sglang_messages(messages: list[object]) -> tuple[list[dict[str, Any]], bool]:
@@ -148,7 +145,8 @@ def _tool_call(call: object, role: str) -> dict[str, Any]:
             "function": {"name": function.get("name"), "arguments": arguments}}
 
 
-def _tools(tools: object, choice: object) -> list[dict[str, Any]] | None:
+def sglang_tools(tools: object, choice: object) -> list[dict[str, Any]] | None:
+    """The tools SGLang's template gets for ``tools`` and ``tool_choice`` (rules at the top)."""
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list):

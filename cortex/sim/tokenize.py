@@ -77,11 +77,10 @@ class SimTokenizer:
         if self.family is EngineFamily.SGLANG:
             if profile is None or profile.chat_templates is None:
                 raise BadRequest("this simulated engine has no chat template")
-            rendered = _modelled(sglang_conversation, dict(body), templates=(
-                profile.chat_templates))
-            if rendered is None:
+            text = _modelled(sglang_conversation, dict(body), templates=profile.chat_templates)
+            if text is None:
                 raise BadRequest("this simulated engine has no chat template")
-            return self._encode(rendered[0], False)
+            return self._encode(text, False)
         template = None if profile is None or profile.chat_templates is None \
             else profile.chat_templates.pick(body.get("tools"))
         if template is None:
@@ -197,7 +196,7 @@ def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-def _modelled(convert: Any, body: dict[str, Any], **options: Any) -> dict[str, Any]:
+def _modelled(convert: Any, body: dict[str, Any], **options: Any) -> Any:
     try:
         return convert(body, **options)
     except Unrenderable as why:

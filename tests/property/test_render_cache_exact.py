@@ -17,7 +17,7 @@ from cortex.profile.builtin import DEEPSEEK_CHAT_TEMPLATE
 from cortex.profile.chat_messages import engine_messages, engine_tools
 from cortex.profile.chat_template import ChatTemplate, ChatTemplates
 from cortex.profile.request_text import chat_prompt
-from cortex.profile.sglang_chat import sglang_conversation, sglang_messages
+from cortex.profile.sglang_chat import sglang_conversation, sglang_messages, sglang_tools
 from cortex.profile.unrenderable import Unrenderable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,8 +160,8 @@ def test_sglangs_cached_render_equals_one_full_render(data: st.DataObject) -> No
             with pytest.raises(Unrenderable):
                 sglang_conversation(body, templates)
             continue
-        plain = template.render(prepared, add_generation_prompt=True, tools=None if tools is None
-                                else sglang_conversation(body, templates)[1], documents=None,
+        plain = template.render(prepared, add_generation_prompt=True,
+                                tools=sglang_tools(body.get("tools"), None), documents=None,
                                 extra=kwargs or {})
         vllm = chat_prompt({**body, "add_generation_prompt": True}, templates)
         assert chat_prompt(body, templates, "sglang").text == plain

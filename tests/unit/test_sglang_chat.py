@@ -20,9 +20,9 @@ TOOL = {"type": "function", "function": {"name": "search", "parameters": {"type"
 
 
 def render(body: dict) -> str:
-    rendered = sglang_conversation(body, TEMPLATES)
-    assert rendered is not None
-    return rendered[0]
+    text = sglang_conversation(body, TEMPLATES)
+    assert text is not None
+    return text
 
 
 def test_text_parts_are_joined_with_a_space_and_the_generation_prompt_is_always_there():
