@@ -51,13 +51,13 @@ from cortex.control.serve import serve_control
 from cortex.errors import ConfigError
 from cortex.events.counters import IngestCounters
 from cortex.front.server import HttpServer
-from cortex.gateway.metrics_observer import MetricsObserver
 from cortex.gateway.pool import ModelPool
 from cortex.gateway.proxy import Gateway
 from cortex.ledger.book import LedgerBook
 from cortex.logs import log_exchange
 from cortex.memory_trim import run_memory_trim
-from cortex.metrics import CortexMetrics, ledger_figures
+from cortex.metrics.cortex_metrics import CortexMetrics, ledger_figures
+from cortex.metrics.route_metrics import MetricsObserver
 from cortex.processes import ProcessGroup, until_parent_gone
 from cortex.profile.profile_set import ProfileSet, load_profiles
 from cortex.profile.trio_tokenize import upgrade_bpes

@@ -19,7 +19,7 @@ Rules:
   READY from process 0 only, once every process is up; a process that ends before it is up
   fails the start (its own stderr says why).
 * **One control plane.** Process 0's: ``/metrics`` shows every process's samples, each with a
-  ``process`` label (``cortex.metrics_merge``; a process that does not answer within
+  ``process`` label (``cortex.metrics.merge``; a process that does not answer within
   ``SCRAPE_TIMEOUT_S`` is left out and counted); ``/admin/workers`` changes are applied by
   process 0, then sent to every other process (a failure there is answered 502, naming the
   process); ``/health/ready`` is degraded while a process is not serving; ``/debug`` and the
@@ -63,7 +63,7 @@ import trio
 
 from cortex.config.tree import CortexConfig
 from cortex.errors import ConfigError, CortexError
-from cortex.metrics_merge import merge_expositions
+from cortex.metrics.merge import merge_expositions
 from cortex.upstream.pool import UpstreamPool
 from cortex.workers.spec import WorkerSpec
 

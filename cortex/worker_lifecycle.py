@@ -44,11 +44,9 @@ from cortex.config.tree import CortexConfig
 from cortex.control.admin import AdminOps, spec_as_json
 from cortex.errors import ConfigError, CortexError
 from cortex.events.counters import IngestCounters
-from cortex.events.model import EngineFamily
 from cortex.events.source import EventSource, IngestSettings, rank_endpoint
 from cortex.events.subscriber import SourceHandle, run_source
 from cortex.events.sync import TargetSync
-from cortex.events.warm_start import fetch_snapshot
 from cortex.gateway.pool import ModelPool, WorkerFigures
 from cortex.gateway.worker_report import (
     sglang_server_info,
@@ -56,6 +54,7 @@ from cortex.gateway.worker_report import (
     vllm_report,
 )
 from cortex.ledger.book import LedgerBook
+from cortex.ledger.kv_events import EngineFamily
 from cortex.ledger.snapshot import (
     ExportedTarget,
     SnapshotError,
@@ -65,8 +64,9 @@ from cortex.ledger.snapshot import (
     take_snapshot,
 )
 from cortex.ledger.state import TargetState
-from cortex.metrics import CortexMetrics
+from cortex.metrics.cortex_metrics import CortexMetrics
 from cortex.profile.profile_set import ProfileSet
+from cortex.replicas.warm_start import fetch_snapshot
 from cortex.upstream.pool import UpstreamPool
 from cortex.workers.breaker import BreakerState
 from cortex.workers.monitor import Fetch

@@ -59,7 +59,7 @@ from benchkit import machine_info
 
 from cortex.profile.model_profile import ModelProfile, ProfileSpec, load_profile
 from cortex.profile.request_keys import request_block_keys
-from cortex.profile.segment_cache import NON_ASCII_CHAR_COST, Lookup
+from cortex.tokenize.segment_cache import NON_ASCII_CHAR_COST, Lookup
 
 BLOCK = 16
 QWEN_DIR = os.path.join(os.path.dirname(HERE), ".engines", "models", "qwen-tiny")

@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cortex.profile.chat_template import ChatTemplate, ChatTemplates
-from cortex.profile.request_text import (
+from cortex.prompt.chat_template import ChatTemplate, ChatTemplates
+from cortex.prompt.request_text import (
     chat_prompt,
     messages_prompt,
     responses_prompt,

@@ -90,7 +90,7 @@ CODE_TAG_LINES = 12  # ~450 characters of code: at least two tags in every 1,024
 class Texts:
     """Base texts of about ``tokens`` tokens; ``cold(i)`` is base ``i % n`` behind a unique
     first line (the whole message is then new to every cache). Code has lines: the segment
-    cache keeps a long piece's line chunks (``cortex.profile.line_cuts``, >= 1,024 characters
+    cache keeps a long piece's line chunks (``cortex.tokenize.line_cuts``, >= 1,024 characters
     each), so a base's chunks would be warm from its second use on; its cold text carries a
     unique comment line every ``CODE_TAG_LINES`` lines (every chunk holds one)."""
 

@@ -38,10 +38,10 @@ from benchkit import machine_info
 from cortex.events.counters import IngestCounters
 from cortex.events.decoder import decode_payload
 from cortex.events.frames import parse_live_frames
-from cortex.events.model import BlockRemoved, BlockStored, EngineFamily
 from cortex.events.source import EventSource, IngestSettings
 from cortex.events.subscriber import run_source
 from cortex.ledger.book import LedgerBook
+from cortex.ledger.kv_events import BlockRemoved, BlockStored, EngineFamily
 from cortex.sim.wire import encode_batch, live_frames, profile_named
 
 BLOCK = 16

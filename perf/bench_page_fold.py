@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import machine_info
 
 from cortex.events.decoder import decode_payload
-from cortex.events.model import BlockStored, EngineFamily
 from cortex.ledger.book import LedgerBook
+from cortex.ledger.kv_events import BlockStored, EngineFamily
 from cortex.ledger.state import TargetState
 from cortex.profile.request_keys import request_block_keys
 from cortex.sim.engine_hashes import sglang_page_chain

@@ -46,15 +46,15 @@ sys.path.insert(0, str(HERE.parent))
 from bench_gateway import MODEL, Bodies
 from benchkit import machine_info
 
-from cortex.events.model import EngineFamily
 from cortex.gateway.endpoints import Endpoint, parse_body, request_prompt
 from cortex.gateway.pool import ModelPool, WorkerFigures
 from cortex.ledger.book import LedgerBook
+from cortex.ledger.kv_events import EngineFamily
 from cortex.ledger.state import TargetState
 from cortex.profile.model_profile import ProfileSpec, load_profile
 from cortex.profile.profile_set import ProfileSet
 from cortex.profile.request_keys import request_block_keys
-from cortex.profile.segment_cache import Lookup
+from cortex.tokenize.segment_cache import Lookup
 from cortex.workers.spec import WorkerSpec
 from tests import deepseek_profile as ds
 

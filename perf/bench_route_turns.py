@@ -83,10 +83,10 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 
 def in_process(requests: list[dict], warmup: int) -> dict[str, object]:
-    from cortex.profile import segment_cache
     from cortex.profile.model_profile import ProfileSpec, load_profile
     from cortex.profile.request_keys import request_block_keys
-    from cortex.profile.request_text import chat_prompt
+    from cortex.prompt.request_text import chat_prompt
+    from cortex.tokenize import segment_cache
 
     profile = load_profile(ProfileSpec(MODEL, None, BLOCK, builtin="deepseek"))
     bpe = getattr(profile, "bpe", None)
@@ -193,7 +193,7 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     from cortex.profile.builtin import DEEPSEEK_CHAT_TEMPLATE
-    from cortex.profile.chat_template import ChatTemplate
+    from cortex.prompt.chat_template import ChatTemplate
     from tests import deepseek_profile as ds
 
     counter = Tokenizer.from_file(ds.TOKENIZER_JSON)

@@ -49,13 +49,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from cortex.events.counters import IngestCounters
-from cortex.events.model import BlockStored, EngineFamily, EventBatch
 from cortex.front.shared import ServerCounters
 from cortex.gateway.admission import AdmissionCounters
 from cortex.ledger.book import LedgerBook
+from cortex.ledger.kv_events import BlockStored, EngineFamily, EventBatch
 from cortex.ledger.state import TargetState
-from cortex.metrics import PHASES, RETRY_PHASES, CortexMetrics, ledger_figures
-from cortex.metrics_sources import (
+from cortex.metrics.cortex_metrics import PHASES, RETRY_PHASES, CortexMetrics, ledger_figures
+from cortex.metrics.sources import (
     _ADMISSION_COUNTERS,
     _HTTP_FIGURES,
     _PD_COUNTERS,
@@ -65,7 +65,7 @@ from cortex.metrics_sources import (
     _WORKER_GAUGES,
     INGEST_HELP,
 )
-from cortex.metrics_text import CounterFamily, HistogramFamily
+from cortex.metrics.text import CounterFamily, HistogramFamily
 from cortex.pd.orchestrate import PdCounters
 from cortex.scheduling.decision import Decision, Mode
 from cortex.scheduling.view import WorkerView

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchkit import machine_info
 
-from cortex.events.model import BlockStored, EngineFamily, EventBatch
 from cortex.ledger.book import LedgerBook
+from cortex.ledger.kv_events import BlockStored, EngineFamily, EventBatch
 from cortex.ledger.snapshot import (
     ExportedTarget,
     StreamId,

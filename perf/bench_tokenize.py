@@ -46,13 +46,11 @@ sys.path.insert(0, os.path.dirname(HERE))
 import trio.lowlevel
 from benchkit import machine_info
 
-from cortex.profile import (
-    segments,
-    trio_tokenize,
-)
+from cortex.profile import trio_tokenize
 from cortex.profile.request_keys import request_block_keys
-from cortex.profile.segment_cache import SegmentCachedTokenizer
-from cortex.profile.segments import Segmenter
+from cortex.tokenize import segments
+from cortex.tokenize.segment_cache import SegmentCachedTokenizer
+from cortex.tokenize.segments import Segmenter
 from tests import deepseek_profile as ds
 
 BLOCK = 16

@@ -49,7 +49,7 @@ import trio.lowlevel
 from benchkit import machine_info
 from soak import TIMING, cpu_seconds, rss_bytes, start_cortex, stop_cortex, wait_ready
 
-from cortex.events.model import BlockRemoved, BlockStored
+from cortex.ledger.kv_events import BlockRemoved, BlockStored
 from cortex.sim.engine import SimEngine
 from cortex.sim.wire import encode_batch
 from tests.front_http_client import RawClient, chat_request

@@ -82,7 +82,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from benchkit import machine_info
 
-from cortex.events.model import BlockRemoved
+from cortex.ledger.kv_events import BlockRemoved
 from cortex.sim.batching.core import SimRequest
 from cortex.sim.batching.vllm import VllmBatchingEngine, VllmSchedulerConfig
 from cortex.sim.engine_hashes import VllmChainHasher

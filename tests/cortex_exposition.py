@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from cortex.events.counters import IngestCounters
 from cortex.ledger.book import LedgerBook
-from cortex.metrics import CortexMetrics, ledger_figures
+from cortex.metrics.cortex_metrics import CortexMetrics, ledger_figures
 from cortex.scheduling.decision import Decision, Mode
 from cortex.scheduling.view import WorkerView
 from cortex.upstream.pool import PoolStats
@@ -64,7 +64,7 @@ def exposed_series() -> dict[str, frozenset[str]]:
     """Series name -> label names, from a real render with every source registered."""
     metrics = CortexMetrics()
     book = LedgerBook()
-    from cortex.events.model import EngineFamily
+    from cortex.ledger.kv_events import EngineFamily
 
     book.register("w0", 0, EngineFamily.SGLANG, "m")
     metrics.watch_ingest(lambda: [("w0", 0, IngestCounters())])

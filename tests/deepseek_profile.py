@@ -9,8 +9,8 @@ from functools import cache
 from tokenizers import Tokenizer
 
 from cortex.profile.builtin import DEEPSEEK, DEEPSEEK_CHAT_TEMPLATE, builtin_files
-from cortex.profile.chat_template import ChatTemplate, ChatTemplates
-from cortex.profile.exact_bpe import FASTOKENS, ExactBpe
+from cortex.prompt.chat_template import ChatTemplate, ChatTemplates
+from cortex.tokenize.exact_bpe import FASTOKENS, ExactBpe
 
 # located without importing the package (its __init__ builds a tokenizer from the file: ~0.5 s)
 _FILES = builtin_files(DEEPSEEK, _problems := [])

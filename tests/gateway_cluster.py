@@ -134,7 +134,7 @@ class Cluster:
 
 
 def _plain_prompt() -> Any:
-    from cortex.profile.request_text import RequestPrompt
+    from cortex.prompt.request_text import RequestPrompt
 
     return RequestPrompt("", None, False, None, None)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from cortex.events.model import AllBlocksCleared, BlockRemoved, Event
+from cortex.ledger.kv_events import AllBlocksCleared, BlockRemoved, Event
 from cortex.sim.batching.core import TruthEntry
 
 Key = tuple[tuple[str | None, str | None], int]

@@ -27,7 +27,7 @@ import trio
 import zmq
 
 from cortex.events import zmq_trio
-from cortex.events.model import (
+from cortex.ledger.kv_events import (
     REPLAY_END_SEQ,
     U64_MASK,
     AllBlocksCleared,

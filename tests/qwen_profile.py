@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from cortex.profile.exact_bpe import FASTOKENS, ExactBpe
+from cortex.tokenize.exact_bpe import FASTOKENS, ExactBpe
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = Path(os.environ.get("CORTEX_ENGINES_DIR") or ROOT / ".engines") / "models" / "qwen-tiny"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-from cortex.profile.segment_cache import Lookup, SegmentCachedTokenizer
+from cortex.tokenize.segment_cache import Lookup, SegmentCachedTokenizer
 
 
 def colliding_tokenizer(raw: list[str], normalized: list[str], alphabet: str) -> Tokenizer:

@@ -8,7 +8,7 @@ Single owner (the trio thread); no method blocks or yields; no locks.
   1,024 distinct targets must work.
 * Per target, a map from the engine's block hash (u64) to the node, to resolve parents of
   later stores and the blocks named by removals. Entries carry their medium
-  (``cortex.events.model.Medium`` codes) and a reference count per (target, medium, hash):
+  (``cortex.ledger.kv_events.Medium`` codes) and a reference count per (target, medium, hash):
   vLLM may store one hash twice (two physical blocks) and then remove it twice.
 * Invariant: a target appears in a node's set iff it has at least one map entry pointing at the
   node (for some medium). No operation on one target touches another target's entries.

@@ -1,5 +1,5 @@
 """Contract of the Cython unit ``cortex._fast.piece_cache``: the segment cache's pieces and the
-request path's tokenization in one call (``cortex.profile.segment_cache`` is its user).
+request path's tokenization in one call (``cortex.tokenize.segment_cache`` is its user).
 
 ``PieceCache(capacity_bytes, passes, max_misses, bos_id, encode_one, encode_many,
 lookup_class, chunk_chars=0, anchors=frozenset(), recent_capacity_bytes=0,

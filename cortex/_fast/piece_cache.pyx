@@ -1,6 +1,6 @@
 # cython: language_level=3
 """``PieceCache``: the segment cache's LRU of pieces and the request path's tokenization in one
-compiled call. Contract: ``piece_cache.pyi``; ``cortex.profile.segment_cache`` uses it.
+compiled call. Contract: ``piece_cache.pyi``; ``cortex.tokenize.segment_cache`` uses it.
 
 ``encode_now`` does in one call what ``SegmentCachedTokenizer`` did in eight Python frames
 (split, lookup, encode the new pieces, remember, assemble): in the running server each frame

@@ -3,6 +3,6 @@ merge of SGLang page runs; reference ``cortex.events.decoder_semantics.continues
 
 from array import array
 
-from cortex.events.model import BlockStored
+from cortex.ledger.kv_events import BlockStored
 
 def extend_run(run: BlockStored, ev: object, tokens: array[int], map_era: bool) -> bool: ...

@@ -51,7 +51,7 @@ from cortex.errors import (
     PayloadTooLarge,
     UpstreamError,
 )
-from cortex.metrics import CONTENT_TYPE, CortexMetrics, LedgerFigures
+from cortex.metrics.cortex_metrics import CONTENT_TYPE, CortexMetrics, LedgerFigures
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Wire facts: ``shared/protocols/kv-events.md`` (§3 batch, §4 events); the frames around the
 payloads are split by ``cortex.events.frames``.
-Output types and their invariants: ``cortex.events.model``. No trio, no zmq.
+Output types and their invariants: ``cortex.ledger.kv_events``. No trio, no zmq.
 
 Rules (hold for every call):
 
@@ -42,7 +42,7 @@ from __future__ import annotations
 from cortex.errors import DecodeError
 from cortex.events.decoder_generic import decode_generic
 from cortex.events.decoder_typed import decode_typed
-from cortex.events.model import EngineFamily, EventBatch
+from cortex.ledger.kv_events import EngineFamily, EventBatch
 
 __all__ = ["decode_payload"]
 

@@ -32,7 +32,7 @@ from msgspec import Meta
 from cortex.errors import DecodeError
 from cortex.events.decoder_semantics import MAX_U32, block_hash, event_batch, stored_event
 from cortex.events.decoder_typed import ARRAY_FIELDS, MAP_FIELDS, REMOVED, STORED
-from cortex.events.model import (
+from cortex.ledger.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

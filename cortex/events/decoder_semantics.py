@@ -25,7 +25,7 @@ from array import array
 from typing import Any
 
 from cortex.errors import DecodeError
-from cortex.events.model import U64_MASK, BlockStored, Event, EventBatch
+from cortex.ledger.kv_events import U64_MASK, BlockStored, Event, EventBatch
 
 MAX_U32 = 0xFFFF_FFFF
 

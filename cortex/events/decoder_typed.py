@@ -32,7 +32,7 @@ from cortex.events.decoder_semantics import (
     event_batch,
     stored_event,
 )
-from cortex.events.model import (
+from cortex.ledger.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

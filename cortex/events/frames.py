@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cortex.errors import DecodeError
-from cortex.events.model import REPLAY_END_SEQ, U64_MASK, LiveMessage, ReplayEnd, ReplayItem
+from cortex.ledger.kv_events import REPLAY_END_SEQ, U64_MASK, LiveMessage, ReplayEnd, ReplayItem
 
 _SEQ_LEN = 8
 

@@ -29,7 +29,7 @@ import zmq
 from cortex.errors import DecodeError
 from cortex.events import zmq_trio
 from cortex.events.frames import encode_replay_request, parse_replay_reply
-from cortex.events.model import ReplayEnd, ReplayItem
+from cortex.ledger.kv_events import ReplayEnd, ReplayItem
 
 DEFAULT_TIMEOUT_S = 3.0
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cortex.errors import ConfigError
-from cortex.events.model import EngineFamily
 from cortex.host_literal import host_port
+from cortex.ledger.kv_events import EngineFamily
 
 _WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]", ""})
 

@@ -47,7 +47,6 @@ from cortex.events import zmq_trio
 from cortex.events.counters import IngestCounters
 from cortex.events.decoder import decode_payload
 from cortex.events.frames import parse_live_frames
-from cortex.events.model import EngineFamily, EventBatch
 from cortex.events.replay import fetch_replay
 from cortex.events.sequencer import payload_digest
 from cortex.events.source import EventSource, IngestSettings
@@ -60,6 +59,7 @@ from cortex.events.sync_actions import (
     SequencedBatch,
     SetState,
 )
+from cortex.ledger.kv_events import EngineFamily, EventBatch
 from cortex.ledger.state import TargetState
 
 log = logging.getLogger("cortex.events")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cortex.events.model import AllBlocksCleared, EventBatch
+from cortex.ledger.kv_events import AllBlocksCleared, EventBatch
 from cortex.ledger.state import TargetState
 
 

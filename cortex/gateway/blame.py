@@ -9,7 +9,7 @@ Rules (per request, before its first byte reached the client):
 * A failure without an answer (refused or broken connection, a timeout) and a 502/503/504 head
   (the engine or something in front of it is unavailable) are the worker's: they count toward
   its breaker at once, and the request goes to another worker within the retry budget.
-* A 429 is load, never a failure (``cortex.gateway.metrics_observer``).
+* A 429 is load, never a failure (``cortex.metrics.route_metrics``).
 * Any other 5xx head (``may_be_the_requests``; a 500 above all) may be the request's own. Its
   worker becomes a *suspect*, not counted yet, and the request goes to another worker:
 

@@ -36,8 +36,8 @@ from typing import Any
 import msgspec
 
 from cortex.errors import BadRequest
-from cortex.profile.chat_template import ChatTemplates
-from cortex.profile.request_text import (
+from cortex.prompt.chat_template import ChatTemplates
+from cortex.prompt.request_text import (
     RequestPrompt,
     chat_prompt,
     completions_prompt,

@@ -1,7 +1,7 @@
 """What the request path reports as it goes: decisions, timings, failures, ledger accuracy.
 
 ``RouteObserver`` is the no-op base the gateway calls; the app passes a subclass that feeds
-Prometheus (``cortex.metrics``) and tests pass one that records. Keeping the hooks here keeps
+Prometheus (``cortex.metrics.cortex_metrics``) and tests pass one that records. Keeping the hooks here keeps
 the gateway free of any metrics library.
 """
 
@@ -19,7 +19,7 @@ class RouteObserver:
 
     def unrenderable(self, model: str, reason: str) -> None:
         """A request Cortex cannot render exactly as the engine will (``reason``: one of
-        ``cortex.profile.unrenderable.REASONS``) was routed on load only."""
+        ``cortex.prompt.unrenderable.REASONS``) was routed on load only."""
 
     def prompt_too_long(self, model: str, chars: int) -> None:
         """A prompt longer than the model's ``max_prompt_chars`` was routed on load only,

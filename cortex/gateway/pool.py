@@ -47,13 +47,13 @@ from typing import Any, Literal
 
 import msgspec
 
-from cortex.events.model import EngineFamily
 from cortex.gateway.worker_report import WorkerReport
 from cortex.ledger.book import LedgerBook
+from cortex.ledger.kv_events import EngineFamily
 from cortex.ledger.state import TargetState
 from cortex.profile.profile_set import ProfileSet
 from cortex.profile.request_keys import request_block_keys, reusable_tokens
-from cortex.profile.request_text import RequestPrompt
+from cortex.prompt.request_text import RequestPrompt
 from cortex.scheduling import (
     BoundedLoad,
     CostConfig,

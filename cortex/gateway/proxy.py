@@ -91,10 +91,10 @@ from cortex.gateway.tokenizer_endpoints import TokenizerEndpoints
 from cortex.logs import request_started
 from cortex.pd.orchestrate import PdOrchestrator
 from cortex.pd.plan import PdSettings
-from cortex.profile.segment_cache import Lookup
 from cortex.profile.trio_tokenize import encode_offloaded
-from cortex.profile.unrenderable import Unrenderable
+from cortex.prompt.unrenderable import Unrenderable
 from cortex.scheduling import Role
+from cortex.tokenize.segment_cache import Lookup
 from cortex.upstream.connection import NOT_READY
 from cortex.upstream.errors import UpstreamBroken
 from cortex.upstream.pool import UpstreamPool

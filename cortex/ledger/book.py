@@ -51,7 +51,7 @@ from cortex._fast.blockkeys import namespace_seed
 from cortex._fast.ledger import ALL_MEDIA, GPU_ONLY, BlockTree
 from cortex._fast.page_fold import PageFold
 from cortex.errors import ConfigError, CortexError
-from cortex.events.model import (
+from cortex.ledger.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

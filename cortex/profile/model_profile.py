@@ -53,17 +53,17 @@ from tokenizers import Tokenizer
 
 from cortex.errors import CortexError
 from cortex.profile.builtin import builtin_files
-from cortex.profile.chat_template import ChatTemplate, ChatTemplates
-from cortex.profile.exact_bpe import ExactBpe
 from cortex.profile.hf_settings import (
     HfSettings,
     named_templates,
     pick_template,
     read_hf_settings,
 )
-from cortex.profile.line_cuts import LineCutter
-from cortex.profile.segment_cache import RECENT_BYTES, SegmentCachedTokenizer
-from cortex.profile.segments import Segmenter
+from cortex.prompt.chat_template import ChatTemplate, ChatTemplates
+from cortex.tokenize.exact_bpe import ExactBpe
+from cortex.tokenize.line_cuts import LineCutter
+from cortex.tokenize.segment_cache import RECENT_BYTES, SegmentCachedTokenizer
+from cortex.tokenize.segments import Segmenter
 
 MAX_BLOCK_SIZE = 1 << 16
 TOKENIZER_FILE = "tokenizer.json"

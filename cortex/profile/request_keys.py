@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 from cortex._fast.blockkeys import block_keys, namespace_seed
 from cortex.profile.model_profile import ModelProfile
-from cortex.profile.request_text import RequestPrompt
-from cortex.profile.segment_cache import SegmentCachedTokenizer
+from cortex.prompt.request_text import RequestPrompt
+from cortex.tokenize.segment_cache import SegmentCachedTokenizer
 
 _SEED_CACHE_LIMIT = 4096
 _seeds: dict[tuple[str, str | None, str | None], int] = {}

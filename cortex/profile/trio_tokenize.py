@@ -38,7 +38,7 @@ from collections.abc import Mapping
 import trio
 
 from cortex.profile.model_profile import ModelProfile
-from cortex.profile.segment_cache import Lookup, SegmentCachedTokenizer
+from cortex.tokenize.segment_cache import Lookup, SegmentCachedTokenizer
 
 __all__ = ["Lookup", "encode_array", "encode_offloaded", "upgrade_bpes"]
 

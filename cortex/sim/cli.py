@@ -63,7 +63,7 @@ import zmq
 
 from cortex.config.tree import ModelConfig
 from cortex.errors import ConfigError
-from cortex.events.model import EngineFamily
+from cortex.ledger.kv_events import EngineFamily
 from cortex.profile import builtin
 from cortex.profile.model_profile import ProfileError
 from cortex.sim.batching.factory import DEFAULT_STEP_PROFILE

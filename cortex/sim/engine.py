@@ -72,9 +72,9 @@ from contextlib import asynccontextmanager
 import trio
 
 from cortex.errors import BadRequest, ConfigError
-from cortex.events.model import EngineFamily
 from cortex.front.limits import ServerLimits
 from cortex.host_literal import host_port
+from cortex.ledger.kv_events import EngineFamily
 from cortex.profile.model_profile import ModelProfile
 from cortex.sim.batching.core import SimRequest
 from cortex.sim.batching.factory import BatchingSettings, RankModels, rank_models

@@ -50,7 +50,7 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any
 
-from cortex.events.model import EngineFamily
+from cortex.ledger.kv_events import EngineFamily
 
 MESSAGES_PATHS = frozenset({b"/v1/messages", b"/v1/messages/count_tokens"})
 RESPONSES_PATH = b"/v1/responses"

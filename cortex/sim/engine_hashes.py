@@ -34,7 +34,7 @@ SGLang (0.5.6 and later), page *i* along a radix path::
   SGLang's ``extra_key`` ends with an internal LoRA id; the simulator uses the LoRA name.
 
 Chain hashers (``VllmChainHasher``, ``SglangChainHasher``) return, per full block, a
-``BlockHash``: the event value normalised to ``[0, 2**64)`` (as ``cortex.events.model`` wants)
+``BlockHash``: the event value normalised to ``[0, 2**64)`` (as ``cortex.ledger.kv_events`` wants)
 and, for vLLM, the raw digest (what the engine publishes with
 ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``). A trailing partial block is never hashed.
 """
@@ -51,7 +51,7 @@ from typing import Literal, NamedTuple
 
 import xxhash
 
-from cortex.events.model import EngineFamily
+from cortex.ledger.kv_events import EngineFamily
 
 U64_MASK = (1 << 64) - 1
 U32_LIMIT = 1 << 32

@@ -20,7 +20,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cortex.events.model import EngineFamily
+from cortex.ledger.kv_events import EngineFamily
 from cortex.sim.generation import RankCounters, TokenStream
 from cortex.sim.http_faults import SimFaults
 from cortex.sim.kv_engine import SimKVEngine

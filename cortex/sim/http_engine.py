@@ -72,10 +72,10 @@ import msgspec
 import trio
 
 from cortex.errors import BadRequest, CortexError, NotFound
-from cortex.events.model import EngineFamily
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
-from cortex.profile.chat_template import TemplateError
-from cortex.profile.request_text import split_model_name
+from cortex.ledger.kv_events import EngineFamily
+from cortex.prompt.chat_template import TemplateError
+from cortex.prompt.request_text import split_model_name
 from cortex.sim import api_bodies, bodies, engine_errors, pd, request_fields, tokenizer_api
 from cortex.sim.engine_view import SimEngineView
 from cortex.sim.generation import TokenStream

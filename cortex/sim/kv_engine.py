@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import trio
 import zmq
 
-from cortex.events.model import BlockRemoved, BlockStored, EngineFamily, Event
+from cortex.ledger.kv_events import BlockRemoved, BlockStored, EngineFamily, Event
 from cortex.sim.batching.core import BatchingEngine
 from cortex.sim.engine_hashes import (
     ChainHasher,

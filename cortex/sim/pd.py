@@ -62,7 +62,7 @@ from typing import Any
 import trio
 
 from cortex.errors import BadRequest, ConfigError
-from cortex.events.model import EngineFamily
+from cortex.ledger.kv_events import EngineFamily
 from cortex.sim.engine_view import PdLeg, SimEngineView
 from cortex.sim.generation import Generation, TokenStream
 from cortex.sim.pd_transfer import KvTransferFailed, Offer, OfferTable, fetch, serve_offers

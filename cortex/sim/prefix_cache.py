@@ -50,7 +50,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from cortex.events.model import AllBlocksCleared, Event
+from cortex.ledger.kv_events import AllBlocksCleared, Event
 from cortex.sim.engine_hashes import BlockHash, ChainHasher, VllmChainHasher
 from cortex.sim.sglang_events import pages_removed, pages_stored
 from cortex.sim.vllm_events import note_digests, vllm_block_removed, vllm_block_stored

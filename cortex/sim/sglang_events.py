@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from cortex.ledger.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 
 SGLANG_MEDIUM = "GPU"
 

@@ -46,17 +46,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from cortex.errors import BadRequest
-from cortex.events.model import EngineFamily
-from cortex.profile import anthropic_messages, responses_input
-from cortex.profile.chat_messages import (
+from cortex.ledger.kv_events import EngineFamily
+from cortex.profile.model_profile import ModelProfile
+from cortex.prompt import anthropic_messages, responses_input
+from cortex.prompt.chat_messages import (
     TEXT_PART_TYPES,
     developer_as_system,
     engine_messages,
     engine_tools,
 )
-from cortex.profile.model_profile import ModelProfile
-from cortex.profile.sglang_chat import sglang_conversation
-from cortex.profile.unrenderable import Unrenderable
+from cortex.prompt.sglang_chat import sglang_conversation
+from cortex.prompt.unrenderable import Unrenderable
 
 MEDIA_PLACEHOLDER = "<media>"
 MEMO_ENTRIES = 256

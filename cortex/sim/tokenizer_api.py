@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from cortex.errors import BadRequest
-from cortex.events.model import EngineFamily
+from cortex.ledger.kv_events import EngineFamily
 from cortex.sim.engine_view import SimEngineView
 from cortex.sim.request_fields import flag
 from cortex.sim.tokenize import SimTokenizer

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from cortex.events.model import BlockRemoved, BlockStored
+from cortex.ledger.kv_events import BlockRemoved, BlockStored
 from cortex.sim.engine_hashes import BlockHash
 
 MEDIUM = "GPU"

@@ -21,7 +21,7 @@ Encoding rules that hold for every profile:
 * Map-era events start with ``"type": <tag>`` and omit fields that have a default and equal it
   (None); fields without a default are always present, possibly nil. Array-era events are
   ``[tag, every field in declaration order]``, never truncated.
-* Model hashes are normalised u64 (``cortex.events.model``): SGLang publishes them as signed
+* Model hashes are normalised u64 (``cortex.ledger.kv_events``): SGLang publishes them as signed
   int64, vLLM as unsigned, or as the raw digests (``bin``) when ``hash_digests`` is given
   (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``).
 * vLLM's published ``extra_keys`` hold one entry per block: ``[lora_name?, cache_salt?]`` or nil;
@@ -37,7 +37,7 @@ from typing import Literal
 
 import msgspec
 
-from cortex.events.model import (
+from cortex.ledger.kv_events import (
     REPLAY_END_SEQ,
     AllBlocksCleared,
     BlockRemoved,

@@ -13,7 +13,7 @@ from cortex.control.auth import BearerAuth
 from cortex.control.readiness import Readiness
 from cortex.errors import ConfigError, NotFound
 from cortex.ledger.state import TargetState
-from cortex.metrics import CortexMetrics, LedgerFigures, TargetFigures
+from cortex.metrics.cortex_metrics import CortexMetrics, LedgerFigures, TargetFigures
 from cortex.workers.spec import WorkerSpec
 
 TOKEN = "tok-0123456789abcdef"

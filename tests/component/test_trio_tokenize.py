@@ -6,13 +6,13 @@ from __future__ import annotations
 import trio
 
 from cortex.profile import trio_tokenize
-from cortex.profile.segment_cache import (
+from cortex.tokenize.segment_cache import (
     ENTRY_OVERHEAD_BYTES,
     NON_ASCII_CHAR_COST,
     OFFLOAD_MIN_CHARS,
     SegmentCachedTokenizer,
 )
-from cortex.profile.segments import Segmenter
+from cortex.tokenize.segments import Segmenter
 from tests import deepseek_profile as ds
 
 TOK = ds.tokenizer()

@@ -28,10 +28,10 @@ from cortex.errors import DecodeError
 from cortex.events.counters import IngestCounters
 from cortex.events.decoder import decode_payload
 from cortex.events.frames import parse_live_frames
-from cortex.events.model import EngineFamily
 from cortex.events.source import EventSource
 from cortex.events.subscriber import run_source
 from cortex.ledger.book import LedgerBook
+from cortex.ledger.kv_events import EngineFamily
 from tests.property.test_decoder_fuzz import LIVE, PAYLOADS, mutated, mutated_frames, near_valid
 
 TOPIC = b"kv"

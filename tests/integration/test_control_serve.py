@@ -18,7 +18,7 @@ from cortex.control.serve import serve_control
 from cortex.errors import ConfigError, NotFound
 from cortex.events.counters import IngestCounters
 from cortex.ledger.state import TargetState
-from cortex.metrics import CortexMetrics
+from cortex.metrics.cortex_metrics import CortexMetrics
 from cortex.scheduling.view import WorkerView
 from cortex.workers.spec import WorkerSpec
 

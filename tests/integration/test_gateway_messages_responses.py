@@ -26,7 +26,7 @@ import pytest
 import trio
 
 from cortex.pd.plan import PdSettings
-from cortex.profile.request_text import messages_prompt, responses_prompt
+from cortex.prompt.request_text import messages_prompt, responses_prompt
 from cortex.sim.pd import PdSimSettings
 from tests.gateway_cluster import MODEL, SYSTEM_TEXT, gateway_cluster, model_profile
 

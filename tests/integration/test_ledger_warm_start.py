@@ -21,7 +21,7 @@ from cortex.control.auth import BearerAuth
 from cortex.control.serve import serve_control
 from cortex.ledger.snapshot import decode
 from cortex.ledger.state import TargetState
-from cortex.metrics import CortexMetrics
+from cortex.metrics.cortex_metrics import CortexMetrics
 from cortex.sim.engine import SimEngine
 from cortex.sim.kv_engine import SimEndpointConfig
 from tests.front_http_client import RawClient

@@ -7,8 +7,8 @@ import trio
 import zmq
 
 from cortex.events import zmq_trio
-from cortex.events.model import ReplayItem
 from cortex.events.replay import ReplayOutcome, fetch_replay
+from cortex.ledger.kv_events import ReplayItem
 from tests.kv_test_publisher import ReplayMode, running_publisher
 
 TIMEOUT_S = 0.3

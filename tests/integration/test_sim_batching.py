@@ -24,7 +24,7 @@ from cortex.errors import ConfigError
 from cortex.events import zmq_trio
 from cortex.events.decoder import decode_payload
 from cortex.events.frames import parse_live_frames
-from cortex.events.model import BlockStored, EngineFamily
+from cortex.ledger.kv_events import BlockStored, EngineFamily
 from cortex.sim.batching.factory import BatchingSettings
 from cortex.sim.engine import SimEngine
 from cortex.sim.step_time import StepProfile

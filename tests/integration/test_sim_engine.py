@@ -22,7 +22,7 @@ import zmq
 from cortex.events import zmq_trio
 from cortex.events.decoder import decode_payload
 from cortex.events.frames import parse_live_frames
-from cortex.events.model import BlockStored, EngineFamily
+from cortex.ledger.kv_events import BlockStored, EngineFamily
 from cortex.sim.engine import SimEngine
 from cortex.sim.serving import TimingConfig
 from tests import deepseek_profile as ds

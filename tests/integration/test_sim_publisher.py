@@ -22,7 +22,7 @@ import zmq
 from cortex.events import zmq_trio
 from cortex.events.decoder import decode_payload
 from cortex.events.frames import encode_replay_request, parse_live_frames, parse_replay_reply
-from cortex.events.model import (
+from cortex.ledger.kv_events import (
     AllBlocksCleared,
     BlockStored,
     EventBatch,

@@ -15,7 +15,7 @@ from cortex.errors import DecodeError
 from cortex.events.decoder import decode_payload
 from cortex.events.decoder_generic import decode_generic
 from cortex.events.frames import parse_live_frames, parse_replay_reply
-from cortex.events.model import EngineFamily, EventBatch, LiveMessage, ReplayEnd, ReplayItem
+from cortex.ledger.kv_events import EngineFamily, EventBatch, LiveMessage, ReplayEnd, ReplayItem
 from tests.conftest import shared_dir
 from tests.unit.test_decoder_invariants import assert_model_invariants
 

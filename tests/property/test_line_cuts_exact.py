@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortex.profile.line_cuts import CUT, LineCutter
-from cortex.profile.segment_cache import SegmentCachedTokenizer
-from cortex.profile.segments import Segmenter
+from cortex.tokenize.line_cuts import CUT, LineCutter
+from cortex.tokenize.segment_cache import SegmentCachedTokenizer
+from cortex.tokenize.segments import Segmenter
 from tests import deepseek_profile as ds
 from tests import qwen_profile as qw
 

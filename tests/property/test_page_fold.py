@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortex._fast.page_fold import PageFold
-from cortex.events.model import EngineFamily, EventBatch
 from cortex.ledger.book import LedgerBook
+from cortex.ledger.kv_events import EngineFamily, EventBatch
 from cortex.ledger.page_fold import PageFoldReference
 from cortex.ledger.state import TargetState
 from cortex.profile.request_keys import request_block_keys
@@ -128,7 +128,7 @@ def test_vllm_stores_of_one_token_blocks_are_never_folded():
     book.fold_pages(MODEL, 4)
     vllm = book.register("v", 0, EngineFamily.VLLM, MODEL)
     sglang = book.register("s", 0, EngineFamily.SGLANG, MODEL)
-    from cortex.events.model import BlockStored
+    from cortex.ledger.kv_events import BlockStored
 
     for target in (vllm, sglang):
         book.apply(target, EventBatch(0.0, (BlockStored([11, 12, 13, 14], None, [1, 2, 3, 4], 1),),

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from cortex._fast.piece_cache import REUSE_MIN_CHARS, common_prefix
-from cortex.profile.segment_cache import SegmentCachedTokenizer
-from cortex.profile.segments import Segmenter
+from cortex.tokenize.segment_cache import SegmentCachedTokenizer
+from cortex.tokenize.segments import Segmenter
 from tests import deepseek_profile as ds
 from tests import qwen_profile as qw
 from tests.tokenize_helpers import colliding_tokenizer, encode_now_ids

@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortex.profile.builtin import DEEPSEEK_CHAT_TEMPLATE
-from cortex.profile.chat_messages import engine_messages, engine_tools
-from cortex.profile.chat_template import ChatTemplate, ChatTemplates
-from cortex.profile.request_text import chat_prompt
-from cortex.profile.sglang_chat import sglang_conversation, sglang_messages, sglang_tools
-from cortex.profile.unrenderable import Unrenderable
+from cortex.prompt.chat_messages import engine_messages, engine_tools
+from cortex.prompt.chat_template import ChatTemplate, ChatTemplates
+from cortex.prompt.request_text import chat_prompt
+from cortex.prompt.sglang_chat import sglang_conversation, sglang_messages, sglang_tools
+from cortex.prompt.unrenderable import Unrenderable
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = {"bos_token": "<B>", "eos_token": "<E>"}

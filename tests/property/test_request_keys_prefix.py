@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortex.profile.request_keys import prompt_block_keys, prompt_token_ids
-from cortex.profile.request_text import chat_prompt
-from cortex.profile.segment_cache import SegmentCachedTokenizer
-from cortex.profile.segments import Segmenter
+from cortex.prompt.request_text import chat_prompt
+from cortex.tokenize.segment_cache import SegmentCachedTokenizer
+from cortex.tokenize.segments import Segmenter
 from tests import deepseek_profile as ds
 
 _TEMPLATES = ds.chat_templates()

@@ -15,9 +15,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortex.profile.line_cuts import LineCutter
-from cortex.profile.segment_cache import SegmentCachedTokenizer
-from cortex.profile.segments import Segmenter, added_tokens_from_json
+from cortex.tokenize.line_cuts import LineCutter
+from cortex.tokenize.segment_cache import SegmentCachedTokenizer
+from cortex.tokenize.segments import Segmenter, added_tokens_from_json
 from tests import deepseek_profile as ds
 from tests.tokenize_helpers import encode_now_ids
 

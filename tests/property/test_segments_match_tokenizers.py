@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortex.profile import segments
-from cortex.profile.segment_cache import SegmentCachedTokenizer
-from cortex.profile.segments import Segmenter, _longest_first_pattern, _Pass
+from cortex.tokenize import segments
+from cortex.tokenize.segment_cache import SegmentCachedTokenizer
+from cortex.tokenize.segments import Segmenter, _longest_first_pattern, _Pass
 from tests.tokenize_helpers import colliding_tokenizer
 
 RAW = ["<a>", "<a>b", "bc", "a>b>", "|", "<<"]

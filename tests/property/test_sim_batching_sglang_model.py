@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortex.events.model import AllBlocksCleared, BlockRemoved, Event
+from cortex.ledger.kv_events import AllBlocksCleared, BlockRemoved, Event
 from cortex.sim.batching.core import SimRequest, TruthEntry
 from cortex.sim.batching.sglang import SglangBatchingConfig, SglangBatchingEngine
 from cortex.sim.engine_hashes import SglangChainHasher

@@ -15,7 +15,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortex.events.model import BlockRemoved, EngineFamily
+from cortex.ledger.kv_events import BlockRemoved, EngineFamily
 from cortex.sim.batching.core import SimRequest, StepOutcome
 from cortex.sim.batching.vllm import VllmBatchingEngine, VllmSchedulerConfig
 from cortex.sim.engine_hashes import VllmChainHasher, make_chain_hasher

@@ -28,8 +28,8 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cortex.events.model import EngineFamily
 from cortex.front.messages import HttpRequest, HttpResponse
+from cortex.ledger.kv_events import EngineFamily
 from cortex.sim.engine import SimEngine
 from cortex.sim.serving import TimingConfig
 from tests.sim_engine_profile import deepseek

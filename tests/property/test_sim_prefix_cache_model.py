@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortex.events.model import BlockRemoved, BlockStored, EngineFamily
+from cortex.ledger.kv_events import BlockRemoved, BlockStored, EngineFamily
 from cortex.sim.engine_hashes import VllmChainHasher, make_chain_hasher
 from cortex.sim.prefix_cache import FreeOrder, SglangPrefixCache, TruthEntry, VllmPrefixCache
 from tests.kv_event_replay import EventModel

@@ -14,7 +14,6 @@ from collections import deque
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from cortex.events.sequencer import payload_digest
 from cortex.events.sync import TargetSync
 from cortex.events.sync_actions import (
@@ -24,6 +23,7 @@ from cortex.events.sync_actions import (
     SequencedBatch,
     SetState,
 )
+from cortex.ledger.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from cortex.ledger.state import TargetState
 
 OPS = st.one_of(

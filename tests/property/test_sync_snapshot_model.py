@@ -16,9 +16,9 @@ from collections import deque
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cortex.events.model import BlockRemoved, BlockStored
 from cortex.events.sync import TargetSync
 from cortex.events.sync_actions import ApplyBatch, DropEntries, RequestReplay, SetState
+from cortex.ledger.kv_events import BlockRemoved, BlockStored
 from cortex.ledger.state import TargetState
 from tests.property.test_sync_model import OPS, Publisher
 

@@ -143,7 +143,7 @@ def long_lines(seed: int, count: int) -> str:
 
 
 async def test_a_long_message_that_grows_is_tokenized_as_vllm(fresh):
-    # long pieces are cached as chunks cut at line starts (cortex.profile.line_cuts): the
+    # long pieces are cached as chunks cut at line starts (cortex.tokenize.line_cuts): the
     # second turn's message extends the first's, so its earlier chunks come from the cache
     name, servers, model_dir = fresh
     base = long_lines(1, 1500)

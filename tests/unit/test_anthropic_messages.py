@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from cortex.profile.anthropic_messages import chat_body, disabled_effort, merges_inline_system
-from cortex.profile.chat_template import ChatTemplate, ChatTemplates
-from cortex.profile.request_text import messages_prompt
-from cortex.profile.unrenderable import Unrenderable
+from cortex.prompt.anthropic_messages import chat_body, disabled_effort, merges_inline_system
+from cortex.prompt.chat_template import ChatTemplate, ChatTemplates
+from cortex.prompt.request_text import messages_prompt
+from cortex.prompt.unrenderable import Unrenderable
 from tests import deepseek_profile as ds
 
 U, A = "<｜User｜>", "<｜Assistant｜>"

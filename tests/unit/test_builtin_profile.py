@@ -11,8 +11,8 @@ import pytest
 from cortex.config import add_config_arguments, file_checks, load_config
 from cortex.errors import ConfigError
 from cortex.profile import builtin
-from cortex.profile.chat_template import ChatTemplate
 from cortex.profile.model_profile import ProfileError, ProfileSpec, load_profile
+from cortex.prompt.chat_template import ChatTemplate
 from tests import deepseek_profile as ds
 
 REPO = Path(__file__).resolve().parents[2]

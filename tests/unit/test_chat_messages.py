@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cortex.errors import BadRequest
-from cortex.profile.chat_messages import (
+from cortex.prompt.chat_messages import (
     MEDIA_SENTINEL,
     developer_as_system,
     engine_messages,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cortex.errors import BadRequest
-from cortex.profile.chat_template import ChatTemplate, ChatTemplates, TemplateError
+from cortex.prompt.chat_template import ChatTemplate, ChatTemplates, TemplateError
 
 
 def test_standard_variables_and_kwargs():

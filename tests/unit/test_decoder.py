@@ -12,7 +12,7 @@ from cortex.events.decoder import decode_payload
 from cortex.events.decoder_generic import decode_generic
 from cortex.events.decoder_typed import decode_typed
 from cortex.events.frames import encode_replay_request, parse_live_frames, parse_replay_reply
-from cortex.events.model import (
+from cortex.ledger.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

@@ -11,7 +11,7 @@ from array import array
 
 import pytest
 
-from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from cortex.ledger.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 U64 = 1 << 64
 U32 = 1 << 32

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from cortex.profile.exact_bpe import FASTOKENS, TOKENIZERS, ExactBpe, check_corpus, start_check
 from cortex.profile.model_profile import ProfileSpec, load_profile
+from cortex.tokenize.exact_bpe import FASTOKENS, TOKENIZERS, ExactBpe, check_corpus, start_check
 from tests import deepseek_profile as ds
 
 

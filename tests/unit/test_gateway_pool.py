@@ -8,13 +8,13 @@ import random
 import pytest
 
 from cortex.errors import NoWorkerAvailable
-from cortex.events.model import BlockStored, EngineFamily, EventBatch
 from cortex.gateway.pool import ModelPool, WorkerFigures
 from cortex.gateway.worker_report import WorkerReport
 from cortex.ledger.book import LedgerBook
+from cortex.ledger.kv_events import BlockStored, EngineFamily, EventBatch
 from cortex.ledger.state import TargetState
 from cortex.profile.profile_set import ProfileSet
-from cortex.profile.request_text import RequestPrompt
+from cortex.prompt.request_text import RequestPrompt
 from cortex.scheduling import Decision, Mode
 from cortex.scheduling.cost import CostConfig
 from cortex.workers.spec import WorkerSpec

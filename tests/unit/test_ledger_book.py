@@ -9,7 +9,8 @@ import pytest
 from cortex._fast.blockkeys import block_keys, namespace_seed
 from cortex.errors import CortexError
 from cortex.events.decoder import decode_payload
-from cortex.events.model import (
+from cortex.ledger import ALL_MEDIA, ApplyResult, LedgerBook, TargetInfo, TargetState
+from cortex.ledger.kv_events import (
     U64_MASK,
     AllBlocksCleared,
     BlockRemoved,
@@ -17,7 +18,6 @@ from cortex.events.model import (
     EngineFamily,
     EventBatch,
 )
-from cortex.ledger import ALL_MEDIA, ApplyResult, LedgerBook, TargetInfo, TargetState
 
 VLLM, SGLANG = EngineFamily.VLLM, EngineFamily.SGLANG
 MODEL = "m"

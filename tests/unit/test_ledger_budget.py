@@ -10,8 +10,8 @@ import pytest
 from cortex._fast.blockkeys import block_keys, namespace_seed
 from cortex._fast.ledger import ALL_MEDIA, BlockTree
 from cortex.errors import ConfigError
-from cortex.events.model import BlockRemoved, BlockStored, EngineFamily, EventBatch
 from cortex.ledger import LedgerBook, LedgerSettings
+from cortex.ledger.kv_events import BlockRemoved, BlockStored, EngineFamily, EventBatch
 
 SEED = namespace_seed("m")
 BLOCK = 2

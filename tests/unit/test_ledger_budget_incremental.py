@@ -8,8 +8,8 @@ import random
 
 from cortex._fast.blockkeys import block_keys, namespace_seed
 from cortex._fast.ledger import BlockTree
-from cortex.events.model import BlockStored, EngineFamily, EventBatch
 from cortex.ledger import LedgerBook
+from cortex.ledger.kv_events import BlockStored, EngineFamily, EventBatch
 
 BLOCK = 4
 SEED = namespace_seed("m")

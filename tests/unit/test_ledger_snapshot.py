@@ -8,8 +8,8 @@ import random
 import msgspec
 import pytest
 
-from cortex.events.model import BlockRemoved, BlockStored, EngineFamily, EventBatch
 from cortex.ledger import ALL_MEDIA, GPU_ONLY, LedgerBook, TargetState
+from cortex.ledger.kv_events import BlockRemoved, BlockStored, EngineFamily, EventBatch
 from cortex.ledger.snapshot import (
     ExportedTarget,
     SnapshotError,

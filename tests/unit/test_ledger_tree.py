@@ -8,7 +8,7 @@ import pytest
 
 from cortex._fast.blockkeys import block_keys, namespace_seed, opaque_key
 from cortex._fast.ledger import ALL_MEDIA, GPU_ONLY, BlockTree
-from cortex.events.model import Medium
+from cortex.ledger.kv_events import Medium
 
 SEED = namespace_seed("model")
 A = [1, 2, 3, 4, 5, 6, 7, 8]  # two blocks of 4

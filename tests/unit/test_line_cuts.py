@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from cortex.profile.line_cuts import CHUNK_CHARS, LineCutter
 from cortex.profile.model_profile import ProfileSpec, load_profile
-from cortex.profile.segment_cache import SegmentCachedTokenizer
-from cortex.profile.segments import Segmenter
+from cortex.tokenize.line_cuts import CHUNK_CHARS, LineCutter
+from cortex.tokenize.segment_cache import SegmentCachedTokenizer
+from cortex.tokenize.segments import Segmenter
 from tests import deepseek_profile as ds
 from tests import qwen_profile as qw
 

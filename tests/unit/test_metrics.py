@@ -10,17 +10,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cortex.events.counters import IngestCounters
-from cortex.events.model import BlockStored, EngineFamily, EventBatch
 from cortex.ledger.book import LedgerBook
+from cortex.ledger.kv_events import BlockStored, EngineFamily, EventBatch
 from cortex.ledger.state import TargetState
-from cortex.metrics import (
+from cortex.metrics.cortex_metrics import (
     PHASES,
     REASONS,
     CortexMetrics,
     ledger_figures,
     reason_code,
 )
-from cortex.metrics_sources import INGEST_HELP
+from cortex.metrics.sources import INGEST_HELP
 from cortex.scheduling.consistent_hash import ConsistentHash
 from cortex.scheduling.decision import Decision, Mode
 from cortex.scheduling.exact_kv import ExactKv, exact_verdict
@@ -314,7 +314,7 @@ def test_probe_and_pool_figures_per_worker():
 
 
 def test_every_monitor_and_pool_figure_is_exported():
-    from cortex.metrics_sources import _POOL_FIGURES, _PROBE_COUNTERS
+    from cortex.metrics.sources import _POOL_FIGURES, _PROBE_COUNTERS
 
     assert {attr for attr, *_ in _PROBE_COUNTERS} == {f.name for f in fields(WorkerCounters)}
     assert {attr for attr, *_ in _POOL_FIGURES} == {f.name for f in fields(PoolStats)}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from cortex.metrics import CortexMetrics
-from cortex.metrics_merge import labelled, merge_expositions
+from cortex.metrics.cortex_metrics import CortexMetrics
+from cortex.metrics.merge import labelled, merge_expositions
 
 A = b"""# HELP cortex_requests_total Requests
 # TYPE cortex_requests_total counter

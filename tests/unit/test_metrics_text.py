@@ -7,8 +7,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cortex.events.counters import IngestCounters
-from cortex.metrics import CortexMetrics
-from cortex.metrics_text import CounterFamily, GaugeFamily, HistogramFamily, TextWriter
+from cortex.metrics.cortex_metrics import CortexMetrics
+from cortex.metrics.text import CounterFamily, GaugeFamily, HistogramFamily, TextWriter
 from cortex.scheduling.view import WorkerView
 
 

@@ -8,9 +8,9 @@ import jinja2.ext
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from cortex.profile.chat_messages import engine_messages
-from cortex.profile.chat_template import ChatTemplate
-from cortex.profile.render_cache import Locality, RenderCache, locality
+from cortex.prompt.chat_messages import engine_messages
+from cortex.prompt.chat_template import ChatTemplate
+from cortex.prompt.render_cache import Locality, RenderCache, locality
 
 
 def _shape(source: str) -> Locality | str:

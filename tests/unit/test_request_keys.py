@@ -5,11 +5,11 @@ from __future__ import annotations
 from array import array
 
 from cortex._fast.blockkeys import block_keys, namespace_seed
-from cortex.events.model import BlockStored, EngineFamily, EventBatch
 from cortex.ledger import LedgerBook
+from cortex.ledger.kv_events import BlockStored, EngineFamily, EventBatch
 from cortex.profile.model_profile import ProfileSpec, load_profile
 from cortex.profile.request_keys import prompt_block_keys, prompt_token_ids, request_block_keys
-from cortex.profile.request_text import completions_prompt, generate_prompt
+from cortex.prompt.request_text import completions_prompt, generate_prompt
 from tests import deepseek_profile as ds
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cortex.errors import BadRequest
-from cortex.profile.chat_template import ChatTemplate, ChatTemplates
-from cortex.profile.request_text import (
+from cortex.prompt.chat_template import ChatTemplate, ChatTemplates
+from cortex.prompt.request_text import (
     chat_prompt,
     completions_prompt,
     generate_prompt,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from cortex.profile.request_text import responses_prompt
-from cortex.profile.responses_input import chat_body
-from cortex.profile.unrenderable import Unrenderable
+from cortex.prompt.request_text import responses_prompt
+from cortex.prompt.responses_input import chat_body
+from cortex.prompt.unrenderable import Unrenderable
 from tests import deepseek_profile as ds
 
 U, A = "<｜User｜>", "<｜Assistant｜>"

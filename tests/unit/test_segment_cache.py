@@ -6,8 +6,8 @@ from array import array
 
 import pytest
 
-from cortex.profile.segment_cache import ENTRY_OVERHEAD_BYTES, SegmentCachedTokenizer
-from cortex.profile.segments import Segmenter
+from cortex.tokenize.segment_cache import ENTRY_OVERHEAD_BYTES, SegmentCachedTokenizer
+from cortex.tokenize.segments import Segmenter
 from tests import deepseek_profile as ds
 
 TOK = ds.tokenizer()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
-from cortex.profile.segment_cache import SegmentCachedTokenizer
-from cortex.profile.segments import Segmenter
+from cortex.tokenize.segment_cache import SegmentCachedTokenizer
+from cortex.tokenize.segments import Segmenter
 from tests import deepseek_profile as ds
 
 

@@ -1,4 +1,4 @@
-"""SGLang's chat rendering as Cortex reproduces it (``cortex.profile.sglang_chat``): the facts
+"""SGLang's chat rendering as Cortex reproduces it (``cortex.prompt.sglang_chat``): the facts
 the real-SGLang test (tests/real_engine/test_sglang.py) established, checked without the engine."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from cortex.profile.chat_template import ChatTemplate, ChatTemplates
-from cortex.profile.request_text import chat_prompt
-from cortex.profile.sglang_chat import sglang_conversation
-from cortex.profile.unrenderable import Unrenderable
+from cortex.prompt.chat_template import ChatTemplate, ChatTemplates
+from cortex.prompt.request_text import chat_prompt
+from cortex.prompt.sglang_chat import sglang_conversation
+from cortex.prompt.unrenderable import Unrenderable
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = ChatTemplate((ROOT / "engines/templates/qwen2.5.jinja").read_text(),

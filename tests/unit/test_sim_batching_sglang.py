@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cortex.errors import ConfigError
-from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from cortex.ledger.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from cortex.sim.batching.core import BatchingEngine, SimRequest, StepOutcome, TruthEntry
 from cortex.sim.batching.sglang import (
     SglangBatchingConfig,

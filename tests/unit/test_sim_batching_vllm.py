@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cortex.errors import ConfigError
-from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EngineFamily
+from cortex.ledger.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EngineFamily
 from cortex.sim.batching.core import BatchingEngine, SimRequest, StepOutcome
 from cortex.sim.batching.vllm import VllmBatchingEngine, VllmSchedulerConfig
 from cortex.sim.engine_hashes import VllmChainHasher, make_chain_hasher

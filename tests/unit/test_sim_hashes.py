@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from cortex.events.model import EngineFamily
+from cortex.ledger.kv_events import EngineFamily
 from cortex.sim.engine_hashes import (
     BlockHash,
     LoraAdapter,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EngineFamily
+from cortex.ledger.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EngineFamily
 from cortex.sim.engine_hashes import SglangChainHasher, VllmChainHasher, make_chain_hasher
 from cortex.sim.prefix_cache import FreeOrder, SglangPrefixCache, VllmPrefixCache
 

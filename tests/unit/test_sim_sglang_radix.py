@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cortex.events.model import BlockRemoved, BlockStored
+from cortex.ledger.kv_events import BlockRemoved, BlockStored
 from cortex.sim.batching.sglang_radix import SglangRadixTree
 from cortex.sim.engine_hashes import SglangChainHasher
 from cortex.sim.sglang_events import SglangEventQueue

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from cortex.errors import BadRequest
 from cortex.profile.request_keys import prompt_token_ids
-from cortex.profile.request_text import chat_prompt, completions_prompt, generate_prompt
+from cortex.prompt.request_text import chat_prompt, completions_prompt, generate_prompt
 from cortex.sim.tokenize import MEDIA_PLACEHOLDER, SimTokenizer
 from tests import deepseek_profile as ds
 from tests.sim_engine_profile import SYSTEM, deepseek

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from cortex.events.model import (
+from cortex.ledger.kv_events import (
     REPLAY_END_SEQ,
     AllBlocksCleared,
     BlockRemoved,

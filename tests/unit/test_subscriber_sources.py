@@ -6,7 +6,6 @@ import pytest
 
 from cortex.errors import ConfigError
 from cortex.events.counters import IngestCounters
-from cortex.events.model import EngineFamily
 from cortex.events.source import (
     EventSource,
     IngestSettings,
@@ -14,6 +13,7 @@ from cortex.events.source import (
     tcp_endpoint,
     worker_sources,
 )
+from cortex.ledger.kv_events import EngineFamily
 
 
 def test_ranks_get_base_port_plus_rank_for_events_and_replay():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from cortex.events.model import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from cortex.events.sequencer import payload_digest
 from cortex.events.sync import TargetSync
 from cortex.events.sync_actions import (
@@ -16,6 +15,7 @@ from cortex.events.sync_actions import (
     SetState,
     contiguous_run,
 )
+from cortex.ledger.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from cortex.ledger.state import TargetState
 
 SYNCING, READY, STALE, PARTIAL = (

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from cortex.events.model import Event
+from cortex.ledger.kv_events import Event
 from cortex.sim.step_time import StepWork
 
 TruthEntry = tuple[str | None, str | None, tuple[int, ...]]  # (lora, salt, tokens to block end)

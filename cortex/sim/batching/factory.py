@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cortex.errors import ConfigError
-from cortex.events.model import EngineFamily
+from cortex.ledger.kv_events import EngineFamily
 from cortex.sim.batching.core import BatchingEngine
 from cortex.sim.engine_hashes import ChainHasher, VllmChainHasher
 from cortex.sim.step_profiles import load_step_profile

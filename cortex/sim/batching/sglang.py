@@ -97,7 +97,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from cortex.errors import ConfigError
-from cortex.events.model import Event
+from cortex.ledger.kv_events import Event
 from cortex.sim.batching.core import SimRequest, StepOutcome, TruthEntry
 from cortex.sim.batching.sglang_radix import Namespace, RadixNode, SglangRadixTree
 from cortex.sim.engine_hashes import SglangChainHasher

@@ -67,7 +67,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from cortex.errors import ConfigError
-from cortex.events.model import Event
+from cortex.ledger.kv_events import Event
 from cortex.sim.batching.core import SimRequest, StepOutcome, TruthEntry
 from cortex.sim.batching.vllm_blocks import BlockSource, KVBlock, VllmBlockPool
 from cortex.sim.engine_hashes import BlockHash, VllmChainHasher

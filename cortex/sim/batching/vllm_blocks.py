@@ -39,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cortex.events.model import AllBlocksCleared, Event
+from cortex.ledger.kv_events import AllBlocksCleared, Event
 from cortex.sim.batching.core import TruthEntry
 from cortex.sim.engine_hashes import BlockHash
 from cortex.sim.vllm_events import note_digests, vllm_block_removed, vllm_block_stored

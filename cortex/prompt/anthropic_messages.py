@@ -52,9 +52,9 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from cortex.profile.chat_messages import BILLING_HEADER
-from cortex.profile.chat_template import ChatTemplate, ChatTemplates, TemplateError
-from cortex.profile.unrenderable import Unrenderable
+from cortex.prompt.chat_messages import BILLING_HEADER
+from cortex.prompt.chat_template import ChatTemplate, ChatTemplates, TemplateError
+from cortex.prompt.unrenderable import Unrenderable
 
 _KNOWN_BLOCKS = frozenset({"text", "image", "tool_use", "tool_result", "tool_reference",
                            "thinking", "redacted_thinking"})

@@ -55,17 +55,17 @@ from typing import Any
 import msgspec
 
 from cortex.errors import BadRequest
-from cortex.profile import anthropic_messages, responses_input
-from cortex.profile.chat_messages import (
+from cortex.prompt import anthropic_messages, responses_input
+from cortex.prompt.chat_messages import (
     MEDIA_SENTINEL,
     developer_as_system,
     engine_messages,
     engine_tools,
     knows_developer,
 )
-from cortex.profile.chat_template import ChatTemplates, TemplateError
-from cortex.profile.sglang_chat import sglang_conversation
-from cortex.profile.unrenderable import Unrenderable
+from cortex.prompt.chat_template import ChatTemplates, TemplateError
+from cortex.prompt.sglang_chat import sglang_conversation
+from cortex.prompt.unrenderable import Unrenderable
 
 _MAX_TOKEN_ID = 1 << 32
 

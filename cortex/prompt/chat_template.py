@@ -36,7 +36,7 @@ from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from cortex.errors import BadRequest
-from cortex.profile.render_cache import (
+from cortex.prompt.render_cache import (
     Locality,
     RenderCache,
     TracedMessages,

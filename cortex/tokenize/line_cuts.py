@@ -47,7 +47,7 @@ import json
 import re
 from typing import Any
 
-from cortex.profile.segments import Segmenter
+from cortex.tokenize.segments import Segmenter
 
 CHUNK_CHARS = 1024  # ~250 English / ~700 Chinese tokens: what a grown piece re-pays at most
 CUT = re.compile("\n(?=[ \t]*[!-~\u4e00-\u9fa5])")

@@ -9,7 +9,7 @@ Rules:
   ``_total``; every metric has a HELP line.
 * What Cortex already counts elsewhere is *read at scrape time*, never mirrored: ``watch_*``
   registers a source (a zero-argument callable returning the live objects) without calling it.
-  The sources' shapes and writers live in ``cortex.metrics_sources``; ``LedgerFigures``,
+  The sources' shapes and writers live in ``cortex.metrics.sources``; ``LedgerFigures``,
   ``TargetFigures`` and ``ledger_figures`` are re-exported here for the control plane.
 * What only the request path knows (decisions, timings, cached-token accuracy, upstream errors,
   retries) is recorded through the methods here, at well under a microsecond each
@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from cortex import __version__
-from cortex.metrics_sources import (
+from cortex.metrics.sources import (
     HttpSource,
     IngestSource,
     LedgerFigures,
@@ -56,14 +56,14 @@ from cortex.metrics_sources import (
     worker_writer,
     write_process,
 )
-from cortex.metrics_text import (
+from cortex.metrics.text import (
     CONTENT_TYPE,
     CounterFamily,
     GaugeFamily,
     HistogramFamily,
     TextWriter,
 )
-from cortex.profile.unrenderable import REASONS as REASONS_UNRENDERABLE
+from cortex.prompt.unrenderable import REASONS as REASONS_UNRENDERABLE
 from cortex.scheduling.decision import Decision, Mode
 from cortex.upstream.errors import Phase
 
@@ -87,7 +87,7 @@ REASONS = ("longest_hit", "least_cost", "over_cap", "no_hit", "p2c", "round_robi
 # so retryable — or reading the body (never retried).
 PHASES: tuple[str, ...] = get_args(Phase)
 RETRY_PHASES = tuple(phase for phase in PHASES if phase != "body")
-UNPREDICTED_REASONS = REASONS_UNRENDERABLE  # cortex.profile.unrenderable: every reason's why
+UNPREDICTED_REASONS = REASONS_UNRENDERABLE  # cortex.prompt.unrenderable: every reason's why
 _MODE_VALUE = {mode: mode.value for mode in Mode}  # Enum.value is a slow descriptor
 _MODE_LABELS = {mode: (mode.value,) for mode in Mode}
 

@@ -53,9 +53,9 @@ from cortex._fast.piece_cache import (
     PieceCache,
     Reuse,
 )
-from cortex.profile.exact_bpe import FASTOKENS, TOKENIZERS, ExactBpe
-from cortex.profile.line_cuts import LineCutter
-from cortex.profile.segments import FIND_MAX_MISSES, Piece, Segmenter
+from cortex.tokenize.exact_bpe import FASTOKENS, TOKENIZERS, ExactBpe
+from cortex.tokenize.line_cuts import LineCutter
+from cortex.tokenize.segments import FIND_MAX_MISSES, Piece, Segmenter
 
 __all__ = ["ENTRY_OVERHEAD_BYTES", "NON_ASCII_CHAR_COST", "OFFLOAD_MIN_CHARS", "RECENT_BYTES",
            "Lookup", "SegmentCachedTokenizer"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from cortex.gateway.observer import RouteObserver
 from cortex.gateway.pool import Route
-from cortex.metrics import CortexMetrics
+from cortex.metrics.cortex_metrics import CortexMetrics
 from cortex.workers.registry import WorkerRegistry
 
 

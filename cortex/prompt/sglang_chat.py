@@ -34,8 +34,8 @@ from functools import partial
 from typing import Any
 
 from cortex.errors import BadRequest
-from cortex.profile.chat_template import ChatTemplates
-from cortex.profile.unrenderable import Unrenderable
+from cortex.prompt.chat_template import ChatTemplates
+from cortex.prompt.unrenderable import Unrenderable
 
 _GENERIC_ROLES = ("system", "assistant", "tool", "function", "developer", "latest_reminder")
 _TEXT_PARTS = ("text", "input_text")

@@ -30,7 +30,7 @@ from typing import Protocol
 from cortex.events.counters import IngestCounters
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.state import TargetState
-from cortex.metrics_text import TextWriter, format_labels
+from cortex.metrics.text import TextWriter, format_labels
 from cortex.scheduling.view import WorkerView
 
 __all__ = ["INGEST_HELP", "HttpFigures", "HttpSource", "IngestSource", "LedgerFigures",

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cortex.profile.unrenderable import Unrenderable
+from cortex.prompt.unrenderable import Unrenderable
 
 _STATEFUL = ("previous_response_id", "previous_input_messages", "prompt")
 _PLAIN_ROLES = frozenset({"user", "system", "developer"})
