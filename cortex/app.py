@@ -48,10 +48,10 @@ from cortex.config.tree import CortexConfig
 from cortex.control.app import ControlApp
 from cortex.control.auth import BearerAuth
 from cortex.control.serve import serve_control
+from cortex.dispatch.model_pool import ModelPool
 from cortex.errors import ConfigError
 from cortex.events.counters import IngestCounters
 from cortex.front.server import HttpServer
-from cortex.gateway.pool import ModelPool
 from cortex.gateway.proxy import Gateway
 from cortex.ledger.book import LedgerBook
 from cortex.logs import log_exchange
@@ -64,7 +64,7 @@ from cortex.profile.trio_tokenize import upgrade_bpes
 from cortex.replicas.sync import ReplicaSync
 from cortex.serve_summary import nothing_to_serve, serve_summary
 from cortex.systemd import Notifier, run_watchdog
-from cortex.upstream.pool import UpstreamPool
+from cortex.upstream.connection_pool import ConnectionPool
 from cortex.worker_lifecycle import WorkerLifecycle, model_of
 from cortex.workers.dns_watch import run_dns_discovery
 from cortex.workers.monitor import run_monitor
@@ -144,7 +144,7 @@ async def run_gateway(config: CortexConfig, *, processes: ProcessGroup | None = 
     metrics = CortexMetrics()
     settings = config.health
     registry = WorkerRegistry(settings, trio.current_time)
-    upstream = UpstreamPool(config.upstream.limits)
+    upstream = ConnectionPool(config.upstream.limits)
     counters: dict[int, IngestCounters] = {}
     observer = MetricsObserver(metrics, registry)
     gateway = Gateway(pools, upstream, retries=config.upstream.retries_before_first_byte,

@@ -40,13 +40,21 @@ import re
 import sys
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TextIO
+from dataclasses import dataclass
+from typing import Any, Literal, TextIO
 
 from cortex.front.exchange import Exchange
 from cortex.front.messages import HttpRequest
 
-if TYPE_CHECKING:
-    from cortex.config.tree import LogConfig
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """The ``[log]`` section of the configuration (``cortex.config.tree``)."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    json: bool = True
+    access_log: bool = False
+
 
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "cortex_request_id", default=None)

@@ -64,7 +64,7 @@ import trio
 from cortex.config.tree import CortexConfig
 from cortex.errors import ConfigError, CortexError
 from cortex.metrics.merge import merge_expositions
-from cortex.upstream.pool import UpstreamPool
+from cortex.upstream.connection_pool import ConnectionPool
 from cortex.workers.spec import WorkerSpec
 
 log = logging.getLogger("cortex.processes")
@@ -173,7 +173,7 @@ class ProcessGroup:
         self.plan = ProcessPlan(config.server.processes,
                                 tempfile.mkdtemp(prefix="cortex-processes-"))
         self.children = [_Child(i) for i in range(1, self.plan.count)]
-        self.upstream = UpstreamPool(config.upstream.limits)
+        self.upstream = ConnectionPool(config.upstream.limits)
         self.token = config.control.read_admin_token()
         self.scrape_failures = 0
         self.stopping = False

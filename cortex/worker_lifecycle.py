@@ -42,17 +42,17 @@ import trio
 
 from cortex.config.tree import CortexConfig
 from cortex.control.admin import AdminOps, spec_as_json
+from cortex.dispatch.model_pool import ModelPool, WorkerFigures
+from cortex.dispatch.worker_report import (
+    sglang_server_info,
+    vllm_models,
+    vllm_report,
+)
 from cortex.errors import ConfigError, CortexError
 from cortex.events.counters import IngestCounters
 from cortex.events.source import EventSource, IngestSettings, rank_endpoint
 from cortex.events.subscriber import SourceHandle, run_source
 from cortex.events.sync import TargetSync
-from cortex.gateway.pool import ModelPool, WorkerFigures
-from cortex.gateway.worker_report import (
-    sglang_server_info,
-    vllm_models,
-    vllm_report,
-)
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.kv_events import EngineFamily
 from cortex.ledger.snapshot import (
@@ -67,7 +67,7 @@ from cortex.ledger.state import TargetState
 from cortex.metrics.cortex_metrics import CortexMetrics
 from cortex.profile.profile_set import ProfileSet
 from cortex.replicas.warm_start import fetch_snapshot
-from cortex.upstream.pool import UpstreamPool
+from cortex.upstream.connection_pool import ConnectionPool
 from cortex.workers.breaker import BreakerState
 from cortex.workers.monitor import Fetch
 from cortex.workers.registry import ChangeKind, WorkerRegistry
@@ -92,7 +92,7 @@ class WorkerLifecycle(AdminOps):
     def __init__(self, config: CortexConfig, registry: WorkerRegistry, book: LedgerBook,
                  pools: dict[str, ModelPool], profiles: ProfileSet, nursery: trio.Nursery,
                  counters: dict[int, IngestCounters], metrics: CortexMetrics,
-                 fetch: Fetch, upstream: UpstreamPool) -> None:
+                 fetch: Fetch, upstream: ConnectionPool) -> None:
         self.config = config
         self.upstream = upstream
         self.profiles = profiles

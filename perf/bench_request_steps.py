@@ -46,8 +46,8 @@ sys.path.insert(0, str(HERE.parent))
 from bench_gateway import MODEL, Bodies
 from benchkit import machine_info
 
-from cortex.gateway.endpoints import Endpoint, parse_body, request_prompt
-from cortex.gateway.pool import ModelPool, WorkerFigures
+from cortex.dispatch.endpoints import Endpoint, parse_body, request_prompt
+from cortex.dispatch.model_pool import ModelPool, WorkerFigures
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.kv_events import EngineFamily
 from cortex.ledger.state import TargetState

@@ -48,9 +48,9 @@ from prometheus_client.metrics_core import (
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
+from cortex.dispatch.admission import AdmissionCounters
 from cortex.events.counters import IngestCounters
 from cortex.front.shared import ServerCounters
-from cortex.gateway.admission import AdmissionCounters
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.kv_events import BlockStored, EngineFamily, EventBatch
 from cortex.ledger.state import TargetState
@@ -69,7 +69,7 @@ from cortex.metrics.text import CounterFamily, HistogramFamily
 from cortex.pd.orchestrate import PdCounters
 from cortex.scheduling.decision import Decision, Mode
 from cortex.scheduling.view import WorkerView
-from cortex.upstream.pool import PoolStats
+from cortex.upstream.connection_pool import PoolStats
 from cortex.workers.health import WorkerCounters
 
 MODELS = ("llama-3.1-8b", "qwen2.5-7b", "mistral-7b")

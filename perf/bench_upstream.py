@@ -1,6 +1,6 @@
 """The upstream client alone against ``perf/mock_worker.py``: c=1 round trip and CPU per request.
 
-Measures what the gateway's upstream leg costs per request — ``UpstreamPool.request`` on a
+Measures what the gateway's upstream leg costs per request — ``ConnectionPool.request`` on a
 kept-alive connection, the request sent, the head and the whole body read — without the
 gateway around it. The mock worker runs in its own process, so the CPU time counted
 (``time.process_time`` of the client process) is the client's alone.
@@ -38,12 +38,12 @@ def child(port: int, requests: int, kind: str) -> None:
     """One client process: warm up, then ``requests`` sequential requests; JSON on stdout."""
     import trio
 
-    from cortex.upstream.pool import UpstreamPool
+    from cortex.upstream.connection_pool import ConnectionPool
 
     origin = f"http://127.0.0.1:{port}"
     body = BODY[:-1] + b',"stream":true}' if kind == "sse" else BODY
 
-    async def one(pool: UpstreamPool) -> int:
+    async def one(pool: ConnectionPool) -> int:
         async with pool.request(origin, b"POST", b"/v1/chat/completions", HEADERS,
                                 body) as response:
             size = 0
@@ -52,7 +52,7 @@ def child(port: int, requests: int, kind: str) -> None:
             return size
 
     async def main() -> dict[str, float]:
-        pool = UpstreamPool()
+        pool = ConnectionPool()
         async with trio.open_nursery() as nursery:
             await nursery.start(pool.run)
             for _ in range(200):

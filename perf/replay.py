@@ -92,8 +92,8 @@ from replay_workload import (
 )
 
 from cortex.sim.step_profiles import load_step_profile
+from cortex.upstream.connection_pool import ConnectionPool
 from cortex.upstream.limits import PoolLimits
-from cortex.upstream.pool import UpstreamPool
 from tests import deepseek_profile as ds
 
 MODEL = "trace-model"
@@ -151,7 +151,7 @@ async def drive(url: str, records: list[tt.TraceRecord], payloads: list[bytes],
     timestamp. ``at = (seconds, action)``: ``action()`` that far into the schedule."""
     limits = PoolLimits(max_connections_per_worker=4096, max_idle_per_worker=1024,
                         acquire_timeout_s=600.0)
-    upstream = UpstreamPool(limits)
+    upstream = ConnectionPool(limits)
     results: list[Result] = []
     headers = [(b"content-type", b"application/json")]
     origin0 = records[0].timestamp_ms

@@ -87,8 +87,8 @@ from cortex.sim.batching.core import SimRequest
 from cortex.sim.batching.vllm import VllmBatchingEngine, VllmSchedulerConfig
 from cortex.sim.engine_hashes import VllmChainHasher
 from cortex.sim.step_profiles import COEFFICIENTS, load_step_profile
+from cortex.upstream.connection_pool import ConnectionPool
 from cortex.upstream.limits import PoolLimits
-from cortex.upstream.pool import UpstreamPool
 from tests.real_engine.vllm_server import (
     EngineEnv,
     VllmOptions,
@@ -283,7 +283,7 @@ async def drive(url: str, arrivals: list[Arrival], *, paced: bool = True) -> lis
     every answer to its end."""
     limits = PoolLimits(max_connections_per_worker=1024, max_idle_per_worker=1024,
                         acquire_timeout_s=300.0)
-    upstream = UpstreamPool(limits)
+    upstream = ConnectionPool(limits)
     headers = [(b"content-type", b"application/json")]
     payloads = [body(a) for a in arrivals]
     outcomes: list[Outcome] = []

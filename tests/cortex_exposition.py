@@ -18,7 +18,7 @@ from cortex.ledger.book import LedgerBook
 from cortex.metrics.cortex_metrics import CortexMetrics, ledger_figures
 from cortex.scheduling.decision import Decision, Mode
 from cortex.scheduling.view import WorkerView
-from cortex.upstream.pool import PoolStats
+from cortex.upstream.connection_pool import PoolStats
 from cortex.workers.health import WorkerCounters
 
 # Labels Prometheus adds at scrape time, and histogram buckets' own.

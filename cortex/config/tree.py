@@ -16,14 +16,15 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from cortex.control.admin import WorkerHostPolicy
+from cortex.dispatch.settings import AdmissionSettings
 from cortex.errors import ConfigError
 from cortex.events.source import IngestSettings
 from cortex.front.limits import ServerLimits
-from cortex.gateway.settings import AdmissionSettings
 from cortex.ledger.book import LedgerSettings
+from cortex.logs import LogConfig
 from cortex.pd.plan import PdSettings
 from cortex.profile.builtin import unknown_name as unknown_builtin
 from cortex.replicas.settings import ReplicaSettings
@@ -225,13 +226,6 @@ class SchedulerConfig:
 
 # The health section is the monitor's own settings type (one definition of its fields).
 HealthConfig = HealthSettings
-
-
-@dataclass(frozen=True, slots=True)
-class LogConfig:
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    json: bool = True
-    access_log: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,1 +1,2 @@
-"""The request path: from an HTTP request to a routed, streamed upstream exchange."""
+"""The data plane's front door: from an HTTP request to the serving strategy that answers it
+(``proxy``), and the engines' tokenizer endpoints passed to a worker."""

@@ -24,7 +24,8 @@ Rules:
   out), up to ``retries`` more attempts; the answer of the last attempt, or of the last worker
   left, is relayed as it came. Each failure goes to the observer
   (``cortex_upstream_errors_total``, ``cortex_retries_total``, the worker's breaker) under the
-  same rules of whose failure it is (``cortex.gateway.blame``), as a generation request's does. Not a routing decision: nothing in ``cortex_decisions_total``.
+  same rules of whose failure it is (``cortex.dispatch.blame``), as a generation request's does. Not a routing decision:
+  nothing in ``cortex_decisions_total``.
 * The body and headers go as they came (minus hop-by-hop and ``x-cortex-*`` headers, and the
   DP-rank header: no rank to choose); the answer comes back streamed as the engine sent it,
   with ``x-cortex-assigned-worker`` (and ``x-cortex-attempts`` after a retry).
@@ -35,8 +36,13 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
-from typing import Protocol
 
+from cortex.dispatch.blame import RequestBlame, may_be_the_requests
+from cortex.dispatch.dispatcher import Dispatcher
+from cortex.dispatch.endpoints import body_model, forwarded_headers, parse_body
+from cortex.dispatch.exits import Exits
+from cortex.dispatch.legs import RetryableStatus, retryable_status
+from cortex.dispatch.model_pool import ModelPool
 from cortex.errors import (
     CortexError,
     MethodNotAllowed,
@@ -45,12 +51,6 @@ from cortex.errors import (
     UpstreamError,
 )
 from cortex.front.messages import HttpRequest, HttpResponse
-from cortex.gateway.blame import RequestBlame, may_be_the_requests
-from cortex.gateway.endpoints import body_model, forwarded_headers, parse_body
-from cortex.gateway.exits import Exits
-from cortex.gateway.legs import Leg, RetryableStatus, retryable_status
-from cortex.gateway.observer import RouteObserver
-from cortex.gateway.pool import ModelPool
 
 log = logging.getLogger("cortex.gateway")
 
@@ -64,32 +64,13 @@ SERVED_BY: dict[bytes, frozenset[str]] = {
 }
 
 
-class TokenizerGateway(Protocol):
-    """What these endpoints use of the gateway (``cortex.gateway.proxy.Gateway``)."""
-
-    observer: RouteObserver
-    retries: int
-
-    def pool_for(self, model: str | None) -> ModelPool:
-        """The pool serving ``model`` (``None``: the only one), else the client's error."""
-        ...
-
-    async def open_leg(self, stack: Exits, origin: str, target: bytes,
-                       headers: list[tuple[bytes, bytes]], raw: bytes, *,
-                       retry_statuses: bool, relay_engine_errors: bool = False) -> Leg:
-        """Send one request; its head and first body chunk (the exchange closed by ``stack``)."""
-        ...
-
-    def respond(self, leg: Leg, stack: Exits, extra_headers: list[tuple[bytes, bytes]],
-                worker: str, on_cached_tokens: Callable[[int], None] | None = None,
-                transform: Callable[[bytes], bytes] | None = None) -> HttpResponse:
-        """The client's response streaming ``leg``'s body."""
-        ...
-
-
 class TokenizerEndpoints:
-    def __init__(self, gateway: TokenizerGateway) -> None:
-        self.gateway = gateway
+    def __init__(self, dispatcher: Dispatcher,
+                 pool_for: Callable[[str | None], ModelPool]) -> None:
+        """``pool_for``: the pool serving a model name (``None``: the only one), else the
+        client's error."""
+        self.dispatcher = dispatcher
+        self.pool_for = pool_for
         self._turn = itertools.count()
 
     async def serve(self, request: HttpRequest) -> HttpResponse:
@@ -97,34 +78,34 @@ class TokenizerEndpoints:
         path = request.path
         if request.method != b"POST":
             raise MethodNotAllowed(f"{path.decode()} accepts POST only", allow=("POST",))
-        gateway = self.gateway
-        pool = gateway.pool_for(body_model(parse_body(request.body)))
+        dispatcher = self.dispatcher
+        pool = self.pool_for(body_model(parse_body(request.body)))
         serving = engines_serving(pool, path)
         headers = forwarded_headers(request.headers)
         failed: list[str] = []
-        blame = RequestBlame(gateway.observer, pool.model)
+        blame = RequestBlame(dispatcher.observer, pool.model)
         last_error: CortexError | None = None
-        for attempt in range(1, gateway.retries + 2):
+        for attempt in range(1, dispatcher.retries + 2):
             live = _live(pool, serving, failed)
             if not live:
                 if last_error is not None:
                     raise last_error
-                gateway.observer.no_worker(pool.model)
+                dispatcher.observer.no_worker(pool.model)
                 raise NoWorkerAvailable(f"no live worker of model {pool.model!r} serves "
                                         f"{path.decode()}")
             name = live[next(self._turn) % len(live)]
             stack = Exits()
             try:
-                leg = await gateway.open_leg(  # (a failing status with no one left: relayed)
+                leg = await dispatcher.open_leg(  # (a failing status with no one left: relayed)
                     stack, pool.workers[name].origin, request.target, headers, request.body,
-                    retry_statuses=attempt <= gateway.retries and len(live) > 1,
+                    retry_statuses=attempt <= dispatcher.retries and len(live) > 1,
                     relay_engine_errors=blame.relay_next)
             except (UpstreamError, RetryableStatus) as error:
                 await stack.aclose()
                 failed.append(name)
                 last_error = (error if isinstance(error, UpstreamError)
                               else UpstreamError(f"{name}: {error}"))
-                retried = attempt <= gateway.retries and bool(_live(pool, serving, failed))
+                retried = attempt <= dispatcher.retries and bool(_live(pool, serving, failed))
                 blame.failed(name, error, retried=retried)
                 log.warning("%s attempt %d on %s failed before the first byte: %s",
                             path.decode(), attempt, name, error)
@@ -134,13 +115,13 @@ class TokenizerEndpoints:
                 raise
             status = leg.response.status
             if retryable_status(status):  # the last attempt's failure: relayed
-                gateway.observer.upstream_failed(name, RetryableStatus(status), retried=False,
+                dispatcher.observer.upstream_failed(name, RetryableStatus(status), retried=False,
                                                  blame=not may_be_the_requests(status))
             blame.answered(name, status)
             extra = [(b"x-cortex-assigned-worker", name.encode())]
             if attempt > 1:
                 extra.append((b"x-cortex-attempts", str(attempt).encode()))
-            return gateway.respond(leg, stack, extra, name)
+            return dispatcher.respond(leg, stack, extra, name)
         assert last_error is not None
         raise last_error
 

@@ -13,7 +13,7 @@ Rules:
   ``TargetFigures`` and ``ledger_figures`` are re-exported here for the control plane.
 * What only the request path knows (decisions, timings, cached-token accuracy, upstream errors,
   retries) is recorded through the methods here, at well under a microsecond each
-  (``metrics_text``: plain dicts, no locks). Label values come from small fixed vocabularies
+  (``cortex.metrics.text``: plain dicts, no locks). Label values come from small fixed vocabularies
   (mode, ``REASONS``, ``PHASES``) or configured names (model, worker), so cardinality stays
   bounded; a free sentence never becomes a label.
 * Single thread: recording, sources and rendering all run on the trio thread that owns the

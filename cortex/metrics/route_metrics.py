@@ -5,15 +5,15 @@ Upstream failures are labelled with the upstream client's phase (``acquire``, ``
 a failing status counts as ``head``, and so does a body that broke before its first byte
 reached the client (still retryable). Every failure but a 429 (load, not a fault) counts toward
 the worker's circuit breaker, except a failure that may be the request's own
-(``cortex.gateway.blame``): that one counts only once another worker served the request
+(``cortex.dispatch.blame``): that one counts only once another worker served the request
 (``blamed``), and never when the failure followed the request (``poisoned``, counted per model
 and status). A refused connection also makes the worker unhealthy at once.
 """
 
 from __future__ import annotations
 
-from cortex.gateway.observer import RouteObserver
-from cortex.gateway.pool import Route
+from cortex.dispatch.observer import RouteObserver
+from cortex.dispatch.route import Route
 from cortex.metrics.cortex_metrics import CortexMetrics
 from cortex.workers.registry import WorkerRegistry
 

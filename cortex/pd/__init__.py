@@ -1,2 +1,2 @@
-"""Prefill/decode disaggregation: pure planning of both legs (``plan``) and their trio
-orchestration."""
+"""Prefill/decode disaggregation: pure planning of both legs (``plan``) and the serving
+strategy that runs them over the dispatch layer (``orchestrate``)."""

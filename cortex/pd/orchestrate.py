@@ -20,7 +20,7 @@ Rules (issue 6, protocols/pd-disaggregation.md):
   worker serves the request alone; otherwise the client gets a clear upstream error. Nothing is
   replayed after the first byte: a decode that dies mid-stream ends the client's stream with an
   error, and closing the exchanges aborts whatever an engine still runs.
-* Whose failure it is follows ``cortex.gateway.blame``: a leg's 5xx other than 502/503/504
+* Whose failure it is follows ``cortex.dispatch.blame``: a leg's 5xx other than 502/503/504
   counts toward its worker's breaker only once the request is served; a second such failure of
   the same request is the request's own — counted (``poisoned``), nobody blamed, no further
   pair and no fallback: the client gets a 502 naming the status.
@@ -28,13 +28,14 @@ Rules (issue 6, protocols/pd-disaggregation.md):
   of the prompt, decode serves alone (it prefills the rest itself). SGLang decode servers need
   a bootstrap peer, so there is no bypass for them.
 * Every outcome is counted in ``PdCounters``; response headers name both workers. The first
-  pair's decision is reported to the gateway's observer like a single-worker decision (its
+  pair's decision is reported to the dispatcher's observer like a single-worker decision (its
   prefill route: mode, reason, timing), and the prefill engine's cached-token report, read from
   the prefill answer Cortex drains, is compared with the prediction for the prefill pick (the
   decode engine's answer reports no prefill work of its own).
-* The orchestrator sees the gateway (``cortex.gateway.proxy.Gateway``, which makes it) only
-  through ``PdGateway``: its admission queues, one attempt on one worker, opening a leg,
-  answering the client, and its observer. It does not import ``cortex.gateway.proxy``.
+* A serving strategy beside ``cortex.dispatch.single``, over the same dispatch layer
+  (``cortex.dispatch.dispatcher``: admission queues, one attempt on one worker, opening a
+  leg, answering the client, the observer); the gateway picks it for a PD-enabled pool and
+  hands it the request's record (``ServeRequest``). Nothing here calls back into the gateway.
 """
 
 from __future__ import annotations
@@ -45,20 +46,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from time import perf_counter
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 import trio
 
+from cortex.dispatch.blame import RequestBlame
+from cortex.dispatch.dispatcher import Dispatcher
+from cortex.dispatch.endpoints import Endpoint, decision_headers
+from cortex.dispatch.exits import Exits
+from cortex.dispatch.legs import Leg, RetryableStatus
+from cortex.dispatch.model_pool import ModelPool
+from cortex.dispatch.request import ServeRequest
+from cortex.dispatch.route import Route
 from cortex.errors import CortexError, NoWorkerAvailable, UpstreamError
-from cortex.front.messages import HttpRequest, HttpResponse
-from cortex.gateway.admission import Admission
-from cortex.gateway.blame import RequestBlame
-from cortex.gateway.endpoints import Endpoint, decision_headers
-from cortex.gateway.exits import Exits
-from cortex.gateway.legs import Leg, RetryableStatus
-from cortex.gateway.observer import RouteObserver
-from cortex.gateway.pool import ModelPool, Route
+from cortex.front.messages import HttpResponse
 from cortex.pd.plan import (
     PdSettings,
     batch_items,
@@ -78,41 +80,6 @@ from cortex.scheduling.inflight import Hold
 log = logging.getLogger("cortex.pd")
 
 MAX_PREFILL_ANSWER_BYTES = 64 << 20
-
-
-class PdGateway(Protocol):
-    """What the orchestrator uses of the gateway (``cortex.gateway.proxy.Gateway``)."""
-
-    observer: RouteObserver  # decisions and upstream failures are reported to it
-
-    def admission_for(self, pool: ModelPool) -> Admission:
-        """``pool``'s admission queue (a saturated pool's requests wait in it)."""
-        ...
-
-    async def serve_on(self, pool: ModelPool, route: Route, endpoint: Endpoint,
-                       request: HttpRequest, body: dict, headers: list[tuple[bytes, bytes]],
-                       attempt: int, *, retry_statuses: bool | None = None,
-                       relay_engine_errors: bool = False) -> HttpResponse:
-        """One attempt of ``request`` on ``route``'s worker alone (``UpstreamError`` or
-        ``RetryableStatus`` before the first byte; a failing status that may be the request's
-        own is relayed instead under ``relay_engine_errors``)."""
-        ...
-
-    async def open_leg(self, stack: Exits, origin: str, target: bytes,
-                       headers: list[tuple[bytes, bytes]], raw: bytes, *,
-                       retry_statuses: bool) -> Leg:
-        """Send one request; its head and first body chunk (the exchange closed by ``stack``)."""
-        ...
-
-    def respond(self, leg: Leg, stack: Exits, extra_headers: list[tuple[bytes, bytes]],
-                worker: str, on_cached_tokens: Callable[[int], None] | None = None,
-                transform: Callable[[bytes], bytes] | None = None) -> HttpResponse:
-        """The client's response streaming ``leg``'s body."""
-        ...
-
-    def observe_cached_tokens(self, pool: ModelPool, route: Route, body: bytes) -> None:
-        """The engine's cached-token report in a whole answer, against ``route``'s prediction."""
-        ...
 
 
 @dataclass(slots=True)
@@ -146,9 +113,9 @@ class LegRefused(Exception):
 
 
 class PdOrchestrator:
-    def __init__(self, gateway: PdGateway, settings: PdSettings | None = None,
+    def __init__(self, dispatcher: Dispatcher, settings: PdSettings | None = None,
                  new_request_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> None:
-        self.gateway = gateway
+        self.dispatcher = dispatcher
         self.settings = settings or PdSettings()
         self.counters = PdCounters()
         self.new_request_id = new_request_id
@@ -157,40 +124,30 @@ class PdOrchestrator:
     def enabled(pool: ModelPool) -> bool:
         return pool.pending.prefill_and_decode
 
-    async def serve(
-        self,
-        pool: ModelPool,
-        endpoint: Endpoint,
-        request: HttpRequest,
-        body: dict[str, Any],
-        headers: list[tuple[bytes, bytes]],
-        token_ids: Any,
-        prompt: Any,
-        started: float | None = None,
-        tokenize_s: float | None = None,
-    ) -> HttpResponse:
-        """``started``: when the request's body was in (``perf_counter``, the decision timing's
-        origin); ``tokenize_s``: its prompt's tokenization, observed with the first decision."""
+    async def serve(self, pool: ModelPool, request: ServeRequest) -> HttpResponse:
+        """Serve ``request`` through a prefill/decode pair (its first decision observed with
+        the request's tokenize and hash timings), else as the rules above say."""
+        dispatcher = self.dispatcher
+        token_ids, prompt, keys = request.token_ids, request.prompt, request.keys
+        started: float | None = request.started
         views = pool.views()
         both = {view.worker for view in views if view.role is Role.BOTH}
-        admission = self.gateway.admission_for(pool)
+        admission = dispatcher.admission_for(pool)
         failed_prefill: set[str] = set()
         failed_decode: set[str] = set()
-        blame = RequestBlame(self.gateway.observer, pool.model)
+        blame = RequestBlame(dispatcher.observer, pool.model)
         last: BaseException | None = None
         for _ in range(self.settings.retries + 1):
             try:
                 prefill, decode = await admission.admit(partial(
-                    self._pair, pool, token_ids, prompt, both | failed_prefill,
+                    self._pair, pool, token_ids, prompt, keys, both | failed_prefill,
                     both | failed_decode))
             except NoWorkerAvailable as error:
                 last = last or error
                 break
             if started is not None:
-                if tokenize_s is not None:
-                    prefill.timings["tokenize_s"] = tokenize_s
-                self.gateway.observer.decided(pool.model, prefill,
-                                              perf_counter() - started)
+                prefill.timings.update(request.timings)
+                dispatcher.observer.decided(pool.model, prefill, perf_counter() - started)
                 started = None  # the first decision only, as for a single worker
             engine = decode.worker.engine
             try:
@@ -198,20 +155,17 @@ class PdOrchestrator:
                         len(token_ids), decode.decision.predicted_cached_tokens,
                         self.settings.bypass_max_uncached_tokens):
                     try:
-                        response = await self.gateway.serve_on(
-                            pool, decode, endpoint, request, body, headers, 1,
-                            relay_engine_errors=blame.relay_next)
+                        response = await dispatcher.serve_on(
+                            pool, decode, request, 1, relay_engine_errors=blame.relay_next)
                     except (UpstreamError, RetryableStatus) as error:
                         raise LegFailed("decode", decode.worker.name, error) from None
                     blame.answered(decode.worker.name, response.status)
                     self.counters.bypassed += 1
                     return response
                 if engine == "sglang":
-                    response = await self._sglang(pool, prefill, decode, endpoint, request,
-                                                  body, headers)
+                    response = await self._sglang(pool, prefill, decode, request)
                 else:
-                    response = await self._vllm(pool, prefill, decode, request, body,
-                                                headers)
+                    response = await self._vllm(pool, prefill, decode, request)
             except LegFailed as error:
                 last = error
                 log.warning("PD: %s", error)
@@ -233,10 +187,10 @@ class PdOrchestrator:
         if self.settings.fallback_to_both and both:
             pd_workers = {view.worker for view in views if view.role is not Role.BOTH}
             try:
-                route = pool.decide(token_ids, prompt, exclude=pd_workers, role=Role.BOTH)
-                response = await self.gateway.serve_on(pool, route, endpoint, request, body,
-                                                       headers, 1,
-                                                       relay_engine_errors=blame.relay_next)
+                route = pool.decide(token_ids, prompt, exclude=pd_workers, role=Role.BOTH,
+                                    keys=keys)
+                response = await dispatcher.serve_on(pool, route, request, 1,
+                                                     relay_engine_errors=blame.relay_next)
             except RetryableStatus as error:
                 blame.failed(route.worker.name, error, retried=False)
                 last = UpstreamError(f"{route.worker.name}: {error}")
@@ -254,17 +208,17 @@ class PdOrchestrator:
 
     def _poisoned(self, blame: RequestBlame, error: LegFailed, status: int) -> None:
         """A leg failed with ``status`` after another worker had failed the same request that
-        way (``cortex.gateway.blame``): the request's own failure. Counted, nobody blamed,
+        way (``cortex.dispatch.blame``): the request's own failure. Counted, nobody blamed,
         nothing more tried: the client gets a clear 502 naming the engine's status."""
         self.counters.failed += 1
-        self.gateway.observer.upstream_failed(error.worker, error.error, retried=False,
-                                              blame=False)
+        self.dispatcher.observer.upstream_failed(error.worker, error.error, retried=False,
+                                                 blame=False)
         blame.answered(error.worker, status)
         raise UpstreamError(f"the request failed with {status} on two workers, last the "
                             f"{error.leg} leg on {error.worker}: not retried") from None
 
     @staticmethod
-    def _pair(pool: ModelPool, token_ids: Any, prompt: Any, not_prefill: set[str],
+    def _pair(pool: ModelPool, token_ids: Any, prompt: Any, keys: Any, not_prefill: set[str],
               not_decode: set[str]) -> tuple[Route, Route]:
         """A prefill and a decode route of the same engine family (a vLLM prefill cannot hand
         its KV to an SGLang decode, nor the reverse; a pool may hold both flavors). A prefill
@@ -277,7 +231,7 @@ class PdOrchestrator:
         no_peer = {name for name, spec in pool.workers.items() if spec.engine not in peers}
         try:
             prefill = pool.decide(token_ids, prompt, exclude=not_prefill | awaiting | no_peer,
-                                  role=Role.PREFILL)
+                                  role=Role.PREFILL, keys=keys)
         except NoWorkerAvailable as error:
             if awaiting - not_prefill and not error.saturated:
                 raise NoWorkerAvailable(f"{error}; prefill {', '.join(sorted(awaiting))} "
@@ -286,16 +240,16 @@ class PdOrchestrator:
         other_family = {name for name, spec in pool.workers.items()
                         if spec.engine != prefill.worker.engine}
         decode = pool.decide(token_ids, prompt, exclude=not_decode | other_family,
-                             role=Role.DECODE)
+                             role=Role.DECODE, keys=keys)
         return prefill, decode
 
     # ------------------------------------------------------------------ SGLang
 
-    async def _sglang(self, pool: ModelPool, prefill: Route, decode: Route, endpoint: Endpoint,
-                      request: HttpRequest, body: dict[str, Any],
-                      headers: list[tuple[bytes, bytes]]) -> HttpResponse:
-        gateway = self.gateway
-        path = endpoint.value
+    async def _sglang(self, pool: ModelPool, prefill: Route, decode: Route,
+                      request: ServeRequest) -> HttpResponse:
+        dispatcher = self.dispatcher
+        path = request.endpoint.value
+        body, headers, target = request.body, request.headers, request.http.target
         host = urlsplit(prefill.worker.url).hostname or ""
         raw, _rooms = sglang_leg_body(body, host, pool.bootstrap_port(prefill.worker),
                                       batch_items(path, body))
@@ -305,8 +259,8 @@ class PdOrchestrator:
 
         async def open_leg(name: str, route: Route, stack: Exits) -> None:
             try:
-                leg = await gateway.open_leg(stack, route.worker.origin, request.target,
-                                             headers, raw, retry_statuses=True)
+                leg = await dispatcher.open_leg(stack, route.worker.origin, target, headers, raw,
+                                             retry_statuses=True)
             except (UpstreamError, OSError, RetryableStatus) as error:
                 raise LegFailed(name, route.worker.name, error) from None
             status = leg.response.status
@@ -327,7 +281,7 @@ class PdOrchestrator:
                 mine, other = ((prefill_stack, decode_stack) if refused.leg == "prefill"
                                else (decode_stack, prefill_stack))
                 await other.aclose()
-                return gateway.respond(refused.answer, mine,
+                return dispatcher.respond(refused.answer, mine,
                                        self._headers(prefill, decode, "sglang"),
                                        prefill.worker.name)
             prefill_leg = legs["prefill"]
@@ -336,7 +290,7 @@ class PdOrchestrator:
             except UpstreamError as error:
                 raise LegFailed("prefill", prefill.worker.name, error) from None
             await prefill_stack.aclose()
-            self.gateway.observe_cached_tokens(pool, prefill, prefill_answer)
+            dispatcher.observe_cached_tokens(pool, prefill, prefill_answer)
             decode_leg = legs["decode"]
             transform = None
             extra = self._headers(prefill, decode, "sglang")
@@ -356,7 +310,7 @@ class PdOrchestrator:
                                          b"connection")] + extra, merged)
                     transform = SseEventTransform(
                         lambda event: merge_logprobs_event(event, logprobs))
-            return gateway.respond(decode_leg, decode_stack, extra, decode.worker.name,
+            return dispatcher.respond(decode_leg, decode_stack, extra, decode.worker.name,
                                    transform=transform)
         except BaseException:
             with trio.CancelScope(shield=True):
@@ -366,9 +320,10 @@ class PdOrchestrator:
 
     # ------------------------------------------------------------------ vLLM
 
-    async def _vllm(self, pool: ModelPool, prefill: Route, decode: Route, request: HttpRequest,
-                    body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> HttpResponse:
-        gateway = self.gateway
+    async def _vllm(self, pool: ModelPool, prefill: Route, decode: Route,
+                    request: ServeRequest) -> HttpResponse:
+        dispatcher = self.dispatcher
+        body, headers, target = request.body, request.headers, request.http.target
         request_id = _header(headers, b"x-request-id") or self.new_request_id().encode()
         leg_headers = [(n, v) for n, v in headers if n != b"x-request-id"]
         leg_headers.append((b"x-request-id", request_id))
@@ -377,15 +332,14 @@ class PdOrchestrator:
         try:
             prefill_stack.enter_context(prefill.hold)
             try:
-                leg = await gateway.open_leg(prefill_stack, prefill.worker.origin,
-                                             request.target, leg_headers,
-                                             vllm_prefill_body(body, request.path == (
-                                                 Endpoint.RESPONSES.value.encode())),
+                leg = await dispatcher.open_leg(prefill_stack, prefill.worker.origin, target,
+                                             leg_headers, vllm_prefill_body(
+                                                 body, request.endpoint is Endpoint.RESPONSES),
                                              retry_statuses=True)
                 if leg.response.status >= 500:
                     raise UpstreamError(f"prefill answered {leg.response.status}")
                 if leg.response.status >= 400:
-                    return gateway.respond(leg, prefill_stack,
+                    return dispatcher.respond(leg, prefill_stack,
                                            self._headers(prefill, decode, "vllm"),
                                            prefill.worker.name)
                 answer = await _read_rest(leg)
@@ -393,15 +347,15 @@ class PdOrchestrator:
             except (UpstreamError, OSError, RetryableStatus) as error:
                 raise LegFailed("prefill", prefill.worker.name, error) from None
             await prefill_stack.aclose()
-            self.gateway.observe_cached_tokens(pool, prefill, answer)
+            dispatcher.observe_cached_tokens(pool, prefill, answer)
             decode_stack.enter_context(_decode_hold(pool, decode))
             try:
-                leg = await gateway.open_leg(decode_stack, decode.worker.origin,
-                                             request.target, leg_headers,
-                                             vllm_decode_body(body, params), retry_statuses=True)
+                leg = await dispatcher.open_leg(decode_stack, decode.worker.origin, target,
+                                             leg_headers, vllm_decode_body(body, params),
+                                             retry_statuses=True)
             except (UpstreamError, OSError, RetryableStatus) as error:
                 raise LegFailed("decode", decode.worker.name, error) from None
-            return gateway.respond(leg, decode_stack, self._headers(prefill, decode, "vllm"),
+            return dispatcher.respond(leg, decode_stack, self._headers(prefill, decode, "vllm"),
                                    decode.worker.name)
         except BaseException:
             with trio.CancelScope(shield=True):

@@ -1,8 +1,3 @@
-"""Model profile and request tokenization: from a request body to the block keys of its prompt.
-
-Pure modules (no I/O beyond reading a profile's files at load time):
-``model_profile`` (the versioned unit per model), ``builtin`` (profiles carried by name),
-``chat_template`` (Jinja rendering),
-``request_text`` (body → text or token ids), ``segments`` + ``segment_cache`` (exact tokenization
-cached by piece), ``request_keys`` (token ids → ledger block keys).
-"""
+"""A served model's profile: its settings, tokenizer and chat template assembled and checked
+(``model_profile``, ``hf_settings``, ``builtin``, ``profile_set``), tokenization off the trio
+thread (``trio_tokenize``), and a request's ledger block keys under it (``request_keys``)."""

@@ -23,7 +23,7 @@ SNAPSHOT_PATH = "/admin/ledger/snapshot"
 
 
 class HttpGet(Protocol):
-    """``cortex.upstream.pool.UpstreamPool.request`` as used here."""
+    """``cortex.upstream.connection_pool.ConnectionPool.request`` as used here."""
 
     def request(self, origin: str, method: bytes, target: bytes,
                 headers: list[tuple[bytes, bytes]], body: bytes = b"", *,

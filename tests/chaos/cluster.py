@@ -37,8 +37,8 @@ from cortex.sim.cluster import Comparison
 from cortex.sim.engine import SimEngine
 from cortex.sim.kv_engine import SimEndpointConfig
 from cortex.sim.serving import TimingConfig
+from cortex.upstream.connection_pool import PoolStats
 from cortex.upstream.limits import PoolLimits
-from cortex.upstream.pool import PoolStats
 from cortex.workers.spec import WorkerSpec
 from tests.gateway_cluster import BLOCK, MODEL, all_ready, model_config, model_profile, wait_for
 

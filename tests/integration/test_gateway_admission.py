@@ -9,7 +9,7 @@ import json
 import trio
 
 from cortex.config.tree import SchedulerConfig
-from cortex.gateway.settings import AdmissionSettings
+from cortex.dispatch.settings import AdmissionSettings
 from cortex.scheduling import Watermarks
 from tests.front_http_client import RawClient, chat_request
 from tests.gateway_cluster import MODEL, gateway_cluster

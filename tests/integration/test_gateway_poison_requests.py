@@ -89,7 +89,7 @@ async def test_a_pd_pair_stops_after_the_second_worker_fails_the_same_request(by
             if bypass and bad.status == 500:
                 # a prefill leg failed, then the retry went to decode alone (it holds the
                 # prefix by now): a whole answer, relayed as the engine gave it, as for a
-                # single worker (cortex.gateway.blame)
+                # single worker (cortex.dispatch.blame)
                 assert message.startswith("simulated internal error"), bad.body
             else:  # a leg's failure is never the client's answer: a clear 502
                 assert bad.status == 502, bad.body

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from cortex.gateway.endpoints import Endpoint, request_prompt
+from cortex.dispatch.endpoints import Endpoint, request_prompt
 from cortex.profile.request_keys import prompt_token_ids
 from cortex.sim.pd import PdSimSettings
 from tests.front_http_client import RawClient

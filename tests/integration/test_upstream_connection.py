@@ -8,9 +8,9 @@ import pytest
 import trio
 
 from cortex.upstream.connection import open_connection
+from cortex.upstream.connection_pool import ConnectionPool
 from cortex.upstream.errors import UpstreamConnectError, UpstreamTimeout
 from cortex.upstream.limits import PoolLimits
-from cortex.upstream.pool import UpstreamPool
 from tests.integration.upstream_servers import ServerConn, keep_alive_ok, start_server
 
 
@@ -65,7 +65,7 @@ async def test_many_concurrent_requests_share_a_capped_pool():
         while (request := await conn.read_request()) is not None:
             await conn.respond(200, request.body)
 
-    pool = UpstreamPool(PoolLimits(max_connections_per_worker=8, max_idle_per_worker=4))
+    pool = ConnectionPool(PoolLimits(max_connections_per_worker=8, max_idle_per_worker=4))
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             origin, server = await start_server(nursery, echo)

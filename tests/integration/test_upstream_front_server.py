@@ -1,4 +1,4 @@
-"""UpstreamPool against Cortex's own lean HTTP server (the simulated engines run on it)."""
+"""ConnectionPool against Cortex's own lean HTTP server (the simulated engines run on it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import trio
 from cortex.front.limits import ServerLimits
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.front.server import HttpServer
-from cortex.upstream.pool import PoolStats, UpstreamPool
+from cortex.upstream.connection_pool import ConnectionPool, PoolStats
 from cortex.upstream.sse import CachedTokensSniffer
 
 USAGE = (b'data: {"choices":[],"usage":{"prompt_tokens":40,'
@@ -52,7 +52,7 @@ class Engine:
 async def test_keep_alive_streaming_and_cancellation_against_the_lean_server():
     engine = Engine()
     server = HttpServer(engine.handle, ServerLimits(eof_is_gone=True))  # an engine's rule
-    pool = UpstreamPool()
+    pool = ConnectionPool()
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             host, port = await nursery.start(server.serve, "127.0.0.1", 0)

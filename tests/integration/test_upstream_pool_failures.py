@@ -1,4 +1,4 @@
-"""UpstreamPool against workers that break, stall or are cancelled on, over real loopback
+"""ConnectionPool against workers that break, stall or are cancelled on, over real loopback
 sockets: typed failures with their phase, sockets closed, nothing broken pooled.
 """
 
@@ -11,9 +11,9 @@ import trio
 import trio.testing
 
 from cortex.errors import BadRequest
+from cortex.upstream.connection_pool import ConnectionPool, PoolStats
 from cortex.upstream.errors import UpstreamBroken, UpstreamConnectError, UpstreamTimeout
 from cortex.upstream.limits import PoolLimits
-from cortex.upstream.pool import PoolStats, UpstreamPool
 from tests.integration.upstream_servers import (
     CHAT,
     JSON,
@@ -73,7 +73,7 @@ async def test_connect_refused():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    pool = UpstreamPool()
+    pool = ConnectionPool()
     with trio.fail_after(10), pytest.raises(UpstreamConnectError) as caught:
         await get(pool, f"http://127.0.0.1:{port}")
     assert (caught.value.phase, caught.value.response_started) == ("connect", False)
@@ -138,7 +138,7 @@ async def test_head_and_body_timeouts():
             await conn.chunk(b"data: 1\n\n")
         await conn.wait_eof()
 
-    slow_reads = UpstreamPool(PoolLimits(read_timeout_s=0.2))
+    slow_reads = ConnectionPool(PoolLimits(read_timeout_s=0.2))
     async with pool_serving(stall, slow_reads) as (pool, origin, server, _nursery):
         with pytest.raises(UpstreamTimeout) as caught:
             async with pool.request(origin, b"POST", CHAT, JSON, b"{}",

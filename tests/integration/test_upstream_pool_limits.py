@@ -1,4 +1,4 @@
-"""UpstreamPool's limits over real loopback sockets: connection and idle caps, waiters, idle
+"""ConnectionPool's limits over real loopback sockets: connection and idle caps, waiters, idle
 reaping, closing an origin.
 """
 
@@ -8,9 +8,9 @@ import pytest
 import trio
 import trio.testing
 
+from cortex.upstream.connection_pool import ConnectionPool, PoolStats
 from cortex.upstream.errors import UpstreamTimeout
 from cortex.upstream.limits import PoolLimits
-from cortex.upstream.pool import PoolStats, UpstreamPool
 from tests.integration.upstream_servers import (
     ServerConn,
     get,
@@ -32,7 +32,7 @@ async def test_connection_cap_waiters_get_the_released_connection_or_time_out():
             await conn.respond(200, request.body)
 
     limits = PoolLimits(max_connections_per_worker=1, max_idle_per_worker=1, acquire_timeout_s=0.2)
-    async with pool_serving(first_waits, UpstreamPool(limits)) as (pool, origin, server, nursery):
+    async with pool_serving(first_waits, ConnectionPool(limits)) as (pool, origin, server, nursery):
         results: list[bytes] = []
 
         async def call(body: bytes) -> None:
@@ -71,7 +71,7 @@ async def test_idle_cap_keeps_the_newest():
             await conn.respond(200, request.body)
 
     limits = PoolLimits(max_connections_per_worker=4, max_idle_per_worker=1)
-    async with pool_serving(answer_when_both_arrived, UpstreamPool(limits)) as (
+    async with pool_serving(answer_when_both_arrived, ConnectionPool(limits)) as (
             pool, origin, _, _nursery):
         async with trio.open_nursery() as calls:
             calls.start_soon(get, pool, origin, b"a")
@@ -80,7 +80,7 @@ async def test_idle_cap_keeps_the_newest():
 
 
 async def test_run_reaps_idle_connections_and_closes_the_pool_on_cancel():
-    pool = UpstreamPool(PoolLimits(idle_timeout_s=0.05))
+    pool = ConnectionPool(PoolLimits(idle_timeout_s=0.05))
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             origin, server = await start_server(nursery, _answer_then_wait_eof)
@@ -114,7 +114,7 @@ async def _answer_then_wait_eof(conn: ServerConn) -> None:
 
 async def test_reap_idle_follows_the_injected_clock():
     now = [100.0]
-    pool = UpstreamPool(PoolLimits(idle_timeout_s=30), clock=lambda: now[0])
+    pool = ConnectionPool(PoolLimits(idle_timeout_s=30), clock=lambda: now[0])
     async with pool_serving(_answer_then_wait_eof, pool) as (pool, origin, server, _nursery):
         await get(pool, origin)
         assert pool.reap_idle(129.0) == 130.0
@@ -165,7 +165,7 @@ async def test_waiters_cancelled_or_handed_a_slot_leave_the_books_straight():
         await keep_alive_ok_after(conn, request)
 
     limits = PoolLimits(max_connections_per_worker=1, max_idle_per_worker=1)
-    async with pool_serving(hold_then_close, UpstreamPool(limits)) as (
+    async with pool_serving(hold_then_close, ConnectionPool(limits)) as (
             pool, origin, server, _nursery):
         results: list[bytes] = []
 

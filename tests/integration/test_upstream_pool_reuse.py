@@ -1,4 +1,4 @@
-"""UpstreamPool keep-alive over real loopback sockets: connections reused, closed when not
+"""ConnectionPool keep-alive over real loopback sockets: connections reused, closed when not
 reusable, and the keep-alive race retried once, only when safe.
 """
 
@@ -8,8 +8,8 @@ import pytest
 import trio
 
 from cortex.upstream.connection import NOT_READY
+from cortex.upstream.connection_pool import PoolStats
 from cortex.upstream.errors import UpstreamBroken
-from cortex.upstream.pool import PoolStats
 from tests.integration.upstream_servers import (
     CHAT,
     JSON,

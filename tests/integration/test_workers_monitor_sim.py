@@ -11,7 +11,7 @@ import trio
 
 from cortex.sim.engine import SimEngine
 from cortex.sim.serving import TimingConfig
-from cortex.upstream.pool import UpstreamPool
+from cortex.upstream.connection_pool import ConnectionPool
 from cortex.workers.breaker import BreakerState
 from cortex.workers.health import HealthSettings
 from cortex.workers.load import RankLoad
@@ -26,7 +26,7 @@ WAIT_S = 30.0
 BUSY = TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=1.0, max_running=1)
 
 
-def pool_fetch(upstream: UpstreamPool):
+def pool_fetch(upstream: ConnectionPool):
     """The fetch the app builds on the upstream pool."""
 
     async def fetch(origin: str, path: str, timeout_s: float) -> tuple[int, bytes]:
@@ -61,7 +61,7 @@ async def start_engine(nursery: trio.Nursery, flavor: str, **kwargs) -> tuple[Si
     return engine, scope
 
 
-async def generate(upstream: UpstreamPool, engine: SimEngine, rank: int) -> None:
+async def generate(upstream: ConnectionPool, engine: SimEngine, rank: int) -> None:
     """A long completion on one DP rank (the vLLM header or the SGLang body field)."""
     body: dict[str, object] = {"model": engine.served_model_name, "prompt": [1, 2, 3, 4],
                                "max_tokens": 100}
@@ -78,7 +78,7 @@ async def generate(upstream: UpstreamPool, engine: SimEngine, rank: int) -> None
 
 @pytest.mark.parametrize("flavor", ["vllm-0.33", "vllm-0.23", "sglang-0.5.23"])
 async def test_engine_queue_and_kv_usage_reach_the_views(nursery, flavor) -> None:
-    upstream = UpstreamPool()
+    upstream = ConnectionPool()
     await nursery.start(upstream.run)
     engine, _ = await start_engine(nursery, flavor, dp_size=2, timing=BUSY)
     registry = WorkerRegistry(SETTINGS, trio.current_time)
@@ -101,7 +101,7 @@ async def test_engine_queue_and_kv_usage_reach_the_views(nursery, flavor) -> Non
 
 
 async def test_unhealthy_fault_then_recovery_and_a_stopped_engine(nursery) -> None:
-    upstream = UpstreamPool()
+    upstream = ConnectionPool()
     await nursery.start(upstream.run)
     vllm, vllm_scope = await start_engine(nursery, "vllm-0.33")
     sglang, _ = await start_engine(nursery, "sglang-0.5.23")

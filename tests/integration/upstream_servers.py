@@ -20,7 +20,7 @@ from functools import partial
 import h11
 import trio
 
-from cortex.upstream.pool import UpstreamPool
+from cortex.upstream.connection_pool import ConnectionPool
 
 
 @dataclass
@@ -136,9 +136,9 @@ async def start_server(nursery: trio.Nursery, behaviour: Behaviour) -> tuple[str
 
 
 @asynccontextmanager
-async def pool_serving(behaviour: Behaviour, pool: UpstreamPool | None = None
-                       ) -> AsyncIterator[tuple[UpstreamPool, str, Server, trio.Nursery]]:
-    pool = pool if pool is not None else UpstreamPool()
+async def pool_serving(behaviour: Behaviour, pool: ConnectionPool | None = None
+                       ) -> AsyncIterator[tuple[ConnectionPool, str, Server, trio.Nursery]]:
+    pool = pool if pool is not None else ConnectionPool()
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             origin, server = await start_server(nursery, behaviour)
@@ -157,6 +157,6 @@ CHAT = b"/v1/chat/completions"
 JSON = [(b"content-type", b"application/json")]
 
 
-async def get(pool: UpstreamPool, origin: str, body: bytes = b"") -> bytes:
+async def get(pool: ConnectionPool, origin: str, body: bytes = b"") -> bytes:
     async with pool.request(origin, b"POST", CHAT, JSON, body) as response:
         return await response.read()

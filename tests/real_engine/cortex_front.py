@@ -21,7 +21,7 @@ import trio
 
 from cortex.app import Running, run_gateway
 from cortex.config.tree import ControlConfig, CortexConfig, HealthConfig, ModelConfig, ServerConfig
-from cortex.gateway.endpoints import ENDPOINTS, request_prompt
+from cortex.dispatch.endpoints import ENDPOINTS, request_prompt
 from cortex.profile.request_keys import prompt_token_ids
 from cortex.workers.spec import WorkerSpec
 from tests.front_http_client import RawClient

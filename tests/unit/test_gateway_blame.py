@@ -1,13 +1,13 @@
-"""Whose failure it is (cortex.gateway.blame): the worker's, or the request's own."""
+"""Whose failure it is (cortex.dispatch.blame): the worker's, or the request's own."""
 
 from __future__ import annotations
 
 import pytest
 
+from cortex.dispatch.blame import RequestBlame, may_be_the_requests
+from cortex.dispatch.legs import RetryableStatus
+from cortex.dispatch.observer import RouteObserver
 from cortex.errors import UpstreamError
-from cortex.gateway.blame import RequestBlame, may_be_the_requests
-from cortex.gateway.legs import RetryableStatus
-from cortex.gateway.observer import RouteObserver
 
 
 @pytest.mark.parametrize(("status", "expected"), [

@@ -2,14 +2,14 @@ import json
 
 import pytest
 
-from cortex.errors import BadRequest
-from cortex.gateway.endpoints import (
+from cortex.dispatch.endpoints import (
     body_model,
     decision_headers,
     forwarded_headers,
     parse_body,
     with_dp_rank,
 )
+from cortex.errors import BadRequest
 
 
 @pytest.mark.parametrize("raw", [b"", b"{", b"[1,2]", b'"text"', b"\xff\xfe", b"null"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cortex.gateway.exits import Exits
+from cortex.dispatch.exits import Exits
 
 
 class Sync:

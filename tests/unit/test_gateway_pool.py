@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from cortex.dispatch.model_pool import ModelPool, WorkerFigures
+from cortex.dispatch.worker_report import WorkerReport
 from cortex.errors import NoWorkerAvailable
-from cortex.gateway.pool import ModelPool, WorkerFigures
-from cortex.gateway.worker_report import WorkerReport
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.kv_events import BlockStored, EngineFamily, EventBatch
 from cortex.ledger.state import TargetState

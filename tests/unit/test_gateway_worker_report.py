@@ -1,4 +1,4 @@
-from cortex.gateway.worker_report import (
+from cortex.dispatch.worker_report import (
     WorkerReport,
     sglang_server_info,
     vllm_block_size,

@@ -22,6 +22,11 @@ Rules of the graph:
 Each strongly connected component with more than one module (Tarjan's algorithm), and each
 module importing itself, is reported with the imports that tie it.
 
+Packages (issue 38): the same edges, each module counted as the package it belongs to
+(``cortex.<name>`` for a package's modules, the module itself for a top-level one), form no
+circle either, and every import goes to a package of the same or a lower layer of ``LAYERS``
+(bottom first). A package imports its own layer's packages only where that makes no circle.
+
 Private names: no module imports another cortex module's ``_name`` (``from cortex.x import
 _name``) or reads it as an attribute of a cortex module bound by an import (``x._name`` after
 ``import cortex.x as x`` or ``from cortex import x``). Dunders are public. Modules are free to
@@ -38,6 +43,31 @@ from pathlib import Path
 import cortex
 
 ROOT = Path(cortex.__file__).resolve().parent
+
+# The layers of the package graph, bottom first: a package imports only its own layer's and
+# lower layers' packages. Each layer says what it holds.
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("foundation: errors, compiled cores, process helpers", frozenset({
+        "cortex", "cortex._fast", "cortex.errors", "cortex.host_literal",
+        "cortex.wait_deadlines", "cortex.memory_trim", "cortex.systemd"})),
+    ("pure cores and byte movers: the ledger and the event types it applies, prompts, "
+     "tokens, both HTTP legs", frozenset({
+        "cortex.ledger", "cortex.prompt", "cortex.tokenize", "cortex.front",
+        "cortex.upstream"})),
+    ("what feeds and reads the ledger; the model's profile; logging", frozenset({
+        "cortex.events", "cortex.scheduling", "cortex.profile", "cortex.logs"})),
+    ("workers and replicas", frozenset({"cortex.workers", "cortex.replicas"})),
+    ("serving a request on workers", frozenset({"cortex.dispatch"})),
+    ("strategies and observers over it", frozenset({"cortex.pd", "cortex.metrics"})),
+    ("the control plane", frozenset({"cortex.control"})),
+    ("the data plane's front door", frozenset({"cortex.gateway"})),
+    ("configuration (every component's settings) and the simulated engine", frozenset({
+        "cortex.config", "cortex.sim"})),
+    ("running services", frozenset({
+        "cortex.worker_lifecycle", "cortex.processes", "cortex.serve_summary"})),
+    ("the application", frozenset({"cortex.app", "cortex.demo"})),
+    ("the command line", frozenset({"cortex.cli", "cortex.__main__"})),
+)
 
 # (importing module, imported module, private name): reached for on purpose, each with why.
 PRIVATE_ALLOWED: frozenset[tuple[str, str, str]] = frozenset()
@@ -305,3 +335,72 @@ def test_private_allow_list_has_no_stale_entries():
     _, private = _scan()
     used = {(p.source, p.target, p.name) for p in private}
     assert PRIVATE_ALLOWED <= used, sorted(PRIVATE_ALLOWED - used)
+
+
+def package_of(module: str) -> str:
+    """``cortex.<name>`` for a module of package ``<name>``, a top-level module itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_edges(edges: list[Edge]) -> list[Edge]:
+    """The edges between different packages, each end named by its package."""
+    return [Edge(package_of(e.source), package_of(e.target), e.line, f"{e.source} -> {e.target}")
+            for e in edges if package_of(e.source) != package_of(e.target)]
+
+
+def package_cycles(edges: list[Edge]) -> list[str]:
+    graph: dict[str, set[str]] = {}
+    for edge in package_edges(edges):
+        graph.setdefault(edge.source, set()).add(edge.target)
+        graph.setdefault(edge.target, set())
+    reports = []
+    for component in strongly_connected(graph):
+        if len(component) > 1:
+            members = set(component)
+            ties = sorted({f"{e.where}:{e.line}" for e in package_edges(edges)
+                           if e.source in members and e.target in members})
+            reports.append(f"{component}:\n    " + "\n    ".join(ties))
+    return sorted(reports)
+
+
+def upward_imports(edges: list[Edge]) -> list[str]:
+    layer = {package: depth for depth, (_, packages) in enumerate(LAYERS)
+             for package in packages}
+    return sorted(f"{e.where}:{e.line} ({e.source}, layer {layer[e.source]} -> "
+                  f"{e.target}, layer {layer[e.target]})"
+                  for e in package_edges(edges) if layer[e.target] > layer[e.source])
+
+
+def test_every_package_has_one_layer():
+    packages = {package_of(module) for module in KNOWN}
+    placed = [package for _, members in LAYERS for package in members]
+    assert len(placed) == len(set(placed)), "a package in two layers"
+    assert packages == set(placed), (sorted(packages - set(placed)),
+                                     sorted(set(placed) - packages))
+
+
+def test_packages_have_no_import_cycles():
+    edges, _ = _scan()
+    cycles = package_cycles(edges)
+    assert not cycles, "import cycles between packages:\n" + "\n".join(cycles)
+
+
+def test_no_package_imports_a_higher_layer():
+    edges, _ = _scan()
+    upward = upward_imports(edges)
+    assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
+
+
+def test_package_rules_catch_a_circle_and_an_upward_import():
+    made_up = [Edge("cortex.gateway.proxy", "cortex.pd.orchestrate", 1, "module"),
+               Edge("cortex.pd.orchestrate", "cortex.gateway.legs", 2, "module"),
+               Edge("cortex.ledger.book", "cortex.events.model", 3, "module")]
+    assert package_cycles(made_up) == [
+        "['cortex.gateway', 'cortex.pd']:\n"
+        "    cortex.gateway.proxy -> cortex.pd.orchestrate:1\n"
+        "    cortex.pd.orchestrate -> cortex.gateway.legs:2"]
+    assert upward_imports(made_up) == [
+        "cortex.ledger.book -> cortex.events.model:3 (cortex.ledger, layer 1 -> "
+        "cortex.events, layer 2)",
+        "cortex.pd.orchestrate -> cortex.gateway.legs:2 (cortex.pd, layer 5 -> "
+        "cortex.gateway, layer 7)"]

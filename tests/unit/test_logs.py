@@ -10,9 +10,9 @@ import logging
 import pytest
 
 from cortex import logs
-from cortex.config.tree import LogConfig
 from cortex.front.exchange import Exchange
 from cortex.front.messages import HttpRequest
+from cortex.logs import LogConfig
 
 TOKEN = "s3cr3t-admin-token-value"
 

@@ -28,7 +28,7 @@ from cortex.scheduling.load_aware import LoadAware
 from cortex.scheduling.p2c import PowerOfTwo
 from cortex.scheduling.round_robin import RoundRobin
 from cortex.scheduling.view import RequestFacts, WorkerView
-from cortex.upstream.pool import PoolStats
+from cortex.upstream.connection_pool import PoolStats
 from cortex.workers.health import WorkerCounters
 
 

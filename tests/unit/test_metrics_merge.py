@@ -1,4 +1,4 @@
-"""``metrics_merge``: several processes' expositions as one, each sample labelled with its
+"""``cortex.metrics.merge``: several processes' expositions as one, each sample labelled with its
 process, each family once — checked by parsing the result as Prometheus does."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cortex.gateway.response_owners import ResponseOwners
+from cortex.dispatch.response_owners import ResponseOwners
 
 
 def test_the_id_is_read_from_a_json_answer_or_the_first_stream_event():

@@ -42,18 +42,27 @@ import random
 import time
 from array import array
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from time import perf_counter
+from types import MappingProxyType
 from typing import Any, Literal
 
 import msgspec
 
-from cortex.gateway.worker_report import WorkerReport
+from cortex.dispatch.endpoints import ENGINES, EXACT_FOR, SERVED_BY, Endpoint, request_prompt
+from cortex.dispatch.observer import RouteObserver
+from cortex.dispatch.request import ServeRequest
+from cortex.dispatch.route import Route
+from cortex.dispatch.worker_report import WorkerReport
+from cortex.errors import BadRequest, NotFound
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.kv_events import EngineFamily
 from cortex.ledger.state import TargetState
 from cortex.profile.profile_set import ProfileSet
 from cortex.profile.request_keys import request_block_keys, reusable_tokens
+from cortex.profile.trio_tokenize import encode_offloaded
 from cortex.prompt.request_text import RequestPrompt
+from cortex.prompt.unrenderable import Unrenderable
 from cortex.scheduling import (
     BoundedLoad,
     CostConfig,
@@ -68,10 +77,10 @@ from cortex.scheduling import (
     worker_matches,
 )
 from cortex.scheduling.chain import no_events_chain
-from cortex.scheduling.inflight import Hold
 from cortex.scheduling.p2c import PowerOfTwo
 from cortex.scheduling.policy import Policy
 from cortex.scheduling.round_robin import RoundRobin
+from cortex.tokenize.segment_cache import Lookup
 from cortex.workers.spec import WorkerSpec
 
 log = logging.getLogger("cortex.gateway")
@@ -80,16 +89,6 @@ log = logging.getLogger("cortex.gateway")
 _DISTRUST = {TargetState.READY: 0, TargetState.SYNCING: 1, TargetState.STALE: 2,
              TargetState.PARTIAL: 3}
 _FAMILIES = {"vllm": EngineFamily.VLLM, "sglang": EngineFamily.SGLANG}
-
-
-@dataclass(slots=True)
-class Route:
-    decision: Decision
-    worker: WorkerSpec
-    rank: int | None
-    hold: Hold
-    prompt_tokens: int | None  # None when the prompt was not tokenized
-    timings: dict[str, float] = field(default_factory=dict)  # tokenize_s, hash_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +145,8 @@ class ModelPool:
         if self.profile is not None and self.profile.chat_templates is not None:
             self.profile.chat_templates.use_render_cache(render_cache_bytes, model)
         self.pending = PendingWork()
-        self.workers: dict[str, WorkerSpec] = {}
+        self._workers: dict[str, WorkerSpec] = {}
+        self.workers: Mapping[str, WorkerSpec] = MappingProxyType(self._workers)  # read-only
         self._families: tuple[EngineFamily, ...] = ()  # of the workers (``_membership_changed``)
         self.chat_engine = "vllm"  # whose chat rendering the pool reproduces (same)
         self.targets: dict[str, tuple[int, ...]] = {}
@@ -210,7 +210,7 @@ class ModelPool:
     # ------------------------------------------------------------------ membership
 
     def set_worker(self, spec: WorkerSpec, targets: tuple[int, ...] = ()) -> None:
-        self.workers[spec.name] = spec
+        self._workers[spec.name] = spec
         self.targets[spec.name] = targets
         self._membership_changed()
         self.refresh(spec.name)
@@ -239,7 +239,7 @@ class ModelPool:
     def remove_worker(self, name: str) -> None:
         self.reports.pop(name, None)
         self.profiles.forget_worker(self.model, name)
-        self.workers.pop(name, None)
+        self._workers.pop(name, None)
         self._membership_changed()
         self.targets.pop(name, None)
         if self._untrusted.pop(name, None) is not None:
@@ -318,6 +318,74 @@ class ModelPool:
 
     # ------------------------------------------------------------------ deciding
 
+    async def prepare(self, request: ServeRequest, observer: RouteObserver) -> None:
+        """Fill ``request``'s prompt, token ids and block keys (and the time they took) when
+        the pool routes it exactly; leave them ``None`` to route it on load alone, counting
+        why with ``observer`` (a prompt Cortex cannot render as the engine will, a template
+        that fails, a prompt over ``max_prompt_chars``). A client's malformed request raises
+        ``BadRequest``. A long new text is encoded off the trio thread."""
+        tokenizer = self.tokenizer
+        profile = self.profile
+        if tokenizer is None or profile is None or self.exact_off is not None:
+            return
+        endpoint = request.endpoint
+        prompt = None
+        try:
+            if endpoint in EXACT_FOR:
+                self._check_exact_for(endpoint)
+            prompt = request_prompt(endpoint, request.body, profile.chat_templates,
+                                    self.chat_engine)
+        except Unrenderable as why:  # not exactly as the engine will: route on load only
+            observer.unrenderable(self.model, why.reason)
+            log.debug("routed by load: %s", why)
+        except BadRequest:
+            raise
+        except Exception as error:  # noqa: BLE001 (counted) a template that cannot render: route on load only
+            observer.template_failed(self.model, error)
+        if prompt is None:
+            return
+        if prompt.text is not None and 0 < self.max_prompt_chars < len(prompt.text):
+            observer.prompt_too_long(self.model, len(prompt.text))
+            return  # too costly to tokenize: routed by load, never a guess
+        if prompt.token_ids is not None:
+            token_ids = prompt.token_ids
+        else:
+            tokenize_start = perf_counter()
+            token_ids = tokenizer.encode_now(prompt.text or "", prompt.add_special_tokens,
+                                             tokenizer.offload_min_chars)
+            if type(token_ids) is Lookup:  # a long new text: off the trio thread
+                token_ids = await encode_offloaded(tokenizer, token_ids)
+            request.timings["tokenize_s"] = perf_counter() - tokenize_start
+        request.prompt = prompt
+        request.token_ids = token_ids
+        if self.exact_off is None:  # (it may have changed while the text was encoded)
+            clock = self.clock
+            start = clock()
+            request.keys = self.keys_for(token_ids, prompt)
+            request.timings["hash_s"] = clock() - start
+
+    def _check_exact_for(self, endpoint: Endpoint) -> None:
+        """``Unrenderable`` when a worker renders ``endpoint``'s requests its own way
+        (``EXACT_FOR``): no one prediction holds for every worker."""
+        engines = EXACT_FOR[endpoint]
+        for spec in self._workers.values():
+            if spec.engine not in engines:
+                raise Unrenderable("engine_rendering", f"{spec.engine} worker in the pool")
+
+    def not_serving(self, endpoint: Endpoint) -> tuple[str, ...]:
+        """The workers whose engine does not serve ``endpoint`` (``SERVED_BY``); a clear 404
+        when none does."""
+        engines = SERVED_BY[endpoint]
+        if engines is ENGINES:  # chat, completions: every worker (no scan on the hot path)
+            return ()
+        workers = self._workers
+        unable = tuple(name for name, spec in workers.items() if spec.engine not in engines)
+        if unable and len(unable) == len(workers):
+            kinds = " or ".join(sorted(engines))
+            raise NotFound(f"POST {endpoint.value} is served by {kinds} engines only, and no "
+                           f"worker of model {self.model!r} is one; use /v1/completions")
+        return unable
+
     def keys_for(self, token_ids: Any, prompt: RequestPrompt) -> Any:
         """The keys of the blocks an engine could serve this prompt from its cache."""
         assert self.profile is not None
@@ -331,8 +399,10 @@ class ModelPool:
         prompt: RequestPrompt | None,
         exclude: Collection[str] = (),
         role: Role = Role.BOTH,
+        keys: Any = None,
     ) -> Route:
-        """Pick a worker for a prompt already tokenized (``token_ids``) or not (``None``)."""
+        """Pick a worker for a prompt already tokenized (``token_ids``) or not (``None``);
+        ``keys``: its block keys when already computed (``prepare``)."""
         clock = self.clock
         timings: dict[str, float] = {}
         views = self.pending.views()
@@ -346,11 +416,13 @@ class ModelPool:
         raised: Mapping[int, int] | None = None  # in-flight credit: target -> its ledger depth
         token_count = 0
         block_size = self.profile.block_size if self.profile is not None else 1
-        keys: Any = _NO_KEYS
+        given, keys = keys, _NO_KEYS
         if token_ids is not None and prompt is not None and self.exact_off is None:
-            start = clock()
-            keys = self.keys_for(token_ids, prompt)
-            timings["hash_s"] = clock() - start
+            keys = given
+            if keys is None:
+                start = clock()
+                keys = self.keys_for(token_ids, prompt)
+                timings["hash_s"] = clock() - start
             token_count = len(token_ids)
             if self.reads_ledger:
                 target_blocks = self._match(keys, block_size)
@@ -436,7 +508,7 @@ class ModelPool:
         keys: Any = None,
         raised: Mapping[int, int] | None = None,
     ) -> Route:
-        spec = self.workers[decision.worker]
+        spec = self._workers[decision.worker]
         rank = None
         targets = self.targets.get(spec.name, ())
         if target_blocks and len(targets) > 1:

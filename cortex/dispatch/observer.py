@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cortex.gateway.pool import Route
+    from cortex.dispatch.route import Route
 
 
 class RouteObserver:
@@ -41,7 +41,7 @@ class RouteObserver:
         """An exchange with ``worker`` failed; ``retried`` if another worker gets the request;
         ``after_first_byte`` if the client had already received part of the response;
         ``blame``: the failure is the worker's (else it may be the request's own and waits for
-        a verdict: ``blamed`` or ``poisoned``, ``cortex.gateway.blame``)."""
+        a verdict: ``blamed`` or ``poisoned``, ``cortex.dispatch.blame``)."""
 
     def blamed(self, worker: str, error: Exception) -> None:
         """A failure of ``worker`` reported earlier without blame turned out to be its own:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import trio
 
+from cortex.dispatch.exits import Exits
 from cortex.errors import UpstreamError
-from cortex.gateway.exits import Exits
 from cortex.upstream.response import UpstreamResponse
 from cortex.upstream.sse import CachedTokensSniffer
 

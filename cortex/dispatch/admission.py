@@ -21,8 +21,8 @@ from typing import TypeVar
 
 import trio
 
+from cortex.dispatch.settings import AdmissionSettings
 from cortex.errors import NoWorkerAvailable, Overloaded
-from cortex.gateway.settings import AdmissionSettings
 
 T = TypeVar("T")
 

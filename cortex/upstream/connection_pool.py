@@ -1,6 +1,6 @@
 """Per-worker keep-alive pool of upstream connections, and one request/response exchange on it.
 
-``UpstreamPool.request(origin, ...)`` is an async context manager: entering it takes a
+``ConnectionPool.request(origin, ...)`` is an async context manager: entering it takes a
 connection (an idle one, else a new one, else waits), sends the request and returns once the
 response head arrived; the body is then read through the ``UpstreamResponse``.
 
@@ -49,7 +49,7 @@ from cortex.upstream.request_head import Headers, Origin, parse_origin, upstream
 from cortex.upstream.response import UpstreamResponse
 from cortex.wait_deadlines import WaitDeadlines
 
-__all__ = ["PoolStats", "UpstreamPool", "UpstreamResponse"]
+__all__ = ["ConnectionPool", "PoolStats", "UpstreamResponse"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +96,7 @@ class _OriginPool:
         self.discarded = 0
 
 
-class UpstreamPool:
+class ConnectionPool:
     """Keep-alive connections to every worker origin; one instance per Cortex process."""
 
     def __init__(self, limits: PoolLimits = PoolLimits(), *,
@@ -281,7 +281,7 @@ class UpstreamPool:
 
 
 class _Exchange:
-    """``async with``: one request on a pooled connection; see ``UpstreamPool.request``."""
+    """``async with``: one request on a pooled connection; see ``ConnectionPool.request``."""
 
     __slots__ = (
         "_body",
@@ -296,7 +296,7 @@ class _Exchange:
         "_target",
     )
 
-    def __init__(self, pool: UpstreamPool, origin: str, method: bytes, target: bytes,
+    def __init__(self, pool: ConnectionPool, origin: str, method: bytes, target: bytes,
                  headers: Headers, body: bytes, head_timeout_s: float) -> None:
         self._pool = pool
         self._origin = origin

@@ -34,7 +34,7 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cortex.gateway.observer import RouteObserver
+    from cortex.dispatch.observer import RouteObserver
 
 log = logging.getLogger("cortex.gateway")
 
