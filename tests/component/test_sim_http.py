@@ -1,5 +1,10 @@
 """The simulated engine's HTTP handler, called directly (no sockets): routes, shapes, cache
-hits, DP ranks, faults and aborts. The KV side runs for real (ZeroMQ publishers on loopback)."""
+hits, DP ranks, faults and aborts. The KV side runs for real (ZeroMQ publishers on loopback).
+
+The engine's timing is trio's clock only (its steps, token times and faults sleep on it) and
+no test here waits on the publishers' sockets (nothing subscribes), so where time is what a
+test looks at (a delay, a hang, a time to first token, a request kept running by a slow
+decode) it runs on trio's ``MockClock`` (``autojump_clock``): exact, and no real waiting."""
 
 from __future__ import annotations
 
@@ -308,7 +313,7 @@ async def test_sglang_information_routes():
 
 
 @pytest.mark.parametrize("flavor", ["vllm-0.33", "sglang-0.5.23"])
-async def test_load_endpoints_count_running_requests_and_their_tokens(flavor):
+async def test_load_endpoints_count_running_requests_and_their_tokens(autojump_clock, flavor):
     engine = make(flavor,
                   timing=TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=10.0))
     total = 4096 * 16
@@ -335,7 +340,7 @@ async def test_load_endpoints_count_running_requests_and_their_tokens(flavor):
     assert 40 <= round(used) <= 41  # the prompt, and the first token once it is out
 
 
-async def test_flush_cache_clears_when_idle_and_refuses_while_busy():
+async def test_flush_cache_clears_when_idle_and_refuses_while_busy(autojump_clock):
     engine = make("sglang-0.5.23",
                   timing=TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=10.0))
     async with kv_running(engine):
@@ -430,7 +435,7 @@ async def test_poison_marker_fails_every_route_with_the_engines_internal_error(f
         assert POISON in message
 
 
-async def test_slow_delays_the_answer():
+async def test_slow_delays_the_answer(autojump_clock):
     engine = make()
     engine.faults.slow_s = 0.2
     async with kv_running(engine):
@@ -439,7 +444,7 @@ async def test_slow_delays_the_answer():
         assert trio.current_time() - began >= 0.2
 
 
-async def test_hang_never_answers_and_leaves_nothing_behind():
+async def test_hang_never_answers_and_leaves_nothing_behind(autojump_clock):
     engine = make()
     engine.faults.hang = True
     async with kv_running(engine):
@@ -476,7 +481,7 @@ async def sse_events_into(response: HttpResponse, seen: list[bytes]) -> None:
 # ---------------------------------------------------------------- queueing and aborts
 
 
-async def test_cancelled_requests_leave_the_batch_and_the_queue():
+async def test_cancelled_requests_leave_the_batch_and_the_queue(autojump_clock):
     slow = TimingConfig(prefill_tokens_per_s=1e6, decode_s_per_token=10.0, max_running=1)
     engine = make(timing=slow, capacity_blocks=3)
     async with kv_running(engine):
@@ -496,7 +501,7 @@ async def test_cancelled_requests_leave_the_batch_and_the_queue():
         assert {len(tokens) for _, _, tokens in engine.kv.truth(0)} == {16, 32, 48}
 
 
-async def test_cache_hit_lowers_time_to_first_token():
+async def test_cache_hit_lowers_time_to_first_token(autojump_clock):
     timing = TimingConfig(prefill_tokens_per_s=1000.0, decode_s_per_token=0.0)
     engine = make(timing=timing)
     prompt = list(range(1000, 1800))  # 800 tokens: 0.8 s cold
