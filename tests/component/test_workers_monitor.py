@@ -172,7 +172,7 @@ async def test_sglang_falls_back_to_get_load_and_remembers(autojump_clock, regis
     assert view.engine_queue == 5 and view.kv_usage is None
 
 
-async def test_load_poller_switches_back_when_get_load_goes(engines) -> None:
+async def test_load_poller_switches_back_when_get_load_goes(autojump_clock, engines) -> None:
     poller = LoadPoller(SGLANG, engines.fetch, 1.0)
     engines.set(SGLANG, "/get_load", (200, b'[{"dp_rank": 0, "num_reqs": 1, '
                                           b'"num_waiting_reqs": 0}]'))
