@@ -107,28 +107,19 @@ def build_pools(
         raise ConfigError(stop)
     for model, reason in sorted(failed.items()):
         log.error("model %s: profile not loaded, routed by load only: %s", model, reason)
-    scheduler = config.scheduler
-    rng = random.Random(scheduler.seed)
+    rng = random.Random(config.scheduler.seed)
     pools: dict[str, ModelPool] = {}
     for model in config.models:
         pools[model.name] = ModelPool(
-            model.name, book, profiles=profiles,
-            passthrough=model.passthrough, cost=scheduler.cost,
-            watermarks=scheduler.watermarks, bounds=scheduler.bounds,
-            rng=random.Random(rng.getrandbits(64)),
-            segment_cache_bytes=model.segment_cache_bytes,
-            render_cache_bytes=model.render_cache_bytes,
-            prompt_reuse_bytes=model.prompt_reuse_bytes,
-            route_on_partial=scheduler.route_on_partial,
-            max_prompt_chars=model.max_prompt_chars)
+            model.name, book, profiles=profiles, settings=config.pool_settings(model.name),
+            passthrough=model.passthrough, rng=random.Random(rng.getrandbits(64)))
         if model.block_size is not None and model.block_size > 1 and not model.passthrough:
             book.fold_pages(model.name, model.block_size)  # SGLang's default page size of 1
     for worker in config.workers:
         name = model_of(worker, config)
         if name not in pools:
             pools[name] = ModelPool(name, book, profiles=profiles,
-                                    cost=scheduler.cost, watermarks=scheduler.watermarks,
-                                    bounds=scheduler.bounds,
+                                    settings=config.pool_settings(name),
                                     rng=random.Random(rng.getrandbits(64)))
     return pools, profiles
 

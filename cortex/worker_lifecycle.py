@@ -189,10 +189,8 @@ class WorkerLifecycle(AdminOps):
         model = model_of(spec, self.config)
         pool = self.pools.get(model)
         if pool is None:
-            scheduler = self.config.scheduler
-            pool = self.pools[model] = ModelPool(
-                model, self.book, profiles=self.profiles, cost=scheduler.cost,
-                watermarks=scheduler.watermarks, bounds=scheduler.bounds)
+            pool = self.pools[model] = ModelPool(model, self.book, profiles=self.profiles,
+                                                 settings=self.config.pool_settings(model))
         self.model[spec.name] = model
         targets: tuple[int, ...] = ()
         if spec.events is not None and not pool.passthrough:

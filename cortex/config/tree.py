@@ -15,11 +15,11 @@ Rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from cortex.control.admin import WorkerHostPolicy
-from cortex.dispatch.settings import AdmissionSettings
+from cortex.dispatch.settings import AdmissionSettings, PoolSettings
 from cortex.errors import ConfigError
 from cortex.events.source import IngestSettings
 from cortex.front.limits import ServerLimits
@@ -250,3 +250,19 @@ class CortexConfig:
             if entry.name == name:
                 return entry
         return None
+
+    def pool_settings(self, name: str) -> PoolSettings:
+        """How the pool of model ``name`` routes: the scheduler's settings, and the model's
+        cache sizes and prompt limit when it is configured (a model only a worker names gets
+        the pool's defaults for those)."""
+        scheduler = self.scheduler
+        routing = PoolSettings(cost=scheduler.cost, watermarks=scheduler.watermarks,
+                               bounds=scheduler.bounds,
+                               route_on_partial=scheduler.route_on_partial)
+        model = self.model(name)
+        if model is None:
+            return routing
+        return replace(routing, max_prompt_chars=model.max_prompt_chars,
+                       segment_cache_bytes=model.segment_cache_bytes,
+                       render_cache_bytes=model.render_cache_bytes,
+                       prompt_reuse_bytes=model.prompt_reuse_bytes)

@@ -53,6 +53,7 @@ from cortex.dispatch.endpoints import ENGINES, EXACT_FOR, SERVED_BY, Endpoint, r
 from cortex.dispatch.observer import RouteObserver
 from cortex.dispatch.request import ServeRequest
 from cortex.dispatch.route import Route
+from cortex.dispatch.settings import PoolSettings
 from cortex.dispatch.worker_report import WorkerReport
 from cortex.errors import BadRequest, NotFound
 from cortex.ledger.book import LedgerBook
@@ -64,7 +65,6 @@ from cortex.profile.trio_tokenize import encode_offloaded
 from cortex.prompt.request_text import RequestPrompt
 from cortex.prompt.unrenderable import Unrenderable
 from cortex.scheduling import (
-    BoundedLoad,
     CostConfig,
     Decision,
     FastScheduler,
@@ -72,7 +72,6 @@ from cortex.scheduling import (
     RequestFacts,
     Role,
     Scheduler,
-    Watermarks,
     WorkerView,
     worker_matches,
 )
@@ -116,34 +115,27 @@ class ModelPool:
         book: LedgerBook,
         *,
         profiles: ProfileSet,
+        settings: PoolSettings = PoolSettings(),
         passthrough: bool = False,
         policy: PoolPolicy | Policy = "cortex",
-        cost: CostConfig | None = None,
-        watermarks: Watermarks | None = None,
-        bounds: BoundedLoad = BoundedLoad(),
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        segment_cache_bytes: int = 64 << 20,
-        render_cache_bytes: int = 32 << 20,
-        prompt_reuse_bytes: int = 16 << 20,
-        route_on_partial: bool = False,
-        max_prompt_chars: int = 0,
     ) -> None:
         self.model = model
         self.book = book
         self.profiles = profiles
         self.profile = profiles.profile(model)
         self.passthrough = passthrough
-        self.route_on_partial = route_on_partial
-        self.max_prompt_chars = max_prompt_chars  # longer prompts are not tokenized (0: any)
+        self.route_on_partial = settings.route_on_partial
+        self.max_prompt_chars = settings.max_prompt_chars  # longer: not tokenized (0: any)
         self.clock = clock
         self.tokenizer = (None if self.profile is None or passthrough
-                          else self.profile.new_cached_tokenizer(segment_cache_bytes,
-                                                                 prompt_reuse_bytes))
+                          else self.profile.new_cached_tokenizer(settings.segment_cache_bytes,
+                                                                 settings.prompt_reuse_bytes))
         for note in [] if self.tokenizer is None else self.profile.tokenization_notes():
             log.info("model %s: %s (slower, still exact)", model, note)
         if self.profile is not None and self.profile.chat_templates is not None:
-            self.profile.chat_templates.use_render_cache(render_cache_bytes, model)
+            self.profile.chat_templates.use_render_cache(settings.render_cache_bytes, model)
         self.pending = PendingWork()
         self._workers: dict[str, WorkerSpec] = {}
         self.workers: Mapping[str, WorkerSpec] = MappingProxyType(self._workers)  # read-only
@@ -156,8 +148,9 @@ class ModelPool:
         self._capacity_listeners: list[Callable[[str], None]] = []
         self.reports: dict[str, WorkerReport] = {}  # what each worker said about itself
         rng = rng or random.Random()
+        cost, watermarks = settings.cost, settings.watermarks
         self.default_prefill_tokens_per_s = (cost or CostConfig()).default_prefill_tokens_per_s
-        self.scheduler = FastScheduler(rng, cost, watermarks, bounds)
+        self.scheduler = FastScheduler(rng, cost, watermarks, settings.bounds)
         self._rng, self._cost, self._watermarks = rng, cost, watermarks
         self.policy = "cortex"  # the name of the policy routing (use_policy)
         self.fixed: Scheduler | None = None  # None: the events chain (``scheduler``)

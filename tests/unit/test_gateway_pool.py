@@ -8,6 +8,7 @@ import random
 import pytest
 
 from cortex.dispatch.model_pool import ModelPool, WorkerFigures
+from cortex.dispatch.settings import PoolSettings
 from cortex.dispatch.worker_report import WorkerReport
 from cortex.errors import NoWorkerAvailable
 from cortex.ledger.book import LedgerBook
@@ -226,7 +227,7 @@ def test_a_partial_ledger_is_routed_on_only_when_configured():
     for route_on_partial, mode in ((False, Mode.FALLBACK_ROUND_ROBIN),
                                   (True, Mode.EXACT_KV_EVENTS)):
         pool = ModelPool(MODEL, book, profiles=profiles, rng=random.Random(1),
-                         route_on_partial=route_on_partial)
+                         settings=PoolSettings(route_on_partial=route_on_partial))
         a = add(pool, book, f"a{route_on_partial}", port=1)
         store(book, a[0], 2)
         book.set_state(a[0], TargetState.PARTIAL)
@@ -299,7 +300,7 @@ def test_compared_policies_get_no_in_flight_credit():
 
 def sglang_pool(book: LedgerBook, cost: CostConfig | None = None) -> ModelPool:
     pool = ModelPool(MODEL, book, profiles=ProfileSet({MODEL: model_profile()}, {}),
-                     rng=random.Random(1), cost=cost)
+                     rng=random.Random(1), settings=PoolSettings(cost=cost))
     for name, port in (("a", 1), ("b", 2)):
         spec = WorkerSpec(name, f"http://127.0.0.1:{port}", engine="sglang", model=MODEL,
                           events=f"tcp://127.0.0.1:{5000 + port}")
