@@ -122,13 +122,13 @@ class ModelPool:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.model = model
-        self.book = book
-        self.profiles = profiles
+        self._book = book
+        self._profiles = profiles
         self.profile = profiles.profile(model)
         self.passthrough = passthrough
-        self.route_on_partial = settings.route_on_partial
+        self._route_on_partial = settings.route_on_partial
         self.max_prompt_chars = settings.max_prompt_chars  # longer: not tokenized (0: any)
-        self.clock = clock
+        self._clock = clock
         self.tokenizer = (None if self.profile is None or passthrough
                           else self.profile.new_cached_tokenizer(settings.segment_cache_bytes,
                                                                  settings.prompt_reuse_bytes))
@@ -146,15 +146,15 @@ class ModelPool:
         self._untrusted_any: frozenset[int] = frozenset()  # all of them (per-request filter)
         self._figures: dict[str, WorkerFigures] = {}
         self._capacity_listeners: list[Callable[[str], None]] = []
-        self.reports: dict[str, WorkerReport] = {}  # what each worker said about itself
+        self._reports: dict[str, WorkerReport] = {}  # what each worker said about itself
         rng = rng or random.Random()
         cost, watermarks = settings.cost, settings.watermarks
         self.default_prefill_tokens_per_s = (cost or CostConfig()).default_prefill_tokens_per_s
-        self.scheduler = FastScheduler(rng, cost, watermarks, settings.bounds)
+        self._scheduler = FastScheduler(rng, cost, watermarks, settings.bounds)
         self._rng, self._cost, self._watermarks = rng, cost, watermarks
         self.policy = "cortex"  # the name of the policy routing (use_policy)
-        self.fixed: Scheduler | None = None  # None: the events chain (``scheduler``)
-        self.reads_ledger = True  # whether the policy is given the ledger's matches
+        self._fixed: Scheduler | None = None  # None: the events chain (``scheduler``)
+        self._reads_ledger = True  # whether the policy is given the ledger's matches
         self.use_policy(policy)
 
     def use_policy(self, policy: PoolPolicy | Policy) -> None:
@@ -166,27 +166,27 @@ class ModelPool:
             policy = "round_robin"
         if not isinstance(policy, str):
             self.policy = policy.name
-            self.fixed = Scheduler((policy, RoundRobin()), self._watermarks)
-            self.reads_ledger = True
+            self._fixed = Scheduler((policy, RoundRobin()), self._watermarks)
+            self._reads_ledger = True
             return
         marks = self._watermarks
         self.policy = policy
-        self.reads_ledger = policy == "cortex"
+        self._reads_ledger = policy == "cortex"
         if policy == "cortex":
-            self.fixed = None
+            self._fixed = None
         elif policy == "round_robin":
-            self.fixed = Scheduler((RoundRobin(),), marks)
+            self._fixed = Scheduler((RoundRobin(),), marks)
         elif policy == "p2c":
-            self.fixed = Scheduler((PowerOfTwo(self._rng, self._cost), RoundRobin()), marks)
+            self._fixed = Scheduler((PowerOfTwo(self._rng, self._cost), RoundRobin()), marks)
         elif policy == "consistent_hash":
-            self.fixed = Scheduler(no_events_chain(), marks)
+            self._fixed = Scheduler(no_events_chain(), marks)
         else:
             raise ValueError(f"unknown pool policy {policy!r}")
 
     @property
     def exact_off(self) -> str | None:
         """Why exact routing is off for this model (``None``: on)."""
-        return self.profiles.exact_routing_off(self.model)
+        return self._profiles.exact_routing_off(self.model)
 
     def note_report(self, name: str, model: str | None, block_size: int | None,
                     prefix_caching: bool | None = None, sglang: bool = False) -> str | None:
@@ -194,10 +194,10 @@ class ModelPool:
         exact routing off for the model (visible reason) until the worker agrees again.
         ``sglang``: the worker is an SGLang engine (its one-token pages may be folded)."""
         before = self.exact_off
-        reason = self.profiles.note_worker(self.model, name, model, block_size, prefix_caching,
-                                           sglang and self.book.folds_pages(self.model))
+        reason = self._profiles.note_worker(self.model, name, model, block_size, prefix_caching,
+                                           sglang and self._book.folds_pages(self.model))
         if self.exact_off != before:
-            self.refresh_all()
+            self._refresh_all()
         return reason
 
     # ------------------------------------------------------------------ membership
@@ -212,13 +212,13 @@ class ModelPool:
         """A PD prefill worker's bootstrap port: as registered, else as it reported it."""
         if spec.bootstrap_port is not None:
             return spec.bootstrap_port
-        report = self.reports.get(spec.name)
+        report = self._reports.get(spec.name)
         return None if report is None else report.bootstrap_port
 
     def set_report(self, name: str, report: WorkerReport) -> None:
         """What the worker said about itself; may make it pairable (capacity listeners)."""
         if name in self.workers:
-            self.reports[name] = report
+            self._reports[name] = report
             self.refresh(name)  # its KV pool size is in its view
             for listener in self._capacity_listeners:
                 listener(name)
@@ -227,11 +227,11 @@ class ModelPool:
         """An SGLang prefill worker registered without a bootstrap port is not paired before
         its own report (``/server_info``) says which port it uses."""
         return (spec.engine == "sglang" and spec.role is Role.PREFILL
-                and spec.bootstrap_port is None and spec.name not in self.reports)
+                and spec.bootstrap_port is None and spec.name not in self._reports)
 
     def remove_worker(self, name: str) -> None:
-        self.reports.pop(name, None)
-        self.profiles.forget_worker(self.model, name)
+        self._reports.pop(name, None)
+        self._profiles.forget_worker(self.model, name)
         self._workers.pop(name, None)
         self._membership_changed()
         self.targets.pop(name, None)
@@ -262,13 +262,13 @@ class ModelPool:
         rate = figures.prefill_tokens_per_s
         if rate is None and spec.weight != 1.0:
             rate = spec.weight * self.default_prefill_tokens_per_s
-        report = self.reports.get(name)
+        report = self._reports.get(name)
         self.pending.track(WorkerView(
             spec.name, self.targets.get(name, ()), figures.healthy, state,
             spec.role, 0, 0, figures.engine_queue, figures.kv_usage, rate,
             None if report is None else report.kv_tokens))
 
-    def refresh_all(self) -> None:
+    def _refresh_all(self) -> None:
         for name in self.workers:
             self.refresh(name)
 
@@ -277,7 +277,7 @@ class ModelPool:
         targets = self.targets.get(name)
         if not targets or self.exact_off is not None or self.passthrough:
             return None
-        states = [self.book.state(target) for target in targets]
+        states = [self._book.state(target) for target in targets]
         return max(states, key=_DISTRUST.__getitem__)
 
     def _routing_state(self, name: str) -> TargetState | None:
@@ -287,7 +287,7 @@ class ModelPool:
         state = self.ledger_state(name)
         untrusted = frozenset()
         if state is not None and len(targets) > 1 and not self._trusted(state):
-            untrusted = frozenset(t for t in targets if not self._trusted(self.book.state(t)))
+            untrusted = frozenset(t for t in targets if not self._trusted(self._book.state(t)))
             if len(untrusted) < len(targets):
                 state = TargetState.READY
             else:
@@ -298,13 +298,13 @@ class ModelPool:
             else:
                 self._untrusted.pop(name, None)
             self._untrusted_any = frozenset().union(*self._untrusted.values())
-        if state is TargetState.PARTIAL and self.route_on_partial:
+        if state is TargetState.PARTIAL and self._route_on_partial:
             state = TargetState.READY  # a lower bound: misses possible, never a false hit
         return state
 
     def _trusted(self, state: TargetState) -> bool:
         return state is TargetState.READY or (state is TargetState.PARTIAL
-                                              and self.route_on_partial)
+                                              and self._route_on_partial)
 
     def views(self) -> tuple[WorkerView, ...]:
         return self.pending.views()
@@ -352,9 +352,9 @@ class ModelPool:
         request.prompt = prompt
         request.token_ids = token_ids
         if self.exact_off is None:  # (it may have changed while the text was encoded)
-            clock = self.clock
+            clock = self._clock
             start = clock()
-            request.keys = self.keys_for(token_ids, prompt)
+            request.keys = self._keys_for(token_ids, prompt)
             request.timings["hash_s"] = clock() - start
 
     def _check_exact_for(self, endpoint: Endpoint) -> None:
@@ -379,7 +379,7 @@ class ModelPool:
                            f"worker of model {self.model!r} is one; use /v1/completions")
         return unable
 
-    def keys_for(self, token_ids: Any, prompt: RequestPrompt) -> Any:
+    def _keys_for(self, token_ids: Any, prompt: RequestPrompt) -> Any:
         """The keys of the blocks an engine could serve this prompt from its cache."""
         assert self.profile is not None
         return request_block_keys(token_ids, self.profile.block_size, self.model,
@@ -396,14 +396,14 @@ class ModelPool:
     ) -> Route:
         """Pick a worker for a prompt already tokenized (``token_ids``) or not (``None``);
         ``keys``: its block keys when already computed (``prepare``)."""
-        clock = self.clock
+        clock = self._clock
         timings: dict[str, float] = {}
         views = self.pending.views()
         if exclude:
             views = tuple(view for view in views if view.worker not in exclude)
         if self.passthrough:
-            assert self.fixed is not None
-            decision = self.fixed.decide(RequestFacts(_NO_KEYS, 0, 1), views, {}, role)
+            assert self._fixed is not None
+            decision = self._fixed.decide(RequestFacts(_NO_KEYS, 0, 1), views, {}, role)
             return self._route(decision, None, None, 0, timings)
         target_blocks: dict[int, int] = {}
         raised: Mapping[int, int] | None = None  # in-flight credit: target -> its ledger depth
@@ -414,27 +414,27 @@ class ModelPool:
             keys = given
             if keys is None:
                 start = clock()
-                keys = self.keys_for(token_ids, prompt)
+                keys = self._keys_for(token_ids, prompt)
                 timings["hash_s"] = clock() - start
             token_count = len(token_ids)
-            if self.reads_ledger:
+            if self._reads_ledger:
                 target_blocks = self._match(keys, block_size)
-                if self.fixed is None and len(self.pending.prefixes):
+                if self._fixed is None and len(self.pending.prefixes):
                     raised = self._credit_inflight(keys, target_blocks)
                 if self._untrusted_any:  # some worker's other DP ranks are trusted: drop these
                     untrusted = self._untrusted_any
                     target_blocks = {t: b for t, b in target_blocks.items()
                                      if t not in untrusted}
         request = RequestFacts(keys, token_count, block_size)
-        if self.fixed is None:
-            decision = self.scheduler.decide(request, views, target_blocks, role)
-        elif self.reads_ledger:  # a compared policy object: the same matches as "cortex"
-            decision = self.fixed.decide(request, views, worker_matches(target_blocks, views),
+        if self._fixed is None:
+            decision = self._scheduler.decide(request, views, target_blocks, role)
+        elif self._reads_ledger:  # a compared policy object: the same matches as "cortex"
+            decision = self._fixed.decide(request, views, worker_matches(target_blocks, views),
                                          role)
         else:  # a named comparison policy: no ledger
-            decision = self.fixed.decide(request, views, {}, role)
+            decision = self._fixed.decide(request, views, {}, role)
         return self._route(decision, target_blocks, token_ids, token_count, timings,
-                           keys if self.fixed is None else None, raised)
+                           keys if self._fixed is None else None, raised)
 
     def _credit_inflight(self, keys: Any, target_blocks: dict[int, int]) -> Mapping[int, int]:
         """Raise each target's match to the prompt blocks requests in flight there carry
@@ -467,20 +467,20 @@ class ModelPool:
         ledger credits it with, any state; for operators' and tests' questions, not routing."""
         if self.profile is None:
             return {}
-        found = self._match(self.keys_for(token_ids, prompt), self.profile.block_size)
+        found = self._match(self._keys_for(token_ids, prompt), self.profile.block_size)
         held: dict[str, int] = {}
         for target, blocks in found.items():  # a worker holds what its best DP rank holds
-            worker = self.book.info(target).worker
+            worker = self._book.info(target).worker
             held[worker] = max(held.get(worker, 0), blocks)
         return held
 
     def _match(self, keys: Any, block_size: int) -> dict[int, int]:
         families = self._families
         if len(families) == 1:
-            return self.book.match(families[0], self.model, block_size, keys)
+            return self._book.match(families[0], self.model, block_size, keys)
         found: dict[int, int] = {}
         for family in families:
-            found.update(self.book.match(family, self.model, block_size, keys))
+            found.update(self._book.match(family, self.model, block_size, keys))
         return found
 
     def _membership_changed(self) -> None:
