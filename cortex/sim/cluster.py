@@ -9,9 +9,10 @@ published; ``compare`` checks a target's ledger against its engine's true cache.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import trio
 
@@ -107,24 +108,29 @@ class SimCluster:
                 )
         return out
 
-    def truth_keys(self, worker: str, rank: int) -> set[int]:
-        """The engine's cached blocks as Cortex keys."""
-        return {
-            block_keys(tokens, self.block_size, namespace_seed(self.model, lora, salt))[-1]
-            for lora, salt, tokens in self.engines[worker].truth(rank)
-        }
-
-    def ledger_keys(self, worker: str, rank: int) -> set[int]:
-        keys = self.book.target_keys(self.target[(worker, rank)])
-        unexpected = set(keys) - {self.block_size}
-        if unexpected:
-            raise AssertionError(f"ledger holds blocks of sizes {unexpected}")
-        return keys.get(self.block_size, set())
-
     def compare(self, worker: str, rank: int) -> Comparison:
-        truth = self.truth_keys(worker, rank)
-        ledger = self.ledger_keys(worker, rank)
-        return Comparison(len(ledger), len(truth), len(ledger - truth), len(truth - ledger))
+        return compare_keys(self.book.target_keys(self.target[(worker, rank)]),
+                            self.engines[worker].truth(rank), self.block_size, self.model)
+
+
+def compare_keys(ledger: Mapping[int, set[int]], truth: Iterable[tuple[Any, Any, Sequence[int]]],
+                 block_size: int, model: str) -> Comparison:
+    """A target's ledger (``LedgerBook.target_keys``: block size -> keys) against its engine's
+    cache (``SimKVEngine.truth``: lora, salt and tokens of every cached block's prefix), as
+    sets of Cortex block keys of ``block_size``; a ledger block of another size is an error."""
+    unexpected = set(ledger) - {block_size}
+    if unexpected:
+        raise AssertionError(f"ledger holds blocks of sizes {unexpected}")
+    held = ledger.get(block_size, set())
+    cached = cached_keys(truth, block_size, model)
+    return Comparison(len(held), len(cached), len(held - cached), len(cached - held))
+
+
+def cached_keys(truth: Iterable[tuple[Any, Any, Sequence[int]]], block_size: int,
+                model: str) -> set[int]:
+    """An engine's cached blocks (``SimKVEngine.truth``) as Cortex block keys."""
+    return {block_keys(tokens, block_size, namespace_seed(model, lora, salt))[-1]
+            for lora, salt, tokens in truth}
 
 
 async def start_cluster(

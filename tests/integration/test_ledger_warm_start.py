@@ -13,7 +13,6 @@ from functools import partial
 
 import trio
 
-from cortex._fast.blockkeys import block_keys, namespace_seed
 from cortex.app import Running, run_gateway
 from cortex.config.tree import CortexConfig
 from cortex.control.app import ControlApp
@@ -22,10 +21,16 @@ from cortex.control.serve import serve_control
 from cortex.ledger.snapshot import decode
 from cortex.ledger.state import TargetState
 from cortex.metrics.cortex_metrics import CortexMetrics
-from cortex.sim.engine import SimEngine
 from cortex.sim.kv_engine import SimEndpointConfig
 from tests.front_http_client import RawClient
-from tests.gateway_cluster import BLOCK, MODEL, Cluster, all_ready, gateway_cluster, wait_for
+from tests.gateway_cluster import (
+    Cluster,
+    all_ready,
+    engine_keys,
+    gateway_cluster,
+    ledger_keys,
+    wait_for,
+)
 
 TOKEN = "test-token"  # gateway_cluster's admin token
 
@@ -39,17 +44,6 @@ async def traffic(cluster: Cluster, first: int, count: int) -> None:
     for n in range(first, first + count):
         response = await cluster.chat(chat(n))
         assert response.status == 200, response.body
-
-
-def truth_keys(engine: SimEngine) -> set[int]:
-    return {block_keys(tokens, BLOCK, namespace_seed(MODEL, lora, salt))[-1]
-            for lora, salt, tokens in engine.kv.truth(0)}
-
-
-def ledger_keys(running: Running, worker: str) -> set[int]:
-    target = running.book.find(worker, 0)
-    assert target is not None
-    return running.book.target_keys(target).get(BLOCK, set())
 
 
 def warm_config(cluster: Cluster, url: str) -> CortexConfig:
@@ -72,7 +66,7 @@ async def test_replica_b_continues_replica_a_snapshot_without_replaying_history(
     async with gateway_cluster(("vllm-0.33", "sglang-0.5.23")) as cluster:
         await traffic(cluster, 0, 48)  # a history far longer than what follows the snapshot
         a = cluster.running
-        await wait_for(a, lambda: all(ledger_keys(a, e.name) == truth_keys(e)
+        await wait_for(a, lambda: all(ledger_keys(a, e.name) == engine_keys(e)
                                       for e in cluster.engines), 20)
         assert (await get_snapshot(a.control_port, token=None))[0] == 401
         status, body = await get_snapshot(a.control_port)
@@ -92,7 +86,7 @@ async def test_replica_b_continues_replica_a_snapshot_without_replaying_history(
             b: Running = await nursery.start(run_gateway, warm_config(cluster, url))
             await wait_for(b, lambda: all_ready(b), 20)
             await traffic(cluster, 200, 4)  # B's ledger follows the live stream from there
-            await wait_for(b, lambda: all(ledger_keys(b, e.name) == truth_keys(e)
+            await wait_for(b, lambda: all(ledger_keys(b, e.name) == engine_keys(e)
                                           for e in cluster.engines), 20)
             for engine in cluster.engines:
                 target = b.book.find(engine.name, 0)
@@ -123,7 +117,7 @@ async def test_a_snapshot_the_replay_buffer_no_longer_reaches_is_discarded():
     async with gateway_cluster(("vllm-0.33", "sglang-0.5.23"), kv_endpoints=small) as cluster:
         a = cluster.running
         await traffic(cluster, 0, 8)
-        await wait_for(a, lambda: all(ledger_keys(a, e.name) == truth_keys(e)
+        await wait_for(a, lambda: all(ledger_keys(a, e.name) == engine_keys(e)
                                       for e in cluster.engines), 20)
         status, recorded = await get_snapshot(a.control_port)
         assert status == 200 and len(decode(recorded).targets) == 2
@@ -149,7 +143,7 @@ async def test_a_snapshot_the_replay_buffer_no_longer_reaches_is_discarded():
                 # Normal path: history from 0, which a 4-batch buffer no longer holds.
                 assert b.book.state(target) is TargetState.PARTIAL
             for engine in cluster.engines:  # a lower bound only: no false hit
-                assert ledger_keys(b, engine.name) <= truth_keys(engine)
+                assert ledger_keys(b, engine.name) <= engine_keys(engine)
             nursery.cancel_scope.cancel()
 
 
@@ -169,7 +163,7 @@ async def test_an_unreachable_peer_is_counted_and_ignored():
             assert counters.snapshot_continued == counters.snapshot_discarded == 0
             await traffic(cluster, 100, 4)
             engine = cluster.engines[0]
-            await wait_for(b, lambda: ledger_keys(b, engine.name) == truth_keys(engine), 20)
+            await wait_for(b, lambda: ledger_keys(b, engine.name) == engine_keys(engine), 20)
             # One subscriber per stream (a worker's ingestion used to start twice).
             assert counters.messages <= engine.kv.publisher(0).next_seq
             nursery.cancel_scope.cancel()
