@@ -316,7 +316,10 @@ class ModelPool:
         the pool routes it exactly; leave them ``None`` to route it on load alone, counting
         why with ``observer`` (a prompt Cortex cannot render as the engine will, a template
         that fails, a prompt over ``max_prompt_chars``). A client's malformed request raises
-        ``BadRequest``. A long new text is encoded off the trio thread."""
+        ``BadRequest``. A long new text is encoded off the trio thread. The workers whose
+        engine does not serve the endpoint are excluded (``not_serving``: 404 when none
+        does)."""
+        request.excluded.extend(self.not_serving(request.endpoint))
         tokenizer = self.tokenizer
         profile = self.profile
         if tokenizer is None or profile is None or self.exact_off is not None:

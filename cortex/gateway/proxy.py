@@ -26,7 +26,7 @@ import msgspec
 
 from cortex.control.readiness import Readiness, assess
 from cortex.dispatch.dispatcher import Dispatcher
-from cortex.dispatch.endpoints import ENDPOINTS, Endpoint, body_model, forwarded_headers, parse_body
+from cortex.dispatch.endpoints import ENDPOINTS, Endpoint
 from cortex.dispatch.model_pool import ModelPool
 from cortex.dispatch.observer import RouteObserver
 from cortex.dispatch.request import ServeRequest
@@ -99,14 +99,11 @@ class Gateway:
 
     async def generate(self, endpoint: Endpoint, http: HttpRequest) -> HttpResponse:
         started = perf_counter()  # the decision's latency metric (a duration)
-        body = parse_body(http.body)
-        pool = self.pool_for(body_model(body))
-        request = ServeRequest(endpoint, http, body,
-                               forwarded_headers(http.headers, self.client_dp_rank), started)
+        request = ServeRequest.parse(endpoint, http, started, self.client_dp_rank)
+        pool = self.pool_for(request.model)
         await pool.prepare(request, self.observer)
-        request.excluded.extend(pool.not_serving(endpoint))
-        if endpoint is Endpoint.RESPONSES and "previous_response_id" in body:
-            owner = self.response_owners.owner(body["previous_response_id"])
+        if endpoint is Endpoint.RESPONSES and "previous_response_id" in request.body:
+            owner = self.response_owners.owner(request.body["previous_response_id"])
             if owner is not None and owner in pool.workers:  # only it holds that response
                 request.excluded[:] = [name for name in pool.workers if name != owner]
         try:
