@@ -22,9 +22,12 @@ Rules:
   policy *object* (``use_policy``: the benchmarks' reference routers, ``perf/``) is given the
   ledger's matches as ``"cortex"`` is and decides alone (round robin only where it declines),
   so a comparison run through the same gateway differs from Cortex in the scoring alone.
-* ``route`` decides and returns a ``Route`` whose ``hold`` (in-flight accounting) the caller
-  enters for the life of the upstream exchange. ``exclude`` names workers that already failed
-  this request (retries before the first byte).
+* ``prepare`` turns a request into what deciding needs, once per request: its prompt, token
+  ids and block keys (``ServeRequest``), and the workers that cannot serve its endpoint.
+  ``decide`` returns a ``Route`` whose ``hold`` (in-flight accounting) the caller enters for
+  the life of the upstream exchange; ``exclude`` names workers left out (those, then the ones
+  that already failed this request: retries before the first byte). Only the pool changes its
+  worker map (``workers`` is a read-only view of it).
 * DP rank: the rank of the picked worker holding the longest hit; ``None`` (engine chooses)
   without a hit.
 * ``WorkerSpec.weight`` is the worker's relative prefill capacity: without a measured rate its
