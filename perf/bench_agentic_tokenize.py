@@ -36,7 +36,7 @@ between two samples, its ~5 ms of another library's memory traffic and its worke
 each sample 2-4x slower than the same code in the gateway, where ``tokenizers`` is not called
 once fastokens runs.
 
-Usage: ``python perf/bench_agentic_tokenize.py`` (or ``--quick``); prints JSON.
+Usage: ``python -m perf.bench_agentic_tokenize`` (or ``--quick``); prints JSON.
 """
 
 from __future__ import annotations
@@ -47,19 +47,15 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-import agentic_text as at
-from benchkit import machine_info
 
 from cortex.profile.model_profile import ModelProfile, ProfileSpec, load_profile
 from cortex.profile.request_keys import request_block_keys
 from cortex.tokenize.segment_cache import NON_ASCII_CHAR_COST, Lookup
+from perf import agentic_text as at
+from perf.benchkit import machine_info
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 BLOCK = 16
 QWEN_DIR = os.path.join(os.path.dirname(HERE), ".engines", "models", "qwen-tiny")

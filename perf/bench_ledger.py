@@ -20,7 +20,7 @@ pass (what is left without preemption and noisy neighbours on a shared machine).
 Memory: VmRSS growth while building, divided by entries, and the tree's own ``memory_bytes``.
 Store: blocks/s while building (array inputs) and with Python lists in 32-block events.
 
-Usage: ``python perf/bench_ledger.py`` (10M entries, ~1 GB RAM, under a minute), ``--layout
+Usage: ``python -m perf.bench_ledger`` (10M entries, ~1 GB RAM, under a minute), ``--layout
 decode`` for the scattered worst case, ``--quick`` for a smoke run.
 
 ``--budget FRACTION`` measures the cost of the entry budget instead (``ledger.pyx`` R6/R7): the
@@ -42,14 +42,10 @@ import random
 import sys
 import time
 from array import array
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchkit import machine_info, percentiles_us
 
 from cortex._fast.blockkeys import block_keys, namespace_seed
 from cortex._fast.ledger import BlockTree
+from perf.benchkit import machine_info, percentiles_us
 
 BLOCK = 16
 SYSTEM_BLOCKS = 32
@@ -208,7 +204,8 @@ def main() -> None:
             list_ns.append(clock() - t0)
 
     result = {
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "perf.bench_ledger",
+                             *sys.argv[1:]]),
         "machine": machine_info(),
         "population": {
             "targets": n_targets, "block_tokens": BLOCK, "entries": entries,
@@ -359,7 +356,8 @@ def compare_budget(args: argparse.Namespace) -> None:
     runs["budget"]["max_entries"] = budget
     runs["budget"]["low_water"] = args.low_water
     print(json.dumps({
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "perf.bench_ledger",
+                             *sys.argv[1:]]),
         "machine": machine_info(),
         "population": {"targets": n_targets, "conversations": n_conversations,
                        "tail_blocks": tail_blocks, "queries": "hit/partial/miss of the "

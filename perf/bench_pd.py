@@ -13,8 +13,8 @@ time to the first SSE data chunk (TTFT) and to the end of the stream. Each engin
 ``cortex sim`` process (its tokenization does not delay another engine's timers); the two
 gateways and the client share this process, alike for both paths.
 
-    .venv/bin/python perf/bench_pd.py            # ~1 minute
-    .venv/bin/python perf/bench_pd.py --quick    # smoke run
+    .venv/bin/python -m perf.bench_pd            # ~1 minute
+    .venv/bin/python -m perf.bench_pd --quick    # smoke run
 """
 
 from __future__ import annotations
@@ -29,12 +29,8 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
-from pathlib import Path
 
 import trio
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from cortex.app import Running, run_gateway
 from cortex.config.tree import (

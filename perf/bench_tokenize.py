@@ -23,7 +23,7 @@ Figures (microseconds, p50 over ``--iterations``):
   ``cortex.profile.trio_tokenize`` (cold pieces in a worker thread), with the time per prompt;
   ``inline_tokenizers``: inline through ``tokenizers``.
 
-Usage: ``python perf/bench_tokenize.py`` or ``--quick`` (smoke run); prints JSON.
+Usage: ``python -m perf.bench_tokenize`` or ``--quick`` (smoke run); prints JSON.
 """
 
 from __future__ import annotations
@@ -31,26 +31,19 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import random
 import statistics
-import sys
 import time
 
 import trio
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
 import trio.lowlevel
-from benchkit import machine_info
 
 from cortex.profile import trio_tokenize
 from cortex.profile.request_keys import request_block_keys
 from cortex.tokenize import segments
 from cortex.tokenize.segment_cache import SegmentCachedTokenizer
 from cortex.tokenize.segments import Segmenter
+from perf.benchkit import machine_info
 from tests import deepseek_profile as ds
 
 BLOCK = 16

@@ -1,7 +1,7 @@
 """Fit the simulator's step-time profile to the real vLLM CPU engine, and write it as a profile
 file (``cortex/sim/profiles/vllm-cpu-tiny.toml`` by default).
 
-    PYTHONPATH=$PWD .venv/bin/python perf/fit_step_profile.py [--model qwen-tiny] [--quick]
+    .venv/bin/python -m perf.fit_step_profile [--model qwen-tiny] [--quick]
 
 What it does:
 
@@ -53,10 +53,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchkit import machine_info
-
 from cortex.sim.step_profiles import COEFFICIENTS, STEP_COEFFICIENTS, read_step_profile
 from cortex.sim.step_time import Chunk, StepProfile, StepWork
+from perf.benchkit import machine_info
 from tests.real_engine.vllm_server import VllmOptions, VllmServer, engine_env, start_all
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -777,7 +776,7 @@ def main() -> int:
                        "real-engine tests",
         "vllm": vllm[1] if vllm else "unknown", "model": args.model,
         "machine": ", ".join(f"{k} {v}" for k, v in machine_info().items()),
-        "command": "PYTHONPATH=$PWD .venv/bin/python perf/fit_step_profile.py "
+        "command": ".venv/bin/python -m perf.fit_step_profile "
                    + shlex.join(sys.argv[1:]),
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%MZ"),
         "server_args": server_args(server), "executor": executor, "passes": args.passes}

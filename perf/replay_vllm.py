@@ -51,7 +51,7 @@ Cortex folds their per-token events into its 32-token blocks; caches are emptied
 ``POST /flush_cache``; the engines' own counters are ``sglang:num_requests_total`` and
 ``sglang:cached_tokens_total`` / ``sglang:prompt_tokens_total`` (a token hit rate).
 
-Usage: ``.venv/bin/python perf/replay_vllm.py [--quick] [--engines 2] [--family deepseek-tiny]
+Usage: ``.venv/bin/python -m perf.replay_vllm [--quick] [--engines 2] [--family deepseek-tiny]
 [--requests 300] [--start 0] [--time-scale 1.0] [--num-blocks 1536] [--out FILE]``; a table on
 stderr, JSON (command line, machine, parameters, slice, per-router figures) on stdout and in
 ``--out``. Each vLLM server takes ~45 s to start and ~2.8 GiB of memory (``uni`` executor,
@@ -74,17 +74,12 @@ from pathlib import Path
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import peers
-import replay as rp
-import replay_cluster as rc
-import replay_workload as rw
-import trace_text as tt
-from benchkit import machine_info
-
+from perf import peers
+from perf import replay as rp
+from perf import replay_cluster as rc
+from perf import replay_workload as rw
+from perf import trace_text as tt
+from perf.benchkit import machine_info
 from tests.real_engine.engine_server import EngineProcess
 from tests.real_engine.sglang_server import SglangOptions, SglangServer
 from tests.real_engine.vllm_server import VllmOptions, VllmServer, engine_env, start_all
@@ -158,7 +153,7 @@ def start_gateway(procs: rc.Procs, servers: list[EngineProcess], policy: str, mo
     with open(path, "w") as f:
         json.dump(spec, f)
     running = rc._spawn(procs, f"gateway-{policy}",
-                        [sys.executable, str(HERE / "replay_gateway.py"), path],
+                        [sys.executable, "-m", "perf.replay_gateway", path],
                         stdin=subprocess.PIPE)
     line = rc._line(running)
     if not line.startswith("ready "):
@@ -308,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                 for r in records]
     length = max_model_len(records, text, p)
     result: dict = {
-        "command": shlex.join([os.path.relpath(sys.executable), *sys.argv]),
+        "command": shlex.join([os.path.relpath(sys.executable), "-m", "perf.replay_vllm",
+                               *sys.argv[1:]]),
         "machine": machine_info(), "params": asdict(p), "slice": facts,
         "trace_span_s": (records[-1].timestamp_ms - records[0].timestamp_ms) / 1000,
         "cluster_share_of_slice": round(p.engines * p.num_blocks * BLOCK / p.block_tokens

@@ -1,7 +1,7 @@
 """Validate the simulated vLLM engine against the real vLLM CPU engine: one seeded arrival
 sequence through both, per-request ``cached_tokens``, TTFT and end-to-end time compared.
 
-    PYTHONPATH=$PWD .venv/bin/python perf/validate_sim_vllm.py [--requests 60] [--rate 8]
+    .venv/bin/python -m perf.validate_sim_vllm [--requests 60] [--rate 8]
 
 The two engines, run one after the other (never side by side: the machine has 2 cores):
 
@@ -76,12 +76,6 @@ from pathlib import Path
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-from benchkit import machine_info
-
 from cortex.ledger.kv_events import BlockRemoved
 from cortex.sim.batching.core import SimRequest
 from cortex.sim.batching.vllm import VllmBatchingEngine, VllmSchedulerConfig
@@ -89,6 +83,7 @@ from cortex.sim.engine_hashes import VllmChainHasher
 from cortex.sim.step_profiles import COEFFICIENTS, load_step_profile
 from cortex.upstream.connection_pool import ConnectionPool
 from cortex.upstream.limits import PoolLimits
+from perf.benchkit import machine_info
 from tests.real_engine.vllm_server import (
     EngineEnv,
     VllmOptions,
@@ -98,6 +93,7 @@ from tests.real_engine.vllm_server import (
     start_all,
 )
 
+HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SEED = 35
 MODEL = "qwen-tiny"  # served model name of both engines (as the suite's farm names it)
@@ -639,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"versus_sim": versus, "real_vs_real": noise, "other_cpu": busy,
               "model_alone": {"preemptions": alone.preemptions, "evicted_blocks": alone.evicted,
                               "steps": alone.steps, "timing_races": sorted(races)}}
-    out = {"command": "PYTHONPATH=$PWD .venv/bin/python perf/validate_sim_vllm.py "
+    out = {"command": ".venv/bin/python -m perf.validate_sim_vllm "
                       + shlex.join(sys.argv[1:]),
            "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
            "machine": machine_info(), "settings": asdict(settings), "mix": asdict(mix),
