@@ -53,7 +53,7 @@ from cortex.profile.model_profile import ModelProfile, ProfileSpec, load_profile
 from cortex.profile.request_keys import request_block_keys
 from cortex.tokenize.segment_cache import NON_ASCII_CHAR_COST, Lookup
 from perf import agentic_text as at
-from perf.benchkit import machine_info
+from perf.benchkit import machine_info, percentile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -105,13 +105,9 @@ def timed_keys(cache, text: str, model: str) -> float:
     return time.perf_counter() - t0
 
 
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return round(ordered[min(int(q * len(ordered)), len(ordered) - 1)] * 1e6, 1)
-
-
 def summary(samples: list[float]) -> dict[str, float]:
-    return {"us_p50": pct(samples, 0.5), "us_p99": pct(samples, 0.99)}
+    return {"us_p50": round(percentile(samples, 0.5) * 1e6, 1),
+            "us_p99": round(percentile(samples, 0.99) * 1e6, 1)}
 
 
 def context(fam: Family, rng: random.Random, target_tokens: int):
@@ -149,7 +145,7 @@ def warm_turn(fam: Family, iterations: int, context_tokens: int, new_tokens: int
         gc.enable()
         new_counts = [fam.tokens(new) for new in news[:20]]
         out[kind] = {**summary(samples), "new_tokens": round(statistics.mean(new_counts)),
-                     "encode_new_us_p50": pct(plain, 0.5),
+                     "encode_new_us_p50": round(percentile(plain, 0.5) * 1e6, 1),
                      "render_us_p50": round(render_s * 1e6, 1)}
     return out
 
@@ -176,8 +172,8 @@ def growing(fam: Family, iterations: int, message_tokens: int, grow_tokens: int)
             plain_new.append(fam.encode_plain_s(other))
             plain_whole.append(fam.encode_plain_s(at.message_of(kind, rng, message_tokens)))
         out[kind] = {**summary(samples), "message_tokens": fam.tokens(base + "\n" + more),
-                     "encode_new_us_p50": pct(plain_new, 0.5),
-                     "encode_whole_us_p50": pct(plain_whole, 0.5)}
+                     "encode_new_us_p50": round(percentile(plain_new, 0.5) * 1e6, 1),
+                     "encode_whole_us_p50": round(percentile(plain_whole, 0.5) * 1e6, 1)}
     return out
 
 

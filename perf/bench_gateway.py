@@ -72,7 +72,7 @@ import trio
 
 from perf import peers
 from perf.bench_tokenize import sentence
-from perf.benchkit import machine_info, percentiles_us
+from perf.benchkit import machine_info, percentile, percentiles_us
 from perf.gateway_report import added, targets, versus_baseline
 from tests import deepseek_profile as ds
 
@@ -197,7 +197,7 @@ def spread_us(samples_ns: list[int]) -> dict[str, float]:
     """``percentiles_us`` plus min and p10: the low end is what a quiet machine would show."""
     ordered = sorted(samples_ns)
     return {"min": round(ordered[0] / 1000, 3),
-            "p10": round(ordered[len(ordered) // 10] / 1000, 3), **percentiles_us(ordered)}
+            "p10": round(percentile(ordered, 0.1) / 1000, 3), **percentiles_us(ordered)}
 
 
 class Tally:

@@ -45,7 +45,7 @@ from array import array
 
 from cortex._fast.blockkeys import block_keys, namespace_seed
 from cortex._fast.ledger import BlockTree
-from perf.benchkit import machine_info, percentiles_us
+from perf.benchkit import machine_info, percentile, percentiles_us
 
 BLOCK = 16
 SYSTEM_BLOCKS = 32
@@ -298,13 +298,12 @@ def compare_budget(args: argparse.Namespace) -> None:
                 "eviction_pause_ms": {"max": round(max(pauses, default=0) / 1e6, 1),
                                       "mean": round(sum(pauses) / max(1, len(pauses)) / 1e6, 1)},
                 "store_ms": {"max": round(max(store_ns) / 1e6, 2),
-                             "p99_9": round(sorted(store_ns)[int(len(store_ns) * 0.999)] / 1e6,
-                                            3),
+                             "p99_9": round(percentile(store_ns, 0.999) / 1e6, 3),
                              "over_10ms": sum(ns > 10_000_000 for ns in store_ns),
                              "stores": len(store_ns)},
                 "evicting_store_ms": {
                     "max": round(max(evicting_ns, default=0) / 1e6, 2),
-                    "p99_9": round(sorted(evicting_ns)[int(len(evicting_ns) * 0.999)] / 1e6, 3)
+                    "p99_9": round(percentile(evicting_ns, 0.999) / 1e6, 3)
                     if evicting_ns else 0,
                     "over_10ms": sum(ns > 10_000_000 for ns in evicting_ns),
                     "stores": len(evicting_ns)}}

@@ -43,6 +43,7 @@ from cortex.pd.plan import PdSettings
 from cortex.scheduling.view import Role
 from cortex.sim.serving import TimingConfig
 from cortex.workers.spec import WorkerSpec
+from perf.benchkit import percentile
 from tests import deepseek_profile as ds
 from tests.front_http_client import RawClient
 from tests.gateway_cluster import (
@@ -169,16 +170,11 @@ async def run_flavor(flavor: str, texts: list[str], max_tokens: int, concurrency
     return samples
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def report(flavor: str, concurrency: int, samples: dict[str, dict[str, list[float]]]) -> None:
     agg, pd = samples["aggregated"], samples["pd"]
     for metric in ("ttft", "e2e"):
         a50, p50 = statistics.median(agg[metric]) * 1e3, statistics.median(pd[metric]) * 1e3
-        a90, p90 = pct(agg[metric], 0.9) * 1e3, pct(pd[metric], 0.9) * 1e3
+        a90, p90 = percentile(agg[metric], 0.9) * 1e3, percentile(pd[metric], 0.9) * 1e3
         print(f"| {flavor} | {concurrency} | {metric} | {a50:.2f} | {p50:.2f} | "
               f"{p50 - a50:+.2f} | {a90:.2f} | {p90:.2f} |", flush=True)
 

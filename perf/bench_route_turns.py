@@ -73,13 +73,12 @@ def bodies(args: argparse.Namespace, count_tokens) -> tuple[list[dict], int, lis
     return out, warmup or 0, sizes
 
 
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return round(ordered[min(int(q * len(ordered)), len(ordered) - 1)] * 1e6, 1)
-
-
 def summary(samples: list[float]) -> dict[str, float]:
-    return {"p50": pct(samples, 0.5), "p99": pct(samples, 0.99), "max": pct(samples, 1.0)}
+    """p50, p99 and max of ``samples`` (seconds) in microseconds."""
+    from perf.benchkit import percentile
+
+    return {name: round(percentile(samples, q) * 1e6, 1)
+            for name, q in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))}
 
 
 def in_process(requests: list[dict], warmup: int) -> dict[str, object]:

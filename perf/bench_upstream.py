@@ -39,6 +39,7 @@ def child(port: int, requests: int, kind: str) -> None:
     import trio
 
     from cortex.upstream.connection_pool import ConnectionPool
+    from perf.benchkit import percentile
 
     origin = f"http://127.0.0.1:{port}"
     body = BODY[:-1] + b',"stream":true}' if kind == "sse" else BODY
@@ -66,8 +67,7 @@ def child(port: int, requests: int, kind: str) -> None:
             cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
             assert pool.stats(origin).created == 1  # every request on one kept-alive conn
             nursery.cancel_scope.cancel()
-        samples.sort()
-        return {"rtt_p50_us": samples[len(samples) // 2] / 1000,
+        return {"rtt_p50_us": percentile(samples, 0.5) / 1000,
                 "rtt_mean_us": wall / requests * 1e6, "cpu_us": cpu / requests * 1e6}
 
     print(json.dumps(trio.run(main)))

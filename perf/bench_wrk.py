@@ -99,7 +99,9 @@ def lua_script(bodies: Bodies) -> str:
 # -- wrk's histogram ---------------------------------------------------------------------------
 
 def percentile(histogram: list[tuple[int, int]], p: float) -> int:
-    """wrk's ``stats_percentile`` over (value, count) pairs in ascending order."""
+    """wrk's ``stats_percentile`` over (value, count) pairs in ascending order (``p`` in
+    percent). Not ``benchkit.percentile`` on purpose: wrk's own rounding over its histogram,
+    so that figures read from the histogram are the ones wrk prints."""
     total = sum(count for _, count in histogram)
     rank = math.floor(p / 100.0 * total + 0.5 + 0.5)  # C's round(): halves away from zero
     seen = 0

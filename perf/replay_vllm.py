@@ -79,7 +79,7 @@ from perf import replay as rp
 from perf import replay_cluster as rc
 from perf import replay_workload as rw
 from perf import trace_text as tt
-from perf.benchkit import machine_info
+from perf.benchkit import machine_info, percentile
 from tests.real_engine.engine_server import EngineProcess
 from tests.real_engine.sglang_server import SglangOptions, SglangServer
 from tests.real_engine.vllm_server import VllmOptions, VllmServer, engine_env, start_all
@@ -167,11 +167,6 @@ def counters(servers: list[EngineProcess]) -> dict[str, dict[str, float]]:
             for s in servers}
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else 0.0
-
-
 def summarize(results: list[rp.Result], before: dict, after: dict, ledger: dict,
               cortex: bool) -> dict:
     ok = [r for r in results if r.status == 200 and r.prompt_tokens > 0]
@@ -190,12 +185,13 @@ def summarize(results: list[rp.Result], before: dict, after: dict, ledger: dict,
            "engine_counter_hit_rate": round(hits / queries, 4) if queries else 0.0,
            "prompt_tokens": prompt, "cached_tokens": cached,
            "ttft_ms": {"mean": round(sum(ttft) / len(ttft), 1) if ttft else 0.0,
-                       "p50": round(pct(ttft, 0.5), 1), "p99": round(pct(ttft, 0.99), 1)},
+                       "p50": round(percentile(ttft, 0.5), 1),
+                       "p99": round(percentile(ttft, 0.99), 1)},
            "req_per_s": round(len(ok) / span, 2), "per_engine": per_engine,
            "load_spread": round(max(per_engine.values()) / mean, 3) if mean else 0.0,
            "duplicated_blocks": ledger["duplicated_blocks"],
            "blocks_per_worker": ledger["blocks_per_worker"],
-           "client_late_ms_p99": round(pct([r.late_s * 1000 for r in results], 0.99), 1),
+           "client_late_ms_p99": round(percentile([r.late_s * 1000 for r in results], 0.99), 1),
            "prediction": None}
     if cortex:
         predicted = [r for r in ok if r.predicted is not None]

@@ -83,7 +83,7 @@ from cortex.sim.engine_hashes import VllmChainHasher
 from cortex.sim.step_profiles import COEFFICIENTS, load_step_profile
 from cortex.upstream.connection_pool import ConnectionPool
 from cortex.upstream.limits import PoolLimits
-from perf.benchkit import machine_info
+from perf.benchkit import machine_info, percentile
 from tests.real_engine.vllm_server import (
     EngineEnv,
     VllmOptions,
@@ -475,21 +475,13 @@ def others_cpu(pgid: int) -> Iterator[dict[str, float]]:
 
 # ------------------------------------------------------------------------------ the report
 
-def quantile(values: list[float], q: float) -> float:
-    """Nearest-rank quantile (0 for no values)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def errors(real: list[float], sim: list[float]) -> dict[str, float]:
     """Relative errors sim / real - 1: median and p90 of their absolute values, signed median."""
     relative = [s / r - 1 for r, s in zip(real, sim, strict=True) if r > 0]
     absolute = [abs(e) for e in relative]
-    return {"median_abs": round(quantile(absolute, 0.5), 4),
-            "p90_abs": round(quantile(absolute, 0.9), 4),
-            "median_signed": round(quantile(relative, 0.5), 4)}
+    return {"median_abs": round(percentile(absolute, 0.5), 4),
+            "p90_abs": round(percentile(absolute, 0.9), 4),
+            "median_signed": round(percentile(relative, 0.5), 4)}
 
 
 def compare(arrivals: list[Arrival], real: EngineRun, sim: EngineRun,
@@ -522,10 +514,10 @@ def compare(arrivals: list[Arrival], real: EngineRun, sim: EngineRun,
         "ttft": errors([r.ttft_s for r, _ in ok], [s.ttft_s for _, s in ok]),
         "e2e": errors([r.e2e_s for r, _ in ok], [s.e2e_s for _, s in ok]),
         # the distributions (not request by request): p50 and p90, ms
-        "ttft_ms": {side: [round(quantile(values, q) * 1000, 1) for q in (0.5, 0.9)]
+        "ttft_ms": {side: [round(percentile(values, q) * 1000, 1) for q in (0.5, 0.9)]
                     for side, values in (("real", [r.ttft_s for r, _ in ok]),
                                          ("sim", [s.ttft_s for _, s in ok]))},
-        "e2e_ms": {side: [round(quantile(values, q) * 1000, 1) for q in (0.5, 0.9)]
+        "e2e_ms": {side: [round(percentile(values, q) * 1000, 1) for q in (0.5, 0.9)]
                    for side, values in (("real", [r.e2e_s for r, _ in ok]),
                                         ("sim", [s.e2e_s for _, s in ok]))},
         "preemptions": {"real": real.preemptions, "sim": sim.preemptions},
