@@ -104,8 +104,8 @@ demo: build
 
 # Benchmarks (figures go to perf/RESULTS.md by hand, with the command and machine).
 bench: build
-	$(BIN)/python perf/bench_ledger.py
-	$(BIN)/python perf/bench_ingest.py
+	$(BIN)/python -m perf.bench_ledger
+	$(BIN)/python -m perf.bench_ingest
 
 # The one-file executable dist/cortex (PyInstaller, packaging/cortex.spec): Cortex, its Cython
 # units and native dependencies in one file to copy to a host (packaging/cortex.service runs it).

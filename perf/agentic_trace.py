@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from trace_text import TRACE_BLOCK, TraceRecord
+from perf.trace_text import TRACE_BLOCK, TraceRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ between two samples, its ~5 ms of another library's memory traffic and its worke
 each sample 2-4x slower than the same code in the gateway, where ``tokenizers`` is not called
 once fastokens runs.
 
-Usage: ``python perf/bench_agentic_tokenize.py`` (or ``--quick``); prints JSON.
+Usage: ``python -m perf.bench_agentic_tokenize`` (or ``--quick``); prints JSON.
 """
 
 from __future__ import annotations
@@ -47,19 +47,15 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-import agentic_text as at
-from benchkit import machine_info
 
 from cortex.profile.model_profile import ModelProfile, ProfileSpec, load_profile
 from cortex.profile.request_keys import request_block_keys
 from cortex.tokenize.segment_cache import NON_ASCII_CHAR_COST, Lookup
+from perf import agentic_text as at
+from perf.benchkit import machine_info, percentile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 BLOCK = 16
 QWEN_DIR = os.path.join(os.path.dirname(HERE), ".engines", "models", "qwen-tiny")
@@ -109,13 +105,9 @@ def timed_keys(cache, text: str, model: str) -> float:
     return time.perf_counter() - t0
 
 
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return round(ordered[min(int(q * len(ordered)), len(ordered) - 1)] * 1e6, 1)
-
-
 def summary(samples: list[float]) -> dict[str, float]:
-    return {"us_p50": pct(samples, 0.5), "us_p99": pct(samples, 0.99)}
+    return {"us_p50": round(percentile(samples, 0.5) * 1e6, 1),
+            "us_p99": round(percentile(samples, 0.99) * 1e6, 1)}
 
 
 def context(fam: Family, rng: random.Random, target_tokens: int):
@@ -153,7 +145,7 @@ def warm_turn(fam: Family, iterations: int, context_tokens: int, new_tokens: int
         gc.enable()
         new_counts = [fam.tokens(new) for new in news[:20]]
         out[kind] = {**summary(samples), "new_tokens": round(statistics.mean(new_counts)),
-                     "encode_new_us_p50": pct(plain, 0.5),
+                     "encode_new_us_p50": round(percentile(plain, 0.5) * 1e6, 1),
                      "render_us_p50": round(render_s * 1e6, 1)}
     return out
 
@@ -180,8 +172,8 @@ def growing(fam: Family, iterations: int, message_tokens: int, grow_tokens: int)
             plain_new.append(fam.encode_plain_s(other))
             plain_whole.append(fam.encode_plain_s(at.message_of(kind, rng, message_tokens)))
         out[kind] = {**summary(samples), "message_tokens": fam.tokens(base + "\n" + more),
-                     "encode_new_us_p50": pct(plain_new, 0.5),
-                     "encode_whole_us_p50": pct(plain_whole, 0.5)}
+                     "encode_new_us_p50": round(percentile(plain_new, 0.5) * 1e6, 1),
+                     "encode_whole_us_p50": round(percentile(plain_whole, 0.5) * 1e6, 1)}
     return out
 
 

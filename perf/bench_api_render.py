@@ -12,19 +12,15 @@ with the template's render cache (``cached``: only what is new) and without (``w
 interleaved, the texts checked equal. Tokenization is not included (``bench_tokenize.py``).
 Checks that the three texts are equal.
 
-    .venv/bin/python perf/bench_api_render.py [--iterations 300] [--rounds 80] [--quick]
+    .venv/bin/python -m perf.bench_api_render [--iterations 300] [--rounds 80] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from cortex.prompt.chat_template import ChatTemplate, ChatTemplates
 from cortex.prompt.request_text import (
@@ -33,6 +29,8 @@ from cortex.prompt.request_text import (
     responses_prompt,
 )
 from perf.benchkit import machine_info, percentiles_us
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SYSTEM = "You are a coding agent working in a large repository. Follow the house rules. " * 40
 

@@ -37,7 +37,7 @@ shared VM falls on all of them alike):
 ``--baseline PATH`` adds, for every system named ``base-<name>``, ``<name>`` run from that
 checkout, in the same rounds (before/after figures of one run).
 
-Usage: ``python perf/bench_cold.py [--quick] [--text code,zh] [--systems ...]
+Usage: ``python -m perf.bench_cold [--quick] [--text code,zh] [--systems ...]
 [--phases stall,cold_tput,warm_tput] [--baseline PATH]`` (JSON on stdout).
 """
 
@@ -55,16 +55,13 @@ from pathlib import Path
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import peers
-from bench_gateway import MODEL, Bodies, Client, cpu_s
-from bench_tokenize import sentence
-from benchkit import machine_info, percentiles_us
-
+from perf import peers
+from perf.bench_gateway import MODEL, Bodies, Client, cpu_s
+from perf.bench_tokenize import sentence
+from perf.benchkit import machine_info, percentiles_us
 from tests import deepseek_profile as ds
+
+HERE = Path(__file__).resolve().parent
 
 SYSTEMS = {  # name -> (extra cortex flags, cpus); sglang-router apart
     "cortex": ((), None),

@@ -9,7 +9,7 @@ utime + stime of the ``cortex serve`` process) is divided by its requests.
 Each round: a 1 s warm-up drive, then ``--seconds`` of back-to-back chat requests (small
 bodies, ``perf/bench_gateway.py``'s client) on ``--connections`` keep-alive connections.
 
-Usage: ``python perf/bench_cpu_ab.py --baseline <checkout> [--connections 64] [--seconds 5]
+Usage: ``python -m perf.bench_cpu_ab --baseline <checkout> [--connections 64] [--seconds 5]
 [--rounds 4] [--baseline-python PY]`` (JSON on stdout); without ``--baseline`` this checkout
 is its own baseline (a sanity run: the ratio is noise); ``--quick``: a smoke run.
 """
@@ -27,15 +27,12 @@ from pathlib import Path
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import peers
-from bench_gateway import MODEL, cpu_s, drive
-from benchkit import machine_info
-
+from perf import peers
+from perf.bench_gateway import MODEL, cpu_s, drive
+from perf.benchkit import machine_info
 from tests import deepseek_profile as ds
+
+HERE = Path(__file__).resolve().parent
 
 
 def main() -> int:

@@ -49,7 +49,7 @@ load; ``targets`` then also gives ``vs_baseline`` (Cortex's added p50 / the base
 ``--baseline-python`` runs the baseline with another interpreter (the same checkout twice then
 compares interpreters).
 
-Usage: ``python perf/bench_gateway.py [--quick] [--systems cortex,sglang-router,nginx]
+Usage: ``python -m perf.bench_gateway [--quick] [--systems cortex,sglang-router,nginx]
 [--baseline DIR [--baseline-python PYTHON]]``
 (JSON on stdout). A peer that is not installed is skipped with the reason in ``skipped``;
 Cortex failing to start is an error (exit 1).
@@ -70,15 +70,10 @@ from pathlib import Path
 import h11
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import peers
-from bench_tokenize import sentence
-from benchkit import machine_info, percentiles_us
-from gateway_report import added, targets, versus_baseline
-
+from perf import peers
+from perf.bench_tokenize import sentence
+from perf.benchkit import machine_info, percentile, percentiles_us
+from perf.gateway_report import added, targets, versus_baseline
 from tests import deepseek_profile as ds
 
 MODEL = "mock-model"
@@ -202,7 +197,7 @@ def spread_us(samples_ns: list[int]) -> dict[str, float]:
     """``percentiles_us`` plus min and p10: the low end is what a quiet machine would show."""
     ordered = sorted(samples_ns)
     return {"min": round(ordered[0] / 1000, 3),
-            "p10": round(ordered[len(ordered) // 10] / 1000, 3), **percentiles_us(ordered)}
+            "p10": round(percentile(ordered, 0.1) / 1000, 3), **percentiles_us(ordered)}
 
 
 class Tally:

@@ -18,7 +18,7 @@ one core over the phase's wall time, and so is the client's: on a 2-vCPU machine
 shares the CPU, so a server below ~90% of a core while the client is near 100% means the
 client is the bottleneck.
 
-Usage: ``python perf/bench_http.py [--quick] [--seconds S] [--post-bytes N] [--baseline DIR]``
+Usage: ``python -m perf.bench_http [--quick] [--seconds S] [--post-bytes N] [--baseline DIR]``
 (JSON on stdout; the load average at the end is printed too, the VM being shared).
 Internal: ``--serve lean|hypercorn`` runs one server and prints its port on stdout.
 """
@@ -38,11 +38,9 @@ from typing import Self
 import h11
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from perf.benchkit import machine_info, percentiles_us
 
-from benchkit import machine_info, percentiles_us
-
+REPO = Path(__file__).resolve().parent.parent
 PAYLOAD = b'{"ok":true}'
 HOST = "127.0.0.1"
 
@@ -232,11 +230,13 @@ async def _measure(port: int, pid: int, seconds: float, post_bytes: int
     return result
 
 
-def _bench(name: str, seconds: float, post_bytes: int, script: str = __file__
+def _bench(name: str, seconds: float, post_bytes: int, checkout: Path = REPO
            ) -> dict[str, object]:
-    """Runs ``script --serve name`` (this file, or a baseline checkout's) and measures it."""
-    child = subprocess.Popen([sys.executable, script, "--serve", name],
-                             stdout=subprocess.PIPE, text=True)
+    """Runs ``python -m perf.bench_http --serve name`` from ``checkout`` (this one, or a
+    baseline's) and measures it. The A/B mechanism: the child's working directory comes first
+    on its sys.path, so it serves that checkout's ``cortex`` (and runs its ``perf``)."""
+    child = subprocess.Popen([sys.executable, "-m", "perf.bench_http", "--serve", name],
+                             cwd=checkout, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
         port = int(child.stdout.readline())  # the child prints its port once it listens
@@ -265,7 +265,7 @@ def main() -> None:
     baseline_ratios = {}
     if args.baseline is not None:
         base = results["lean_baseline"] = _bench(
-            "lean", seconds, args.post_bytes, str(args.baseline / "perf" / "bench_http.py"))
+            "lean", seconds, args.post_bytes, args.baseline.resolve())
         baseline_ratios = {
             "p50_round_trip_lean_over_baseline": round(
                 lean["concurrency_1"]["round_trip_us"]["p50"]

@@ -12,7 +12,7 @@ Cortex's work is timed. ``over_zeromq`` then runs the real subscriber task (``ru
 SUB socket, sequencer, sync, decode, ledger) on tcp loopback, fed by a publisher in another
 process (the machine's other core) that sends the same frames as fast as it can, and
 ``zeromq_transport_only`` times a bare SUB receiving those messages (the transport's floor).
-Run: ``.venv/bin/python perf/bench_ingest.py [--quick]``.
+Run: ``.venv/bin/python -m perf.bench_ingest [--quick]``.
 """
 
 from __future__ import annotations
@@ -23,17 +23,11 @@ import json
 import multiprocessing
 import platform
 import random
-import sys
 import time
 from functools import partial
-from pathlib import Path
 
 import trio
 import zmq
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchkit import machine_info
 
 from cortex.events.counters import IngestCounters
 from cortex.events.decoder import decode_payload
@@ -43,6 +37,7 @@ from cortex.events.subscriber import run_source
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.kv_events import BlockRemoved, BlockStored, EngineFamily
 from cortex.sim.wire import encode_batch, live_frames, profile_named
+from perf.benchkit import machine_info
 
 BLOCK = 16
 BLOCKS_PER_BATCH = 32

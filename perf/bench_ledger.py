@@ -20,7 +20,7 @@ pass (what is left without preemption and noisy neighbours on a shared machine).
 Memory: VmRSS growth while building, divided by entries, and the tree's own ``memory_bytes``.
 Store: blocks/s while building (array inputs) and with Python lists in 32-block events.
 
-Usage: ``python perf/bench_ledger.py`` (10M entries, ~1 GB RAM, under a minute), ``--layout
+Usage: ``python -m perf.bench_ledger`` (10M entries, ~1 GB RAM, under a minute), ``--layout
 decode`` for the scattered worst case, ``--quick`` for a smoke run.
 
 ``--budget FRACTION`` measures the cost of the entry budget instead (``ledger.pyx`` R6/R7): the
@@ -42,14 +42,10 @@ import random
 import sys
 import time
 from array import array
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchkit import machine_info, percentiles_us
 
 from cortex._fast.blockkeys import block_keys, namespace_seed
 from cortex._fast.ledger import BlockTree
+from perf.benchkit import machine_info, percentile, percentiles_us
 
 BLOCK = 16
 SYSTEM_BLOCKS = 32
@@ -208,7 +204,8 @@ def main() -> None:
             list_ns.append(clock() - t0)
 
     result = {
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "perf.bench_ledger",
+                             *sys.argv[1:]]),
         "machine": machine_info(),
         "population": {
             "targets": n_targets, "block_tokens": BLOCK, "entries": entries,
@@ -301,13 +298,12 @@ def compare_budget(args: argparse.Namespace) -> None:
                 "eviction_pause_ms": {"max": round(max(pauses, default=0) / 1e6, 1),
                                       "mean": round(sum(pauses) / max(1, len(pauses)) / 1e6, 1)},
                 "store_ms": {"max": round(max(store_ns) / 1e6, 2),
-                             "p99_9": round(sorted(store_ns)[int(len(store_ns) * 0.999)] / 1e6,
-                                            3),
+                             "p99_9": round(percentile(store_ns, 0.999) / 1e6, 3),
                              "over_10ms": sum(ns > 10_000_000 for ns in store_ns),
                              "stores": len(store_ns)},
                 "evicting_store_ms": {
                     "max": round(max(evicting_ns, default=0) / 1e6, 2),
-                    "p99_9": round(sorted(evicting_ns)[int(len(evicting_ns) * 0.999)] / 1e6, 3)
+                    "p99_9": round(percentile(evicting_ns, 0.999) / 1e6, 3)
                     if evicting_ns else 0,
                     "over_10ms": sum(ns > 10_000_000 for ns in evicting_ns),
                     "stores": len(evicting_ns)}}
@@ -359,7 +355,8 @@ def compare_budget(args: argparse.Namespace) -> None:
     runs["budget"]["max_entries"] = budget
     runs["budget"]["low_water"] = args.low_water
     print(json.dumps({
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "perf.bench_ledger",
+                             *sys.argv[1:]]),
         "machine": machine_info(),
         "population": {"targets": n_targets, "conversations": n_conversations,
                        "tail_blocks": tail_blocks, "queries": "hit/partial/miss of the "

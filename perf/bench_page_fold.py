@@ -16,7 +16,7 @@ books; pages/s and tokens/s; the decode alone, µs a page); ``memory`` — ``--w
 prompts that share a ``--shared``-token prefix: ledger bytes (trees + fold index) per cached
 token; ``match`` — keys of one cached prompt and the ledger match (µs, median).
 
-Run: ``.venv/bin/python perf/bench_page_fold.py [--quick]``.
+Run: ``.venv/bin/python -m perf.bench_page_fold [--quick]``.
 """
 
 from __future__ import annotations
@@ -25,13 +25,7 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchkit import machine_info
 
 from cortex.events.decoder import decode_payload
 from cortex.ledger.book import LedgerBook
@@ -40,6 +34,7 @@ from cortex.ledger.state import TargetState
 from cortex.profile.request_keys import request_block_keys
 from cortex.sim.engine_hashes import sglang_page_chain
 from cortex.sim.wire import encode_batch, profile_named
+from perf.benchkit import machine_info
 
 MODEL = "m"
 SETUPS = {  # name: (engine page size, Cortex block size, fold)

@@ -13,8 +13,8 @@ time to the first SSE data chunk (TTFT) and to the end of the stream. Each engin
 ``cortex sim`` process (its tokenization does not delay another engine's timers); the two
 gateways and the client share this process, alike for both paths.
 
-    .venv/bin/python perf/bench_pd.py            # ~1 minute
-    .venv/bin/python perf/bench_pd.py --quick    # smoke run
+    .venv/bin/python -m perf.bench_pd            # ~1 minute
+    .venv/bin/python -m perf.bench_pd --quick    # smoke run
 """
 
 from __future__ import annotations
@@ -29,12 +29,8 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
-from pathlib import Path
 
 import trio
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from cortex.app import Running, run_gateway
 from cortex.config.tree import (
@@ -47,6 +43,7 @@ from cortex.pd.plan import PdSettings
 from cortex.scheduling.view import Role
 from cortex.sim.serving import TimingConfig
 from cortex.workers.spec import WorkerSpec
+from perf.benchkit import percentile
 from tests import deepseek_profile as ds
 from tests.front_http_client import RawClient
 from tests.gateway_cluster import (
@@ -173,16 +170,11 @@ async def run_flavor(flavor: str, texts: list[str], max_tokens: int, concurrency
     return samples
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def report(flavor: str, concurrency: int, samples: dict[str, dict[str, list[float]]]) -> None:
     agg, pd = samples["aggregated"], samples["pd"]
     for metric in ("ttft", "e2e"):
         a50, p50 = statistics.median(agg[metric]) * 1e3, statistics.median(pd[metric]) * 1e3
-        a90, p90 = pct(agg[metric], 0.9) * 1e3, pct(pd[metric], 0.9) * 1e3
+        a90, p90 = percentile(agg[metric], 0.9) * 1e3, percentile(pd[metric], 0.9) * 1e3
         print(f"| {flavor} | {concurrency} | {metric} | {a50:.2f} | {p50:.2f} | "
               f"{p50 - a50:+.2f} | {a90:.2f} | {p90:.2f} |", flush=True)
 

@@ -14,7 +14,7 @@ receiver's decode and apply to its pending work — what each of two processes p
 for its own requests and for hearing the other's), against the same holds untold; and the
 heartbeat's size with ``--in-flight`` requests open.
 
-Usage: ``python perf/bench_replica_sync.py [--requests 20000] [--new-blocks 64]
+Usage: ``python -m perf.bench_replica_sync [--requests 20000] [--new-blocks 64]
 [--per-tick 1]``.
 """
 
@@ -22,24 +22,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from array import array
-from pathlib import Path
 
 import trio
 import trio.lowlevel
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-from benchkit import machine_info
 
 from cortex.replicas import wire
 from cortex.replicas.settings import ReplicaSettings
 from cortex.replicas.sync import ReplicaSync
 from cortex.scheduling.inflight import PendingWork
+from perf.benchkit import machine_info
 
 WORKERS = [f"w{i}" for i in range(8)]
 

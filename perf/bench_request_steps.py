@@ -23,7 +23,7 @@ session 5). ``--evict-mb N`` writes N MB between requests (outside the timed ste
 request starts with the CPU caches full of other data, as in service: with 4 MB the steps sum
 to about what marks inside the running server measured at c=1 (session 10).
 
-Usage: ``python perf/bench_request_steps.py [--quick] [--iterations N] [--evict-mb N]``
+Usage: ``python -m perf.bench_request_steps [--quick] [--iterations N] [--evict-mb N]``
 (JSON on stdout).
 """
 
@@ -37,14 +37,6 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-from bench_gateway import MODEL, Bodies
-from benchkit import machine_info
 
 from cortex.dispatch.endpoints import Endpoint, parse_body, request_prompt
 from cortex.dispatch.model_pool import ModelPool, WorkerFigures
@@ -56,6 +48,8 @@ from cortex.profile.profile_set import ProfileSet
 from cortex.profile.request_keys import request_block_keys
 from cortex.tokenize.segment_cache import Lookup
 from cortex.workers.spec import WorkerSpec
+from perf.bench_gateway import MODEL, Bodies
+from perf.benchkit import machine_info
 from tests import deepseek_profile as ds
 
 BLOCK = 16

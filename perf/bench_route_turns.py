@@ -19,7 +19,7 @@ default: this one), so that two checkouts compare in one run:
   ``route_ms_mean`` = ``cortex_route_seconds`` sum / count over the warm turns (parsed request
   → decision), and the client's round trip p50.
 
-Usage: ``python perf/bench_route_turns.py [--repo PATH] [--quick]`` (JSON on stdout).
+Usage: ``python -m perf.bench_route_turns [--repo PATH] [--quick]`` (JSON on stdout).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 
 def conversation_turns(rng: random.Random, turns: int) -> tuple[str, list[list[dict]]]:
     """The system prompt and each turn's new messages (an answer, then a user message)."""
-    import agentic_text as at
+    from perf import agentic_text as at
 
     system = at.english(rng, 1500)
     out = []
@@ -73,13 +73,12 @@ def bodies(args: argparse.Namespace, count_tokens) -> tuple[list[dict], int, lis
     return out, warmup or 0, sizes
 
 
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return round(ordered[min(int(q * len(ordered)), len(ordered) - 1)] * 1e6, 1)
-
-
 def summary(samples: list[float]) -> dict[str, float]:
-    return {"p50": pct(samples, 0.5), "p99": pct(samples, 0.99), "max": pct(samples, 1.0)}
+    """p50, p99 and max of ``samples`` (seconds) in microseconds."""
+    from perf.benchkit import percentile
+
+    return {name: round(percentile(samples, q) * 1e6, 1)
+            for name, q in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))}
 
 
 def in_process(requests: list[dict], warmup: int) -> dict[str, object]:
@@ -129,8 +128,7 @@ def _metrics(port: int) -> str:
 
 
 def serve(requests: list[dict], warmup: int, repo: Path) -> dict[str, object]:
-    import peers
-
+    from perf import peers
     from tests import deepseek_profile as ds
     from tests.real_engine.vllm_server import metric_sum
 
@@ -189,7 +187,11 @@ def main() -> None:
     if args.quick:
         args.from_tokens, args.to_tokens = 6_000, 12_000
     repo = args.repo.resolve()
-    sys.path[:0] = [str(repo), str(HERE)]  # the measured checkout's cortex first
+    # The A/B mechanism, kept on purpose (the one sys.path edit in perf/): the measured
+    # checkout's ``cortex`` (and ``tests``) first. ``perf`` stays this checkout's: ``python -m
+    # perf.bench_route_turns`` imported the package before this line, so ``from perf import``
+    # below finds this checkout's helpers whatever ``--repo`` holds.
+    sys.path.insert(0, str(repo))
     from tokenizers import Tokenizer
 
     from cortex.profile.builtin import DEEPSEEK_CHAT_TEMPLATE
@@ -200,7 +202,7 @@ def main() -> None:
     template = ChatTemplate(DEEPSEEK_CHAT_TEMPLATE, ds.TOKENS)
     requests, warmup, sizes = bodies(args, lambda messages: len(counter.encode(
         template.render(messages), add_special_tokens=False).ids))
-    from benchkit import machine_info
+    from perf.benchkit import machine_info
 
     result: dict[str, object] = {
         "benchmark": "route_turns", "repo": str(repo), "quick": args.quick,

@@ -21,7 +21,7 @@ Timed, per query (a stored conversation: its holders match all 256 blocks, every
 Steady state: each query's request is held and the oldest of ``4 × workers`` held requests
 finishes, so views change between every two decisions as they do in service.
 
-Usage: ``python perf/bench_scheduler.py`` (64 workers, 20k conversations, about half a minute);
+Usage: ``python -m perf.bench_scheduler`` (64 workers, 20k conversations, about half a minute);
 ``--quick`` for a smoke run.
 """
 
@@ -31,7 +31,6 @@ import argparse
 import gc
 import json
 import random
-import sys
 import time
 from array import array
 
@@ -47,9 +46,7 @@ from cortex.scheduling import (
     events_chain,
     worker_matches,
 )
-
-sys.path.insert(0, "perf")
-from benchkit import machine_info, percentiles_us
+from perf.benchkit import machine_info, percentiles_us
 
 BLOCK = 16
 SYSTEM_BLOCKS = 32

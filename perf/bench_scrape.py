@@ -22,7 +22,7 @@ Equivalence: both texts are parsed with ``text_string_to_metric_families``; samp
 labels, value), family types and HELP texts are compared and every difference is listed
 (``cortex_process_*`` values move between two scrapes: only their presence is compared).
 
-Usage: ``python perf/bench_scrape.py`` (64 workers, 400 repetitions), ``--quick`` smoke run.
+Usage: ``python -m perf.bench_scrape`` (64 workers, 400 repetitions), ``--quick`` smoke run.
 """
 
 from __future__ import annotations
@@ -31,13 +31,8 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchkit import machine_info, percentiles_us
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import (
@@ -71,6 +66,7 @@ from cortex.scheduling.decision import Decision, Mode
 from cortex.scheduling.view import WorkerView
 from cortex.upstream.connection_pool import PoolStats
 from cortex.workers.health import WorkerCounters
+from perf.benchkit import machine_info, percentiles_us
 
 MODELS = ("llama-3.1-8b", "qwen2.5-7b", "mistral-7b")
 DECISIONS = (

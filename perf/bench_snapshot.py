@@ -7,7 +7,7 @@ thread), ``snapshot_ms`` (+ ``take_snapshot`` and msgpack ``encode``: the whole 
 ``bytes``, ``decode_ms`` and ``import_ms`` (``LedgerBook.import_target`` into an empty book).
 Each figure is the best of ``--repeat`` runs.
 
-Usage: ``python perf/bench_snapshot.py --entries 1000000``.
+Usage: ``python -m perf.bench_snapshot --entries 1000000``.
 """
 
 from __future__ import annotations
@@ -16,14 +16,8 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 from array import array
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchkit import machine_info
 
 from cortex.ledger.book import LedgerBook
 from cortex.ledger.kv_events import BlockStored, EngineFamily, EventBatch
@@ -34,6 +28,7 @@ from cortex.ledger.snapshot import (
     encode,
     take_snapshot,
 )
+from perf.benchkit import machine_info
 
 BLOCK = 16
 EVENT = 32

@@ -23,7 +23,7 @@ Figures (microseconds, p50 over ``--iterations``):
   ``cortex.profile.trio_tokenize`` (cold pieces in a worker thread), with the time per prompt;
   ``inline_tokenizers``: inline through ``tokenizers``.
 
-Usage: ``python perf/bench_tokenize.py`` or ``--quick`` (smoke run); prints JSON.
+Usage: ``python -m perf.bench_tokenize`` or ``--quick`` (smoke run); prints JSON.
 """
 
 from __future__ import annotations
@@ -31,26 +31,19 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import random
 import statistics
-import sys
 import time
 
 import trio
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
 import trio.lowlevel
-from benchkit import machine_info
 
 from cortex.profile import trio_tokenize
 from cortex.profile.request_keys import request_block_keys
 from cortex.tokenize import segments
 from cortex.tokenize.segment_cache import SegmentCachedTokenizer
 from cortex.tokenize.segments import Segmenter
+from perf.benchkit import machine_info, percentile
 from tests import deepseek_profile as ds
 
 BLOCK = 16
@@ -77,8 +70,9 @@ def chat(rng: random.Random, turns: int, words_per_message: int) -> list[dict[st
     return msgs
 
 
-def p50(samples: list[float]) -> float:
-    return round(statistics.median(samples) * 1e6, 1)
+def us_p50(samples: list[float]) -> float:
+    """p50 (``benchkit.percentile``) of samples in seconds, in microseconds."""
+    return round(percentile(samples, 0.5) * 1e6, 1)
 
 
 def loop_stall(
@@ -142,7 +136,8 @@ def split_figures(render, segmenter: Segmenter, iterations: int) -> dict[str, ob
                 t0 = time.perf_counter()
                 split(text)
                 samples.append(time.perf_counter() - t0)
-        out[name] = {"chars": len(text), "us_p50": p50(mine), "finditer_only_us_p50": p50(theirs),
+        out[name] = {"chars": len(text), "us_p50": us_p50(mine),
+                     "finditer_only_us_p50": us_p50(theirs),
                      "ratio": round(statistics.median(mine) / statistics.median(theirs), 3)}
     return out
 
@@ -252,24 +247,24 @@ def main() -> None:
         "prompt_chars": len(base_text),
         "pieces": len(segmenter.split(base_text)),
         "iterations": iterations,
-        "warm_new_turn_us_p50": p50(warm),
-        "warm_new_turn_tokenizers_us_p50": p50(warm_reference),
-        "warm_new_turn_with_render_us_p50": round(p50(warm) + p50(render_only), 1),
-        "render_only_us_p50": p50(render_only),
-        "warm_all_seen_with_render_us_p50": p50(warm_render),
-        "warm_all_seen_us_p50": p50(all_seen),
-        "cold_us_p50": p50(cold),
-        "cold_tokenizers_us_p50": p50(cold_reference),
-        "plain_encode_us_p50": p50(plain),
+        "warm_new_turn_us_p50": us_p50(warm),
+        "warm_new_turn_tokenizers_us_p50": us_p50(warm_reference),
+        "warm_new_turn_with_render_us_p50": round(us_p50(warm) + us_p50(render_only), 1),
+        "render_only_us_p50": us_p50(render_only),
+        "warm_all_seen_with_render_us_p50": us_p50(warm_render),
+        "warm_all_seen_us_p50": us_p50(all_seen),
+        "cold_us_p50": us_p50(cold),
+        "cold_tokenizers_us_p50": us_p50(cold_reference),
+        "plain_encode_us_p50": us_p50(plain),
         "cold_vs_plain_ratio": round(statistics.median(cold) / statistics.median(plain), 3),
 
         "plain_encode_us_per_token": round(statistics.median(plain) * 1e6 / base_tokens, 3),
-        "block_keys_4k_us_p50": p50(keys),
+        "block_keys_4k_us_p50": us_p50(keys),
         "split_16kb": split_16kb,
         "new_message": {
             "tokens_mean": round(message_tokens, 1),
-            "fastokens_us_p50": p50(msg_fast),
-            "encode_us_p50": p50(msg_plain),
+            "fastokens_us_p50": us_p50(msg_fast),
+            "encode_us_p50": us_p50(msg_plain),
             "fastokens_vs_encode_ratio": round(
                 statistics.median(msg_fast) / statistics.median(msg_plain), 3
             ),

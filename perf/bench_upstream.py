@@ -1,4 +1,4 @@
-"""The upstream client alone against ``perf/mock_worker.py``: c=1 round trip and CPU per request.
+"""The upstream client alone against ``perf.mock_worker``: c=1 round trip and CPU per request.
 
 Measures what the gateway's upstream leg costs per request — ``ConnectionPool.request`` on a
 kept-alive connection, the request sent, the head and the whole body read — without the
@@ -10,7 +10,7 @@ gateway around it. The mock worker runs in its own process, so the CPU time coun
 round by round so that a change in the machine's load hits both alike; the medians of the
 rounds are reported. Each round is a fresh client process.
 
-Usage: ``python perf/bench_upstream.py [--requests 3000] [--rounds 5] [--compare HEAD~1]``
+Usage: ``python -m perf.bench_upstream [--requests 3000] [--rounds 5] [--compare HEAD~1]``
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def child(port: int, requests: int, kind: str) -> None:
     import trio
 
     from cortex.upstream.connection_pool import ConnectionPool
+    from perf.benchkit import percentile
 
     origin = f"http://127.0.0.1:{port}"
     body = BODY[:-1] + b',"stream":true}' if kind == "sse" else BODY
@@ -66,16 +67,18 @@ def child(port: int, requests: int, kind: str) -> None:
             cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
             assert pool.stats(origin).created == 1  # every request on one kept-alive conn
             nursery.cancel_scope.cancel()
-        samples.sort()
-        return {"rtt_p50_us": samples[len(samples) // 2] / 1000,
+        return {"rtt_p50_us": percentile(samples, 0.5) / 1000,
                 "rtt_mean_us": wall / requests * 1e6, "cpu_us": cpu / requests * 1e6}
 
     print(json.dumps(trio.run(main)))
 
 
 def run_child(root: Path, port: int, requests: int, kind: str) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=str(root))
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
+    # The A/B mechanism: the measured ``cortex`` comes first on the child's sys.path (its
+    # working directory, then PYTHONPATH), this checkout after it for ``perf`` (an extracted
+    # revision holds ``cortex/`` alone).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(ROOT)]))
+    out = subprocess.run([sys.executable, "-m", "perf.bench_upstream", "--child",
                           "--port", str(port), "--requests", str(requests), "--kind", kind],
                          env=env, cwd=root, check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
@@ -101,10 +104,9 @@ def main() -> None:
         child(args.port, args.requests, args.kind)
         return
 
-    sys.path.insert(0, str(ROOT))
     from perf.benchkit import machine_info
 
-    worker = subprocess.Popen([sys.executable, str(ROOT / "perf" / "mock_worker.py")],
+    worker = subprocess.Popen([sys.executable, "-m", "perf.mock_worker"], cwd=ROOT,
                               stdout=subprocess.PIPE, text=True)
     temp = Path(tempfile.mkdtemp(prefix="bench-upstream-"))
     try:

@@ -28,7 +28,7 @@ Latency, per run, from wrk's histogram (1 µs buckets; dumped by the Lua ``done(
 ``ratio_to_sglang_router``: Cortex's (and the baseline's) figure over sglang-router's, same
 cell, same run; ``req_per_s_over_one_process``: ``cortex-2proc`` (``server.processes = 2``)
 and ``cortex-2proc-nosync`` (without replica sync between them), when asked for, over
-``cortex``. Usage: ``python perf/bench_wrk.py [--durations 3,30] [--connections 64,256]
+``cortex``. Usage: ``python -m perf.bench_wrk [--durations 3,30] [--connections 64,256]
 [--threads 2] [--baseline DIR] [--quick]`` (JSON on stdout). Needs ``wrk`` (apt-get install
 wrk): without it the result says so in ``not_run`` and nothing runs; a peer not installed is
 skipped with the reason in ``skipped``.
@@ -47,14 +47,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import peers
-from bench_gateway import MODEL, Bodies
-from benchkit import machine_info
-
+from perf import peers
+from perf.bench_gateway import MODEL, Bodies
+from perf.benchkit import machine_info
 from tests import deepseek_profile as ds
 
 WRK = shutil.which("wrk")
@@ -104,7 +99,9 @@ def lua_script(bodies: Bodies) -> str:
 # -- wrk's histogram ---------------------------------------------------------------------------
 
 def percentile(histogram: list[tuple[int, int]], p: float) -> int:
-    """wrk's ``stats_percentile`` over (value, count) pairs in ascending order."""
+    """wrk's ``stats_percentile`` over (value, count) pairs in ascending order (``p`` in
+    percent). Not ``benchkit.percentile`` on purpose: wrk's own rounding over its histogram,
+    so that figures read from the histogram are the ones wrk prints."""
     total = sum(count for _, count in histogram)
     rank = math.floor(p / 100.0 * total + 0.5 + 0.5)  # C's round(): halves away from zero
     seen = 0

@@ -1,7 +1,7 @@
 """Fit the simulator's step-time profile to the real vLLM CPU engine, and write it as a profile
 file (``cortex/sim/profiles/vllm-cpu-tiny.toml`` by default).
 
-    PYTHONPATH=$PWD .venv/bin/python perf/fit_step_profile.py [--model qwen-tiny] [--quick]
+    .venv/bin/python -m perf.fit_step_profile [--model qwen-tiny] [--quick]
 
 What it does:
 
@@ -53,10 +53,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchkit import machine_info
-
 from cortex.sim.step_profiles import COEFFICIENTS, STEP_COEFFICIENTS, read_step_profile
 from cortex.sim.step_time import Chunk, StepProfile, StepWork
+from perf.benchkit import machine_info, percentile
 from tests.real_engine.vllm_server import VllmOptions, VllmServer, engine_env, start_all
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -328,7 +327,8 @@ def fit_gap(gaps: list[tuple[int, float]]) -> Gap:
     for requests, gap in gaps:
         if gap < GAP_IDLE_S:
             by_requests.setdefault(requests, []).append(gap)
-    medians = {n: (median(values), len(values)) for n, values in sorted(by_requests.items())}
+    medians = {n: (percentile(values, 0.5), len(values))
+               for n, values in sorted(by_requests.items())}
     if not medians:
         return Gap(0.0, 0.0, {})
     rows = [[math.sqrt(count), math.sqrt(count) * n] for n, (_, count) in medians.items()]
@@ -456,7 +456,8 @@ def fit(steps: list[tuple[StepWork, float]], rounds: int = 20) -> tuple[StepProf
         predicted = [max(sum(x[j] * row[j] / scale[j] for j in range(len(scale))), 1e-6)
                      for row in rows]
         relative = [(p - y) / p for y, p in zip(measured, predicted, strict=True)]
-        spread = 1.4826 * median([abs(r - median(relative)) for r in relative]) or 1e-9
+        center = percentile(relative, 0.5)
+        spread = 1.4826 * percentile([abs(r - center) for r in relative], 0.5) or 1e-9
         weights = [(1 - (r / (4.685 * spread)) ** 2) ** 2 if abs(r) < 4.685 * spread else 0.0
                    for r in relative]
     values = {name: x[j] / scale[j] for j, name in enumerate(STEP_COEFFICIENTS)}
@@ -468,23 +469,13 @@ def residuals(profile: StepProfile, steps: list[tuple[StepWork, float]]) -> dict
     absolute = sorted(abs(e) for e in errors)
     return {"steps": len(errors),
             "rms_relative": round(math.sqrt(sum(e * e for e in errors) / len(errors)), 4),
-            "median_abs_relative": round(absolute[len(absolute) // 2], 4),
-            "p90_abs_relative": round(absolute[int(0.9 * (len(absolute) - 1))], 4),
+            "median_abs_relative": round(percentile(absolute, 0.5), 4),
+            "p90_abs_relative": round(percentile(absolute, 0.9), 4),
             "max_abs_relative": round(absolute[-1], 4),
             "mean_relative": round(sum(errors) / len(errors), 4)}
 
 
 # ------------------------------------------------------------------------------ the file
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
-
 
 def toml_value(value: object) -> str:
     if isinstance(value, str):
@@ -576,16 +567,16 @@ def write_profile(path: Path, profile: StepProfile, experiments: list[Experiment
             "alone to the idle engine (a prefill, one token out) of the time their client "
             "waited for the token beyond their steps (each timed as above): the API server's "
             "work on a request before the scheduler sees it and on its answer after "
-            f"(quartiles {quantile(overheads, 0.25) * 1000:.1f} / "
-            f"{quantile(overheads, 0.75) * 1000:.1f} ms; [fit.request])"),
+            f"(quartiles {percentile(overheads, 0.25) * 1000:.1f} / "
+            f"{percentile(overheads, 0.75) * 1000:.1f} ms; [fit.request])"),
         "uncertainty = " + toml_value(
             f"Relative error of the profile against the median step of each shape: median "
             f"{medians['median_abs_relative']:.0%}, p90 {medians['p90_abs_relative']:.0%} "
             f"({medians['steps']} shapes; {medians['steps'] - kept['steps']} rejected as "
             f"outliers); against single steps: median {every['median_abs_relative']:.0%}, p90 "
             f"{every['p90_abs_relative']:.0%}. Decode-only shapes: median error "
-            f"{median(decodes or [0.0]):+.0%}; prefills of at most 256 new tokens: median "
-            f"{median(small or [0.0]):+.0%}. The machine is shared (2 cores under other "
+            f"{percentile(decodes, 0.5):+.0%}; prefills of at most 256 new tokens: median "
+            f"{percentile(small, 0.5):+.0%}. The machine is shared (2 cores under other "
             "developers' load): single steps scatter by tens of percent, and the engine's speed "
             "as a whole drifts by 20-30 % from one run to the next (its one-decode step logged "
             "4.7 to 6.2 ms, median, in runs ten minutes apart on 2026-12-06); repeated runs of "
@@ -769,7 +760,7 @@ def main() -> int:
     steps = timed([s for kind in KINDS for e in experiments for s in e.data(kind)], gap)
     profile, groups, weights = fit(steps)
     overheads = request_overheads(experiments, gap)
-    profile = replace(profile, request_s=max(median(overheads), 0.0) if overheads else 0.0)
+    profile = replace(profile, request_s=max(percentile(overheads, 0.5), 0.0))
     meta = {
         "description": f"vLLM {vllm[1] if vllm else '?'} CPU build serving the tiny "
                        f"{args.model} model (2 layers, hidden 128; .engines/models) with the "
@@ -777,7 +768,7 @@ def main() -> int:
                        "real-engine tests",
         "vllm": vllm[1] if vllm else "unknown", "model": args.model,
         "machine": ", ".join(f"{k} {v}" for k, v in machine_info().items()),
-        "command": "PYTHONPATH=$PWD .venv/bin/python perf/fit_step_profile.py "
+        "command": ".venv/bin/python -m perf.fit_step_profile "
                    + shlex.join(sys.argv[1:]),
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%MZ"),
         "server_args": server_args(server), "executor": executor, "passes": args.passes}

@@ -22,7 +22,7 @@ within 10% of its pre-flood value.
 Cortex runs with ``--server-memory-trim-s`` (``--memory-trim-s``, 2 s here so that the
 settle time covers one; 0 shows the process without it).
 
-Usage: ``python perf/flood_rss.py [--batches 300000] [--big-bodies 10] [--memory-trim-s S]
+Usage: ``python -m perf.flood_rss [--batches 300000] [--big-bodies 10] [--memory-trim-s S]
 [--quick]``
 (``--quick``: 20,000 batches, 2 bodies of 4 MiB).
 """
@@ -37,21 +37,15 @@ import re
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import trio
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
 import trio.lowlevel
-from benchkit import machine_info
-from soak import TIMING, cpu_seconds, rss_bytes, start_cortex, stop_cortex, wait_ready
 
 from cortex.ledger.kv_events import BlockRemoved, BlockStored
 from cortex.sim.engine import SimEngine
 from cortex.sim.wire import encode_batch
+from perf.benchkit import machine_info
+from perf.soak import TIMING, cpu_seconds, rss_bytes, start_cortex, stop_cortex, wait_ready
 from tests.front_http_client import RawClient, chat_request
 from tests.gateway_cluster import BLOCK, MODEL, model_profile
 
@@ -245,7 +239,7 @@ def main() -> int:
         return 1
     result["machine"] = {**machine_info(), "loadavg": os.getloadavg()}
     result["started_unix"] = round(started)
-    result["command"] = " ".join(["python", "perf/flood_rss.py", *sys.argv[1:]])
+    result["command"] = " ".join(["python", "-m", "perf.flood_rss", *sys.argv[1:]])
     print(json.dumps(result, indent=1))
     return 0
 

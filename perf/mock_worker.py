@@ -21,19 +21,16 @@ its bound port on stdout once it listens, and serves until killed:
   it does in service, instead of the fallback chain it uses without events. The endpoints
   follow the port on the first stdout line: ``PORT EVENTS REPLAY``.
 
-Usage: ``python perf/mock_worker.py [--port 0] [--model NAME] [--log-paths] [--kv-events]``.
+Usage: ``python -m perf.mock_worker [--port 0] [--model NAME] [--log-paths] [--kv-events]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import trio
 import zmq
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cortex.front.messages import HttpRequest, HttpResponse, json_response
 from cortex.front.server import HttpServer

@@ -1,6 +1,6 @@
 """Starting and stopping the systems the gateway benchmark measures, each its own process(es).
 
-* ``start_mock(model)``: one ``perf/mock_worker.py`` (it prints its port once it listens;
+* ``start_mock(model)``: one ``python -m perf.mock_worker`` (it prints its port once it listens;
   ``kv_events=True``: and its empty KV-event publisher's endpoints).
 * ``start_cortex(mocks, model, tokenizer, template)``: ``python -m cortex serve`` in front
   of the workers (subscribed to their KV events when they have endpoints); ready when its
@@ -43,8 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HOST = "127.0.0.1"
-PERF = Path(__file__).resolve().parent
-REPO = PERF.parent
+REPO = Path(__file__).resolve().parent.parent  # children run from here: ``-m perf.x`` finds it
 NGINX = "/usr/sbin/nginx"
 READY_TIMEOUT_S = 90.0
 
@@ -227,10 +226,10 @@ def _wait(running: Running, ready, what: str) -> None:
 
 
 def start_mock(model: str, name: str = "mock", kv_events: bool = False) -> Running:
-    """``perf/mock_worker.py``; with ``kv_events`` its (empty) KV-event endpoints are in
+    """``python -m perf.mock_worker``; with ``kv_events`` its (empty) KV-event endpoints are in
     ``extra["events"]`` and ``extra["replay"]``."""
     tmpdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
-    argv = [sys.executable, str(PERF / "mock_worker.py"), "--model", model]
+    argv = [sys.executable, "-m", "perf.mock_worker", "--model", model]  # cwd: REPO
     if kv_events:
         argv.append("--kv-events")
     process, log_path = _spawn(name, argv, tmpdir, stdout=subprocess.PIPE)
@@ -270,6 +269,8 @@ def start_cortex(workers: list[Running], model: str, tokenizer: str,
             spec += f",events={worker.extra['events']},replay={worker.extra['replay']}"
         argv += ["--worker", spec]
     env = {key: value for key, value in os.environ.items() if not key.startswith("CORTEX_")}
+    # the A/B mechanism, kept on purpose: the child's working directory comes first on its
+    # sys.path, so ``-m cortex`` there runs that checkout's cortex
     process, log_path = _spawn(name, argv, tmpdir, env=env, cwd=repo)
     running = Running(name, port, process, tmpdir, log_path, {"control_port": control})
     _wait(running, lambda: _get_ok(control, "/health/ready"), "GET /health/ready 200")

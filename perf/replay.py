@@ -43,7 +43,7 @@ prefill, so its own report counts. Load spread and utilization are per pool.
 closed loop, each turn sent a think time after the previous turn's answer has ended; give
 ``--max-blocks`` above its longest context (~120 blocks).
 
-Usage: ``python perf/replay.py [--quick] [--trace conversation|synthetic|gsp|herd|agentic|PATH]
+Usage: ``python -m perf.replay [--quick] [--trace conversation|synthetic|gsp|herd|agentic|PATH]
 ...``
 (JSON on stdout or ``--out``; a table on stderr). ``--capacity-search`` runs each router at
 several time scales and reports the highest whose TTFT p99 stays under ``--p99-bound-ms``.
@@ -65,19 +65,17 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import replay_cluster as rc
-import trace_text as tt
-from benchkit import machine_info
-from replay_report import killed_figures, markdown, summarize, table
-from replay_workload import (
+from cortex.sim.step_profiles import load_step_profile
+from cortex.upstream.connection_pool import ConnectionPool
+from cortex.upstream.limits import PoolLimits
+from perf import replay_cluster as rc
+from perf import trace_text as tt
+from perf.benchkit import machine_info
+from perf.replay_report import killed_figures, markdown, summarize, table
+from perf.replay_workload import (
     QUICK,
     Params,
     basis_unique_blocks,
@@ -90,10 +88,6 @@ from replay_workload import (
     token_bound,
     workload,
 )
-
-from cortex.sim.step_profiles import load_step_profile
-from cortex.upstream.connection_pool import ConnectionPool
-from cortex.upstream.limits import PoolLimits
 from tests import deepseek_profile as ds
 
 MODEL = "trace-model"

@@ -34,15 +34,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PERF = Path(__file__).resolve().parent
-REPO = PERF.parent
-sys.path.insert(0, str(PERF))
-sys.path.insert(0, str(REPO))
-
-import peers
-
+from perf import peers
 from tests import deepseek_profile as ds
 from tests.real_engine.vllm_server import metric_sum
+
+REPO = Path(__file__).resolve().parent.parent  # children run from here: ``-m perf.x`` finds it
 
 START_TIMEOUT_S = 120.0
 
@@ -249,7 +245,7 @@ def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
         path = os.path.join(procs.tmpdir, f"{name}.json")
         with open(path, "w") as f:
             json.dump(spec, f)
-        running = _spawn(procs, name, [sys.executable, str(PERF / "replay_gateway.py"), path],
+        running = _spawn(procs, name, [sys.executable, "-m", "perf.replay_gateway", path],
                          stdin=subprocess.PIPE, cpus=cpus)
         line = _line(running)
         if not line.startswith("ready "):

@@ -1,6 +1,6 @@
 """The gateway process of a trace replay: Cortex with a chosen routing policy, and its ledger.
 
-``python perf/replay_gateway.py SPEC.json`` starts ``cortex.app.run_gateway`` in front of the
+``python -m perf.replay_gateway SPEC.json`` starts ``cortex.app.run_gateway`` in front of the
 workers named in the spec, switches the model's pool to the spec's policy (``cortex``,
 ``round_robin``, ``p2c``, ``consistent_hash``, or a reference router of
 ``perf/reference_policies.py``: ``dynamo-ref``, ``llmd-ref``, given the ledger's matches as
@@ -39,15 +39,8 @@ import random
 import re
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import trio
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "perf"))
-
-from reference_policies import REFERENCE_POLICIES
 
 from cortex.app import Running, run_gateway
 from cortex.config.tree import (
@@ -63,6 +56,7 @@ from cortex.replicas.settings import ReplicaSettings
 from cortex.scheduling import Role
 from cortex.scheduling.cost import CostConfig
 from cortex.workers.spec import WorkerSpec
+from perf.reference_policies import REFERENCE_POLICIES
 from tests.gateway_cluster import all_ready, wait_for
 
 

@@ -9,7 +9,7 @@ evicted; ``15%``: the cluster holds 15% of the slice's unique blocks, each engin
 its longest prompt, as vLLM requires to start) and a load (the share of the cluster's time round robin would keep
 busy, estimated offline: 0.5 and 0.85).
 
-Usage: ``python perf/replay_matrix.py --out DIR [--workloads ...] [--caches all,15%]
+Usage: ``python -m perf.replay_matrix --out DIR [--workloads ...] [--caches all,15%]
 [--loads 0.5,0.85] [--routers ...]``; every cell's JSON goes to ``DIR/<cell>.json`` as it ends
 (a cell already there is not run again: a long run can be resumed); ``--render DIR`` prints
 the summary and the full table as Markdown.
@@ -23,12 +23,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import replay
-from replay_workload import Params
+from perf import replay
+from perf.replay_workload import Params
 
 WORKLOADS = {"conversation": {}, "synthetic": {}, "gsp": {}, "herd": {},
              "agentic": {"max_blocks": 128}}

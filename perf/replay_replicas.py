@@ -17,7 +17,7 @@ of this machine with the engines and the client: N processes cost CPU that one d
 ``--gateway-cpus 0 --engine-cpus 1`` keeps the engines' CPU apart, so their speed does not
 depend on N.
 
-Usage: ``python perf/replay_replicas.py --out DIR [--workloads conversation,herd,gsp,agentic]
+Usage: ``python -m perf.replay_replicas --out DIR [--workloads conversation,herd,gsp,agentic]
 [--caches all] [--loads 0.5] [--replicas 1,2,4] [--sync 0,1] [--gateway-cpus L]
 [--engine-cpus L] [--client-cpus L]``; a cell already in ``DIR`` is not run again;
 ``--render DIR`` prints the table as Markdown.
@@ -31,13 +31,9 @@ import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import replay
-from replay_matrix import WORKLOADS, cell_name, cell_params
-from replay_workload import Params
+from perf import replay
+from perf.replay_matrix import WORKLOADS, cell_name, cell_params
+from perf.replay_workload import Params
 
 
 def run(out: Path, workloads: list[str], caches: list[str], loads: list[float],

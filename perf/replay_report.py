@@ -22,10 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else 0.0
+from perf.benchkit import percentile
 
 
 def _pool(counts: dict[str, int], workers: list[str]) -> float:
@@ -137,13 +134,15 @@ def summarize(results: list[Any], p: Any, engines: int, ledger: dict | None,
     summary = {
         "requests": len(results), "failed": len(results) - len(ok),
         "hit_rate": round(cached / prompt, 4) if prompt else 0.0,
-        "itl_ms": {"p50": round(_pct(gaps, 0.5), 2), "p99": round(_pct(gaps, 0.99), 2)},
+        "itl_ms": {"p50": round(percentile(gaps, 0.5), 2),
+                   "p99": round(percentile(gaps, 0.99), 2)},
         "output_tokens_per_s": round(sum(r.output_tokens for r in ok) / span, 1),
         "ttft_ms": {"mean": round(sum(ttft) / len(ttft), 1) if ttft else 0.0,
-                    "p50": round(_pct(ttft, 0.5), 1), "p99": round(_pct(ttft, 0.99), 1)},
+                    "p50": round(percentile(ttft, 0.5), 1),
+                    "p99": round(percentile(ttft, 0.99), 1)},
         "ttft_parts_ms": {"own_prefill_mean": round(sum(own) / len(own), 1) if own else 0.0,
                           "wait_mean": round(sum(wait) / len(wait), 1) if wait else 0.0,
-                          "wait_p99": round(_pct(wait, 0.99), 1)},
+                          "wait_p99": round(percentile(wait, 0.99), 1)},
         "prompt_tokens": prompt, "prefill_tokens": prompt - cached,
         "duplicated_blocks": None if ledger is None else ledger["duplicated_blocks"],
         "blocks_held": None if ledger is None else ledger["blocks_held"],
@@ -154,7 +153,7 @@ def summarize(results: list[Any], p: Any, engines: int, ledger: dict | None,
         "per_worker": dict(sorted(per_worker.items())),
         "modes": modes,
         "utilization": round(busy / (engines * p.engine_slots() * span), 3),
-        "client_late_ms_p99": round(_pct([r.late_s * 1000 for r in results], 0.99), 1),
+        "client_late_ms_p99": round(percentile([r.late_s * 1000 for r in results], 0.99), 1),
         "ledger": {"predicted": len(predicted),
                    "exact_share": round(exact / len(predicted), 4) if predicted else None,
                    # false hits: predicted more cached tokens than the engine reported

@@ -51,7 +51,7 @@ Cortex folds their per-token events into its 32-token blocks; caches are emptied
 ``POST /flush_cache``; the engines' own counters are ``sglang:num_requests_total`` and
 ``sglang:cached_tokens_total`` / ``sglang:prompt_tokens_total`` (a token hit rate).
 
-Usage: ``.venv/bin/python perf/replay_vllm.py [--quick] [--engines 2] [--family deepseek-tiny]
+Usage: ``.venv/bin/python -m perf.replay_vllm [--quick] [--engines 2] [--family deepseek-tiny]
 [--requests 300] [--start 0] [--time-scale 1.0] [--num-blocks 1536] [--out FILE]``; a table on
 stderr, JSON (command line, machine, parameters, slice, per-router figures) on stdout and in
 ``--out``. Each vLLM server takes ~45 s to start and ~2.8 GiB of memory (``uni`` executor,
@@ -74,17 +74,12 @@ from pathlib import Path
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import peers
-import replay as rp
-import replay_cluster as rc
-import replay_workload as rw
-import trace_text as tt
-from benchkit import machine_info
-
+from perf import peers
+from perf import replay as rp
+from perf import replay_cluster as rc
+from perf import replay_workload as rw
+from perf import trace_text as tt
+from perf.benchkit import machine_info, percentile
 from tests.real_engine.engine_server import EngineProcess
 from tests.real_engine.sglang_server import SglangOptions, SglangServer
 from tests.real_engine.vllm_server import VllmOptions, VllmServer, engine_env, start_all
@@ -158,7 +153,7 @@ def start_gateway(procs: rc.Procs, servers: list[EngineProcess], policy: str, mo
     with open(path, "w") as f:
         json.dump(spec, f)
     running = rc._spawn(procs, f"gateway-{policy}",
-                        [sys.executable, str(HERE / "replay_gateway.py"), path],
+                        [sys.executable, "-m", "perf.replay_gateway", path],
                         stdin=subprocess.PIPE)
     line = rc._line(running)
     if not line.startswith("ready "):
@@ -170,11 +165,6 @@ def counters(servers: list[EngineProcess]) -> dict[str, dict[str, float]]:
     """Server -> (requests, prefix-cache queries, hits) counters, by position."""
     return {s.name: {str(i): s.metric(name) for i, name in enumerate(COUNTERS[s.engine])}
             for s in servers}
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else 0.0
 
 
 def summarize(results: list[rp.Result], before: dict, after: dict, ledger: dict,
@@ -195,12 +185,13 @@ def summarize(results: list[rp.Result], before: dict, after: dict, ledger: dict,
            "engine_counter_hit_rate": round(hits / queries, 4) if queries else 0.0,
            "prompt_tokens": prompt, "cached_tokens": cached,
            "ttft_ms": {"mean": round(sum(ttft) / len(ttft), 1) if ttft else 0.0,
-                       "p50": round(pct(ttft, 0.5), 1), "p99": round(pct(ttft, 0.99), 1)},
+                       "p50": round(percentile(ttft, 0.5), 1),
+                       "p99": round(percentile(ttft, 0.99), 1)},
            "req_per_s": round(len(ok) / span, 2), "per_engine": per_engine,
            "load_spread": round(max(per_engine.values()) / mean, 3) if mean else 0.0,
            "duplicated_blocks": ledger["duplicated_blocks"],
            "blocks_per_worker": ledger["blocks_per_worker"],
-           "client_late_ms_p99": round(pct([r.late_s * 1000 for r in results], 0.99), 1),
+           "client_late_ms_p99": round(percentile([r.late_s * 1000 for r in results], 0.99), 1),
            "prediction": None}
     if cortex:
         predicted = [r for r in ok if r.predicted is not None]
@@ -308,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                 for r in records]
     length = max_model_len(records, text, p)
     result: dict = {
-        "command": shlex.join([os.path.relpath(sys.executable), *sys.argv]),
+        "command": shlex.join([os.path.relpath(sys.executable), "-m", "perf.replay_vllm",
+                               *sys.argv[1:]]),
         "machine": machine_info(), "params": asdict(p), "slice": facts,
         "trace_span_s": (records[-1].timestamp_ms - records[0].timestamp_ms) / 1000,
         "cluster_share_of_slice": round(p.engines * p.num_blocks * BLOCK / p.block_tokens

@@ -21,10 +21,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import agentic_trace as at
-import trace_text as tt
-
 from cortex.sim.step_profiles import load_step_profile
+from perf import agentic_trace as at
+from perf import trace_text as tt
 
 HERE = Path(__file__).resolve().parent
 TRACES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthetic_trace.jsonl"}

@@ -19,7 +19,7 @@ Every request carries a new user message, so Cortex's token-segment cache (bound
 default) fills for the whole run and its RSS grows with it until the budget is reached;
 ``--segment-cache-bytes`` shrinks the budget to tell that bounded growth from a leak.
 
-Usage: ``python perf/soak.py [--minutes 10] [--clients 16] [--segment-cache-bytes N]
+Usage: ``python -m perf.soak [--minutes 10] [--clients 16] [--segment-cache-bytes N]
 [--quick]`` (``--quick``: 20 s, sampled every second; CI smoke-runs it). Exit 1 if Cortex
 does not start or a request hung.
 """
@@ -39,18 +39,14 @@ from pathlib import Path
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-from benchkit import machine_info
-
 from cortex.sim.engine import SimEngine
 from cortex.sim.serving import TimingConfig
+from perf.benchkit import machine_info
 from tests import deepseek_profile as ds
 from tests.chaos.load import Tally, client_loop
 from tests.gateway_cluster import BLOCK, MODEL, model_profile, template_path
 
+HERE = Path(__file__).resolve().parent
 HOST = "127.0.0.1"
 FLAVORS = ("vllm-0.33", "sglang-0.5.23", "vllm-0.33", "sglang-0.5.23")
 TIMING = TimingConfig(prefill_tokens_per_s=400_000, decode_s_per_token=0.002, max_running=64)
@@ -242,7 +238,7 @@ def main() -> int:
         print(f"soak: {error}", file=sys.stderr)
         return 1
     result["started_unix"] = round(started)
-    result["command"] = " ".join(["python", "perf/soak.py", *sys.argv[1:]])
+    result["command"] = " ".join(["python", "-m", "perf.soak", *sys.argv[1:]])
     print(json.dumps(result, indent=1))
     return 1 if result["requests"]["hung"] else 0  # type: ignore[index]
 

@@ -1,7 +1,7 @@
 """Validate the simulated vLLM engine against the real vLLM CPU engine: one seeded arrival
 sequence through both, per-request ``cached_tokens``, TTFT and end-to-end time compared.
 
-    PYTHONPATH=$PWD .venv/bin/python perf/validate_sim_vllm.py [--requests 60] [--rate 8]
+    .venv/bin/python -m perf.validate_sim_vllm [--requests 60] [--rate 8]
 
 The two engines, run one after the other (never side by side: the machine has 2 cores):
 
@@ -76,12 +76,6 @@ from pathlib import Path
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-from benchkit import machine_info
-
 from cortex.ledger.kv_events import BlockRemoved
 from cortex.sim.batching.core import SimRequest
 from cortex.sim.batching.vllm import VllmBatchingEngine, VllmSchedulerConfig
@@ -89,6 +83,7 @@ from cortex.sim.engine_hashes import VllmChainHasher
 from cortex.sim.step_profiles import COEFFICIENTS, load_step_profile
 from cortex.upstream.connection_pool import ConnectionPool
 from cortex.upstream.limits import PoolLimits
+from perf.benchkit import machine_info, percentile
 from tests.real_engine.vllm_server import (
     EngineEnv,
     VllmOptions,
@@ -98,6 +93,7 @@ from tests.real_engine.vllm_server import (
     start_all,
 )
 
+HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SEED = 35
 MODEL = "qwen-tiny"  # served model name of both engines (as the suite's farm names it)
@@ -479,21 +475,13 @@ def others_cpu(pgid: int) -> Iterator[dict[str, float]]:
 
 # ------------------------------------------------------------------------------ the report
 
-def quantile(values: list[float], q: float) -> float:
-    """Nearest-rank quantile (0 for no values)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def errors(real: list[float], sim: list[float]) -> dict[str, float]:
     """Relative errors sim / real - 1: median and p90 of their absolute values, signed median."""
     relative = [s / r - 1 for r, s in zip(real, sim, strict=True) if r > 0]
     absolute = [abs(e) for e in relative]
-    return {"median_abs": round(quantile(absolute, 0.5), 4),
-            "p90_abs": round(quantile(absolute, 0.9), 4),
-            "median_signed": round(quantile(relative, 0.5), 4)}
+    return {"median_abs": round(percentile(absolute, 0.5), 4),
+            "p90_abs": round(percentile(absolute, 0.9), 4),
+            "median_signed": round(percentile(relative, 0.5), 4)}
 
 
 def compare(arrivals: list[Arrival], real: EngineRun, sim: EngineRun,
@@ -526,10 +514,10 @@ def compare(arrivals: list[Arrival], real: EngineRun, sim: EngineRun,
         "ttft": errors([r.ttft_s for r, _ in ok], [s.ttft_s for _, s in ok]),
         "e2e": errors([r.e2e_s for r, _ in ok], [s.e2e_s for _, s in ok]),
         # the distributions (not request by request): p50 and p90, ms
-        "ttft_ms": {side: [round(quantile(values, q) * 1000, 1) for q in (0.5, 0.9)]
+        "ttft_ms": {side: [round(percentile(values, q) * 1000, 1) for q in (0.5, 0.9)]
                     for side, values in (("real", [r.ttft_s for r, _ in ok]),
                                          ("sim", [s.ttft_s for _, s in ok]))},
-        "e2e_ms": {side: [round(quantile(values, q) * 1000, 1) for q in (0.5, 0.9)]
+        "e2e_ms": {side: [round(percentile(values, q) * 1000, 1) for q in (0.5, 0.9)]
                    for side, values in (("real", [r.e2e_s for r, _ in ok]),
                                         ("sim", [s.e2e_s for _, s in ok]))},
         "preemptions": {"real": real.preemptions, "sim": sim.preemptions},
@@ -639,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"versus_sim": versus, "real_vs_real": noise, "other_cpu": busy,
               "model_alone": {"preemptions": alone.preemptions, "evicted_blocks": alone.evicted,
                               "steps": alone.steps, "timing_races": sorted(races)}}
-    out = {"command": "PYTHONPATH=$PWD .venv/bin/python perf/validate_sim_vllm.py "
+    out = {"command": ".venv/bin/python -m perf.validate_sim_vllm "
                       + shlex.join(sys.argv[1:]),
            "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
            "machine": machine_info(), "settings": asdict(settings), "mix": asdict(mix),

@@ -17,7 +17,7 @@ from tests.conftest import REPO
 @pytest.mark.slow
 def test_replay_quick_runs_cortex_and_round_robin() -> None:
     done = subprocess.run(
-        [sys.executable, str(REPO / "perf" / "replay.py"), "--quick",
+        [sys.executable, "-m", "perf.replay", "--quick",
          "--routers", "cortex,round_robin"],
         capture_output=True, timeout=300, cwd=REPO, check=False)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
@@ -43,7 +43,7 @@ def test_replay_quick_runs_the_prefill_decode_row() -> None:
     """``cortex-pd``: half the engines prefill, half decode, per flavor; every request goes
     through a pair of one flavor, and its hit is the prefill engine's report."""
     done = subprocess.run(
-        [sys.executable, str(REPO / "perf" / "replay.py"), "--quick", "--routers", "cortex-pd",
+        [sys.executable, "-m", "perf.replay", "--quick", "--routers", "cortex-pd",
          "--requests", "12", "--keep-results"],
         capture_output=True, timeout=300, cwd=REPO, check=False)
     assert done.returncode == 0, done.stderr.decode()[-3000:]

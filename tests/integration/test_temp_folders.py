@@ -43,9 +43,8 @@ def test_the_gateway_harness_template_goes_with_its_process(tmp_path):
 def test_a_replay_run_removes_its_folder_when_stopped(tmp_path):
     tmpdir = tmp_path / "tmp"
     out = run_with_tmpdir(tmpdir, [sys.executable, "-c", textwrap.dedent("""
-        import os, sys
-        sys.path.insert(0, "perf")
-        import replay_cluster as rc
+        import os
+        from perf import replay_cluster as rc
 
         procs = rc.Procs()
         template = procs.template()
@@ -61,6 +60,6 @@ def test_a_replay_run_removes_its_folder_when_stopped(tmp_path):
 @pytest.mark.slow
 def test_a_soak_run_leaves_no_folder(tmp_path):
     tmpdir = tmp_path / "tmp"
-    run_with_tmpdir(tmpdir, [sys.executable, "perf/soak.py", "--minutes", "0.02",
+    run_with_tmpdir(tmpdir, [sys.executable, "-m", "perf.soak", "--minutes", "0.02",
                              "--clients", "2", "--sample-s", "0.5"])
     assert list(tmpdir.iterdir()) == []

@@ -22,14 +22,8 @@ through a real vLLM CPU server and through ``cortex sim``'s batching vLLM engine
 
 from __future__ import annotations
 
-import sys
-
-from tests.conftest import REPO
+from perf import validate_sim_vllm as v
 from tests.real_engine.farm import ServerSet
-
-sys.path.insert(0, str(REPO / "perf"))
-
-import validate_sim_vllm as v
 
 SETTINGS = v.Settings()
 MIX = v.Mix(requests=30)

@@ -14,17 +14,12 @@ reached Cortex (the engine's report and Cortex's prediction then speak of the sa
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from tests.conftest import REPO, shared_dir
+from perf import trace_text as tt
+from tests.conftest import shared_dir
 from tests.real_engine.cortex_front import BLOCK, Front, Sent, cortex_front
 from tests.real_engine.farm import ServerSet
-
-sys.path.insert(0, str(REPO / "perf"))
-
-import trace_text as tt
 
 REQUESTS = 200
 MAX_BLOCKS = 40  # trace blocks per request (~1,300 tokens, under the servers' 2,048)

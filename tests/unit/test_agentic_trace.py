@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "perf"))
-
-import agentic_trace as at
-import trace_text as tt
+from perf import agentic_trace as at
+from perf import trace_text as tt
 
 
 def _chains(follows: list[tuple[int, float]]) -> list[list[int]]:

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import random
-import sys
 
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "perf"))
-
-from bench_wrk import percentile, uncorrect
+from perf.bench_wrk import percentile, uncorrect
 
 
 def wrk_correct(raw: dict[int, int], expected: int) -> dict[int, int]:

@@ -5,16 +5,11 @@ NNLS, and the robust fit's recovery of known coefficients."""
 from __future__ import annotations
 
 import random
-import sys
 
 import pytest
 
 from cortex.sim.step_time import Chunk, StepProfile, StepWork
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "perf"))
-
-from fit_step_profile import (
+from perf.fit_step_profile import (
     ITERATION,
     Experiment,
     Request,

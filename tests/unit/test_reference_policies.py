@@ -4,18 +4,13 @@ hand-made views and ledger matches."""
 from __future__ import annotations
 
 import random
-import sys
 from array import array
 
 import pytest
 
 from cortex.ledger.state import TargetState
 from cortex.scheduling import Mode, RequestFacts, WorkerView
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "perf"))
-
-from reference_policies import REFERENCE_POLICIES, DynamoKvRouter, LlmdPrecisePrefix
+from perf.reference_policies import REFERENCE_POLICIES, DynamoKvRouter, LlmdPrecisePrefix
 
 BLOCK = 16
 

@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "perf"))
-
-from replay_matrix import full_table, summary
+from perf.replay_matrix import full_table, summary
 
 
 def _router(mean: float, p99: float, itl_p99: float, exact: float | None = None,

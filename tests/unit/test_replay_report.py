@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from types import SimpleNamespace
 
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "perf"))
-
-from replay_report import markdown, summarize, table
+from perf.replay_report import markdown, summarize, table
 
 PARAMS = SimpleNamespace(prefill_tokens_per_s=1000.0, decode_ms_per_token=10.0, max_running=1,
                          engine_slots=lambda: 1)
@@ -60,7 +55,7 @@ def test_tables_name_every_router() -> None:
 
 
 def test_a_killed_replica_s_failures_are_told_apart() -> None:
-    from replay_report import killed_figures
+    from perf.replay_report import killed_figures
 
     records = [_record(0, "a", 0.0, 0.1, 1000, 0, 0),  # done before the kill at 1.0 s
                _record(1, "a", 0.5, 0.6, 1000, 0, 0, status=0),  # in flight then: failed

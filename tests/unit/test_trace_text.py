@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from functools import cache
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perf import trace_text as tt
 from tests import deepseek_profile as ds
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "perf"))
-
-import trace_text as tt
 
 
 @cache
