@@ -160,10 +160,11 @@ async def ledger_section(seconds: float = 8.0, seed: int = 7) -> bool:
 
 
 def _replay():
-    for path in (REPO, REPO / "perf"):
-        if str(path) not in sys.path:
-            sys.path.insert(0, str(path))
-    import replay
+    """``perf.replay``: the demo runs from a checkout, whose root it puts on ``sys.path``
+    (``cortex demo`` may be started from anywhere)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from perf import replay
 
     return replay
 
@@ -183,7 +184,7 @@ PREDICTING = ("cortex", "cortex-pd")  # the routers whose predictions must be ex
 def routing_section(seed: int = 0, out_dir: str | None = None) -> bool:
     """Section 1 (blocking: runs its own processes and event loops)."""
     replay = _replay()
-    from replay_chart import chart_svg
+    from perf.replay_chart import chart_svg
 
     params = demo_params(seed)
     out_dir = out_dir or os.path.join(tempfile.gettempdir(), "cortex-demo")

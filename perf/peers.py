@@ -276,7 +276,8 @@ def start_cortex(workers: list[Running], model: str, tokenizer: str,
     _wait(running, lambda: _get_ok(control, "/health/ready"), "GET /health/ready 200")
     if "--server-processes" in flags:
         _wait(running, lambda: _all_processes_serving(control), "every process serving")
-    if not passthrough and (repo / "cortex" / "profile" / "exact_bpe.py").exists():
+    if not passthrough and any((repo / "cortex" / package / "exact_bpe.py").exists()
+                               for package in ("tokenize", "profile")):  # (moved, issue 38)
         _wait(running, lambda: _on_fastokens(control, model), "fastokens after its start check")
     _wait(running, lambda: _post_ok(port, model), "a chat completion")
     return running

@@ -1,6 +1,6 @@
 """Structure figures of a Cortex checkout, to compare a tree before and after a refactor.
 
-Run ``.venv/bin/python perf/structure_report.py [--repo PATH] [--json]``: a markdown report
+Run ``.venv/bin/python -m perf.structure_report [--repo PATH] [--json]``: a markdown report
 (or the same figures as JSON) of the checkout at ``--repo`` (default: the one this script sits
 in). It never imports that checkout's ``cortex`` into this process: part a runs it through its
 command line, parts b-d read its files.

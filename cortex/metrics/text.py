@@ -11,7 +11,7 @@ Why not its custom-collector interface either (the scrape-time form, zero cost p
 a ``Collector`` whose ``collect()`` builds ``CounterMetricFamily``/``GaugeMetricFamily``/
 ``HistogramMetricFamily`` from the same live counters, rendered by ``generate_latest``, takes
 26.2 ms p50 for a 64-worker scrape (3,577 samples) against 3.9 ms here: 6.8x, over the 2x the
-switch was allowed (issue 25; ``python perf/bench_scrape.py``, 2026-12-02, 2 busy cores, both
+switch was allowed (issue 25; ``python -m perf.bench_scrape``, 2026-12-02, 2 busy cores, both
 timed in one run). Building the families alone costs 6.6 ms (a ``Sample`` and a label dict per
 sample); ``generate_latest`` then sorts and escapes every sample's labels. It would also drop
 the ``_count`` of a histogram with a negative bound (``cortex_cached_tokens_error``) together

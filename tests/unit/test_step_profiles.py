@@ -218,9 +218,7 @@ def test_the_gpu_profile_reproduces_the_published_figures_it_cites():
 def test_the_cpu_profile_carries_its_fit():
     loaded = read_step_profile(CPU)
     fit = loaded.fit
-    # the shipped file's command predates ``python -m perf.fit_step_profile`` (what a refit writes)
-    assert any(form in fit["command"]
-               for form in ("perf/fit_step_profile.py", "-m perf.fit_step_profile"))
+    assert "-m perf.fit_step_profile" in fit["command"]
     assert len(fit["data"]["steps"]) == fit["steps_used"] > 100
     assert len(fit["data"]["shapes"]) == fit["shapes"] > 20
     assert {"prefill", "cached", "decode", "shapes", "shapes_kept"} <= fit["residuals"].keys()
