@@ -132,13 +132,20 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _spawn(name: str, argv: list[str], tmpdir: str, env: dict[str, str] | None = None,
-           stdout: int | None = None, cwd: Path = REPO) -> tuple[subprocess.Popen[bytes], str]:
+def spawn(name: str, argv: list[str], tmpdir: str, env: dict[str, str] | None = None,
+          stdout: int | None = None, stdin: int | None = None, cwd: Path = REPO,
+          cpus: str = "") -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``argv`` in a process group of its own (``Running.stop`` ends the group), its
+    stderr (and stdout unless given) in ``tmpdir/<name>.log``; ``cpus``: a ``taskset -c`` list
+    the process and what it starts are pinned to. The one way perf/ starts a process."""
+    if cpus:
+        argv = ["taskset", "-c", cpus, *argv]
     log_path = os.path.join(tmpdir, f"{name}.log")
     log = open(log_path, "wb")  # noqa: SIM115 (the child owns it)
     try:
         process = subprocess.Popen(argv, stdout=stdout if stdout is not None else log,
-                                   stderr=log, stdin=subprocess.DEVNULL, cwd=cwd,
+                                   stderr=log, stdin=stdin if stdin is not None
+                                   else subprocess.DEVNULL, cwd=cwd,
                                    env=env, start_new_session=True)
     finally:
         log.close()
@@ -232,7 +239,7 @@ def start_mock(model: str, name: str = "mock", kv_events: bool = False) -> Runni
     argv = [sys.executable, "-m", "perf.mock_worker", "--model", model]  # cwd: REPO
     if kv_events:
         argv.append("--kv-events")
-    process, log_path = _spawn(name, argv, tmpdir, stdout=subprocess.PIPE)
+    process, log_path = spawn(name, argv, tmpdir, stdout=subprocess.PIPE)
     assert process.stdout is not None
     line = process.stdout.readline().decode().split()  # its port, once it listens
     port = int(line[0]) if line else 0
@@ -261,8 +268,6 @@ def start_cortex(workers: list[Running], model: str, tokenizer: str,
     argv = [python, "-m", "cortex", "serve", "--server-host", HOST,
             "--server-port", str(port), "--control-port", str(control),
             "--log-level", "warning", "--model", served, *flags]
-    if cpus is not None:
-        argv = ["taskset", "-c", cpus, *argv]
     for index, worker in enumerate(workers):
         spec = f"{worker.url},name=w{index},engine=sglang,model={model}"
         if "events" in worker.extra and not passthrough:
@@ -271,7 +276,7 @@ def start_cortex(workers: list[Running], model: str, tokenizer: str,
     env = {key: value for key, value in os.environ.items() if not key.startswith("CORTEX_")}
     # the A/B mechanism, kept on purpose: the child's working directory comes first on its
     # sys.path, so ``-m cortex`` there runs that checkout's cortex
-    process, log_path = _spawn(name, argv, tmpdir, env=env, cwd=repo)
+    process, log_path = spawn(name, argv, tmpdir, env=env, cwd=repo, cpus=cpus or "")
     running = Running(name, port, process, tmpdir, log_path, {"control_port": control})
     _wait(running, lambda: _get_ok(control, "/health/ready"), "GET /health/ready 200")
     if "--server-processes" in flags:
@@ -290,7 +295,7 @@ def start_sglang_router(worker_urls: list[str], model: str) -> Running:
             "--port", str(port), "--policy", "cache_aware", "--log-level", "warn",
             "--prometheus-host", HOST, "--prometheus-port", str(free_port()),
             "--worker-urls", *worker_urls]
-    process, log_path = _spawn("sglang-router", argv, tmpdir)
+    process, log_path = spawn("sglang-router", argv, tmpdir)
     running = Running("sglang-router", port, process, tmpdir, log_path)
     _wait(running, lambda: _post_ok(port, model), "a chat completion")
     return running
@@ -346,7 +351,7 @@ def start_nginx(worker_urls: list[str], model: str) -> Running:
         f.write(nginx_conf(tmpdir, port, worker_urls))
     argv = [NGINX, "-e", os.path.join(tmpdir, "error.log"), "-p", tmpdir, "-c", conf,
             "-g", "daemon off;"]
-    process, log_path = _spawn("nginx", argv, tmpdir)
+    process, log_path = spawn("nginx", argv, tmpdir)
     running = Running("nginx", port, process, tmpdir, log_path)
     _wait(running, lambda: _post_ok(port, model), "a chat completion")
     return running

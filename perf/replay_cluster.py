@@ -123,16 +123,11 @@ class Procs:
         return path
 
 
-def _spawn(procs: Procs, name: str, argv: list[str], stdin: int | None = None,
-           cpus: str = "") -> peers.Running:
-    """``cpus``: a ``taskset -c`` list the process (and what it starts) is pinned to."""
-    if cpus:
-        argv = ["taskset", "-c", cpus, *argv]
-    log_path = os.path.join(procs.tmpdir, f"{name}.log")
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log,
-                                   stdin=stdin if stdin is not None else subprocess.DEVNULL,
-                                   cwd=REPO, start_new_session=True)
+def spawn(procs: Procs, name: str, argv: list[str], stdin: int | None = None,
+          cpus: str = "") -> peers.Running:
+    """One process of the run (``peers.spawn``), its stdout a pipe (its ready line)."""
+    process, log_path = peers.spawn(name, argv, procs.tmpdir, stdout=subprocess.PIPE,
+                                    stdin=stdin, cpus=cpus)
     running = peers.Running(name, 0, process, None, log_path)
     procs.running.append(running)
     return running
@@ -187,7 +182,7 @@ def start_engines(procs: Procs, settings: EngineSettings, flavors: list[str],
             argv += ["--pd-role", role]
         if role == "prefill":
             argv += ["--bootstrap-port", "0"]
-        started.append((flavor, role, count, _spawn(procs, f"sim-{prefix}", argv, cpus=cpus)))
+        started.append((flavor, role, count, spawn(procs, f"sim-{prefix}", argv, cpus=cpus)))
     engines = []
     for flavor, role, count, running in started:
         for _ in range(count):
@@ -245,7 +240,7 @@ def start_gateway(procs: Procs, engines: list[Engine], policy: str, model: str,
         path = os.path.join(procs.tmpdir, f"{name}.json")
         with open(path, "w") as f:
             json.dump(spec, f)
-        running = _spawn(procs, name, [sys.executable, "-m", "perf.replay_gateway", path],
+        running = spawn(procs, name, [sys.executable, "-m", "perf.replay_gateway", path],
                          stdin=subprocess.PIPE, cpus=cpus)
         line = _line(running)
         if not line.startswith("ready "):

@@ -152,7 +152,7 @@ def start_gateway(procs: rc.Procs, servers: list[EngineProcess], policy: str, mo
     path = os.path.join(procs.tmpdir, f"gateway-{policy}.json")
     with open(path, "w") as f:
         json.dump(spec, f)
-    running = rc._spawn(procs, f"gateway-{policy}",
+    running = rc.spawn(procs, f"gateway-{policy}",
                         [sys.executable, "-m", "perf.replay_gateway", path],
                         stdin=subprocess.PIPE)
     line = rc._line(running)
