@@ -6,7 +6,7 @@ checkout's Cortex and at ``--baseline``'s (both started at once, as ``perf/bench
 starts them, KV-event mocks included) in alternating rounds, and each round's CPU (``/proc``
 utime + stime of the ``cortex serve`` process) is divided by its requests.
 
-Each round: a 1 s warm-up drive, then ``--seconds`` of back-to-back chat requests (small
+Each round (each system first in every other round): a 1 s warm-up drive, then ``--seconds`` of back-to-back chat requests (small
 bodies, ``perf/bench_gateway.py``'s client) on ``--connections`` keep-alive connections.
 
 Usage: ``python -m perf.bench_cpu_ab --baseline <checkout> [--connections 64] [--seconds 5]
@@ -64,8 +64,11 @@ def main() -> int:
         started += systems.values()
         load_before = [round(x, 2) for x in os.getloadavg()]
         rounds: dict[str, list[float]] = {name: [] for name in systems}
-        for _ in range(args.rounds):
-            for name, running in systems.items():
+        for index in range(args.rounds):
+            order = list(systems.items())
+            if index % 2:  # each system goes first in every other round
+                order.reverse()
+            for name, running in order:
                 trio.run(drive, running.port, 1.0, args.connections, False)
                 before = cpu_s(running.pids())
                 done = trio.run(drive, running.port, args.seconds, args.connections, False)

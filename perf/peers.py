@@ -215,8 +215,8 @@ def _all_processes_serving(port: int) -> bool:
         "cortex_processes_serving")
 
 
-def _wait(running: Running, ready, what: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
+def _wait(running: Running, ready, what: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
     delay = 0.05
     while not ready():
         if running.process.poll() is not None:
@@ -227,7 +227,7 @@ def _wait(running: Running, ready, what: str) -> None:
         if time.monotonic() > deadline:
             tail = running.log_tail()
             running.stop()
-            raise StartError(f"{running.name}: no {what} after {READY_TIMEOUT_S} s:\n{tail}")
+            raise StartError(f"{running.name}: no {what} after {timeout_s} s:\n{tail}")
         time.sleep(delay)  # polling another process's readiness (no task_status across processes)
         delay = min(delay * 2, 0.5)
 
@@ -254,18 +254,21 @@ def start_mock(model: str, name: str = "mock", kv_events: bool = False) -> Runni
 def start_cortex(workers: list[Running], model: str, tokenizer: str,
                  template: str, name: str = "cortex", repo: Path = REPO,
                  python: str = sys.executable, passthrough: bool = False,
-                 flags: Sequence[str] = (), cpus: str | None = None) -> Running:
+                 flags: Sequence[str] = (), cpus: str | None = None,
+                 wrapper: Sequence[str] = (),
+                 ready_timeout_s: float = READY_TIMEOUT_S) -> Running:
     """``python -m cortex serve`` in front of ``workers`` (mocks; their KV-event endpoints, if
     they have them, unless ``passthrough``) run from ``repo`` (its working directory comes
     first on ``sys.path``, so another checkout — with its extensions built — runs its own
     code) by the interpreter ``python`` (another one compares interpreters on the same
     code), with more configuration ``flags``; ``cpus`` (``taskset -c`` list) pins it and
-    every process it starts to those CPUs."""
+    every process it starts to those CPUs; ``wrapper``: a command it runs under (valgrind),
+    given ``ready_timeout_s`` for each step of its start."""
     tmpdir = tempfile.mkdtemp(prefix=f"bench-{name}-")
     port, control = free_port(), free_port()
     served = (f"{model},passthrough=true" if passthrough
               else f"{model},tokenizer={tokenizer},block_size=16,chat_template={template}")
-    argv = [python, "-m", "cortex", "serve", "--server-host", HOST,
+    argv = [*wrapper, python, "-m", "cortex", "serve", "--server-host", HOST,
             "--server-port", str(port), "--control-port", str(control),
             "--log-level", "warning", "--model", served, *flags]
     for index, worker in enumerate(workers):
@@ -278,13 +281,16 @@ def start_cortex(workers: list[Running], model: str, tokenizer: str,
     # sys.path, so ``-m cortex`` there runs that checkout's cortex
     process, log_path = spawn(name, argv, tmpdir, env=env, cwd=repo, cpus=cpus or "")
     running = Running(name, port, process, tmpdir, log_path, {"control_port": control})
-    _wait(running, lambda: _get_ok(control, "/health/ready"), "GET /health/ready 200")
+    waited = ready_timeout_s
+    _wait(running, lambda: _get_ok(control, "/health/ready"), "GET /health/ready 200", waited)
     if "--server-processes" in flags:
-        _wait(running, lambda: _all_processes_serving(control), "every process serving")
+        _wait(running, lambda: _all_processes_serving(control), "every process serving",
+              waited)
     if not passthrough and any((repo / "cortex" / package / "exact_bpe.py").exists()
                                for package in ("tokenize", "profile")):  # (moved, issue 38)
-        _wait(running, lambda: _on_fastokens(control, model), "fastokens after its start check")
-    _wait(running, lambda: _post_ok(port, model), "a chat completion")
+        _wait(running, lambda: _on_fastokens(control, model), "fastokens after its start check",
+              waited)
+    _wait(running, lambda: _post_ok(port, model), "a chat completion", waited)
     return running
 
 

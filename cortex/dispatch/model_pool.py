@@ -346,6 +346,7 @@ class ModelPool:
         if prompt.text is not None and 0 < self.max_prompt_chars < len(prompt.text):
             observer.prompt_too_long(self.model, len(prompt.text))
             return  # too costly to tokenize: routed by load, never a guess
+        waited = False  # whether the text was encoded off the trio thread
         if prompt.token_ids is not None:
             token_ids = prompt.token_ids
         else:
@@ -354,14 +355,16 @@ class ModelPool:
                                              tokenizer.offload_min_chars)
             if type(token_ids) is Lookup:  # a long new text: off the trio thread
                 token_ids = await encode_offloaded(tokenizer, token_ids)
+                waited = True
             request.timings["tokenize_s"] = perf_counter() - tokenize_start
         request.prompt = prompt
         request.token_ids = token_ids
-        if self.exact_off is None:  # (it may have changed while the text was encoded)
-            clock = self._clock
-            start = clock()
-            request.keys = self._keys_for(token_ids, prompt)
-            request.timings["hash_s"] = clock() - start
+        if waited and self.exact_off is not None:  # turned off while the text was encoded
+            return
+        clock = self._clock
+        start = clock()
+        request.keys = self._keys_for(token_ids, prompt)
+        request.timings["hash_s"] = clock() - start
 
     def _check_exact_for(self, endpoint: Endpoint) -> None:
         """``Unrenderable`` when a worker renders ``endpoint``'s requests its own way

@@ -52,15 +52,15 @@ class SingleWorker:
         record_decision: Callable[[], None] | None = None  # recorded after the answer, or on exit
         try:
             for attempt in range(1, retries + 2):
-                decide = partial(pool.decide, request.token_ids, request.prompt,
-                                 tuple(failed), keys=request.keys)
                 try:  # admission waits only when the pool is saturated
-                    route = decide()
+                    route = pool.decide(request.token_ids, request.prompt, tuple(failed),
+                                        keys=request.keys)
                 except NoWorkerAvailable as error:
                     if not error.saturated:
                         raise
-                    route = await dispatcher.admission_for(pool).wait_for_capacity(
-                        decide, error)
+                    route = await dispatcher.admission_for(pool).wait_for_capacity(partial(
+                        pool.decide, request.token_ids, request.prompt, tuple(failed),
+                        keys=request.keys), error)
                 if attempt == 1:
                     route.timings.update(request.timings)
                     record_decision = partial(observer.decided, pool.model, route,
