@@ -47,6 +47,7 @@ log = logging.getLogger("cortex.tokenize")
 
 FASTOKENS = "fastokens"
 TOKENIZERS = "tokenizers"
+NOT_CHECKED = "not checked yet"  # ``why_not`` until the start check has run
 _LITTLE = sys.byteorder == "little"  # fastokens' flat buffers are little-endian
 _SHOWN_CHARS = 48  # of a differing text, in ``why_not``
 
@@ -127,10 +128,16 @@ class ExactBpe:
         self._lock = threading.Lock()
         self.backend = TOKENIZERS
         # why fastokens is not used
-        self.why_not: str | None = ("not checked yet" if tokenizer_json is not None
+        self.why_not: str | None = (NOT_CHECKED if tokenizer_json is not None
                                     else "no tokenizer.json to load it from")
         self.checked_texts = 0
         self.fallbacks = 0
+
+    @property
+    def settled(self) -> bool:
+        """Whether the start check has given its verdict and the backend it chose encodes:
+        nothing about this BPE changes any more."""
+        return self.why_not != NOT_CHECKED and (self._checked is None or self._fast is not None)
 
     @property
     def version(self) -> str:

@@ -44,7 +44,7 @@ async def chaos_cluster(
     seed: int = 0,
     timing: TimingConfig = CHAOS_TIMING,
     capacity_blocks: int = 256,  # small: the storm's traffic makes the engines evict
-    segment_cache_bytes: int = 1 << 20,
+    segment_cache_bytes: int = 1 << 20,  # and the render and prompt-reuse caches
     upstream: UpstreamConfig = CHAOS_UPSTREAM,
     health: HealthConfig = CHAOS_HEALTH,
     server_limits: ServerLimits = ServerLimits(),
@@ -55,6 +55,7 @@ async def chaos_cluster(
                                                           limits=server_limits),
                                    "models": (model_config(
                                        segment_cache_bytes=segment_cache_bytes,
-                                       render_cache_bytes=segment_cache_bytes),),
+                                       render_cache_bytes=segment_cache_bytes,
+                                       prompt_reuse_bytes=segment_cache_bytes),),
                                    "health": health, "upstream": upstream}) as cluster:
         yield cluster
