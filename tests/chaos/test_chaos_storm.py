@@ -42,10 +42,10 @@ CLIENTS = 20
 DEADLINE_S = 30.0  # per request; Cortex's own bound is 4 attempts x (connect 2 s + head 3 s)
 CORTEX_DIR = Path(cortex.__file__).resolve().parent
 # Bounded caches: the segment, render and prompt-reuse caches of 1 MiB each by their own
-# accounting, which counts their texts and ids but not the parsed messages a render entry keeps
-# to compare the next conversation with (tracemalloc sees ~2-3x the budgets: 7.4-9.1 MB in
-# 2026-12-07's runs, the commit before issue 38 too), the ledger of 4x256 blocks and the
-# sequencers' windows. (8 MiB was set before the render and prompt-reuse caches existed.)
+# accounting, the ledger of 4x256 blocks and the sequencers' windows; tracemalloc sees more
+# (rendered texts and parsed bodies kept alive beyond those budgets: 7.4-9.1 MB in
+# 2026-12-07's runs, the commit before issue 38 too). 8 MiB was set before the render and
+# prompt-reuse caches existed.
 HELD_BYTES_BOUND = 12 << 20
 
 
