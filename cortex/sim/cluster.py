@@ -108,6 +108,10 @@ class SimCluster:
                 )
         return out
 
+    def truth_keys(self, worker: str, rank: int) -> set[int]:
+        """The engine's cached blocks as Cortex keys."""
+        return cached_keys(self.engines[worker].truth(rank), self.block_size, self.model)
+
     def compare(self, worker: str, rank: int) -> Comparison:
         return compare_keys(self.book.target_keys(self.target[(worker, rank)]),
                             self.engines[worker].truth(rank), self.block_size, self.model)
